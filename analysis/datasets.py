@@ -1,0 +1,352 @@
+"""Image datasets: the built-in digits, ``.npz`` arrays and ImageFolder trees or archives.
+
+Every source becomes the same :class:`ImageDataset`: float32 images shaped (N, C, H, W), optional
+int64 labels and a content sha256 that depends only on those arrays, so the same images give
+the same hash whatever file they came from. Nothing is ever unpickled: ``.npz`` files are read
+with ``allow_pickle=False`` and archives are read in memory, never extracted to disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import stat
+import warnings
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+import torch
+from PIL import Image
+
+from analysis.errors import DatasetError
+
+__all__ = [
+    "DIGITS_SPLITS",
+    "IMAGE_SUFFIXES",
+    "ImageDataset",
+    "load_dataset",
+    "load_digits",
+    "load_image_folder",
+    "load_npz",
+]
+
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
+DIGITS_SPLITS = ("train", "test", "all")
+
+# The digits split is fixed once and for all so that every checkpoint's test accuracy and every
+# comparison over "digits:test" refers to the same 450 images: a quarter of the 1797, stratified
+# by class, drawn with seed 0.
+_DIGITS_TEST_FRACTION = 0.25
+_DIGITS_SEED = 0
+# Pixel values of scikit-learn's digits are counts of set pixels in 4×4 cells: 0..16.
+_DIGITS_MAX = 16.0
+
+# Archive limits: beyond these an upload is treated as hostile rather than read.
+DEFAULT_MAX_ARCHIVE_BYTES = 1 << 30
+DEFAULT_MAX_ARCHIVE_MEMBERS = 200_000
+# Deflate rarely compresses real images beyond ~10×; a member claiming more than 200× is a bomb.
+_MAX_COMPRESSION_RATIO = 200
+_HASH_VERSION = b"cka-atlas-dataset-v1"
+
+
+@dataclass(frozen=True, eq=False)
+class ImageDataset:
+    """Images as float32 (N, C, H, W), labels if known, and a stable content hash.
+
+    ``x`` holds values in [0, 1] for integer sources; float sources keep their values.
+    ``sha256`` hashes the arrays themselves, so re-encoding a dataset does not change it.
+    """
+
+    name: str
+    x: np.ndarray
+    y: np.ndarray | None = None
+    classes: list[str] | None = None
+    sha256: str = field(default="")
+
+    def __post_init__(self) -> None:
+        _check_images(self.x, self.name)
+        if self.y is not None:
+            _check_labels(self.y, len(self.x), self.name)
+        if not self.sha256:
+            object.__setattr__(self, "sha256", content_sha256(self.x, self.y))
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """Shape of one image, (C, H, W)."""
+        c, h, w = self.x.shape[1:]
+        return int(c), int(h), int(w)
+
+    @property
+    def num_classes(self) -> int | None:
+        if self.classes is not None:
+            return len(self.classes)
+        return None if self.y is None else int(self.y.max()) + 1
+
+    def tensor(self) -> torch.Tensor:
+        """The images as a CPU tensor sharing memory with ``x``."""
+        return torch.from_numpy(self.x)
+
+    def batches(self, batch_size: int) -> Iterator[torch.Tensor]:
+        """Fixed consecutive batches in dataset order; the last one may be smaller."""
+        for start in range(0, len(self), batch_size):
+            yield torch.from_numpy(self.x[start : start + batch_size])
+
+
+def content_sha256(x: np.ndarray, y: np.ndarray | None) -> str:
+    """sha256 of the canonical float32 images and int64 labels, with their shapes."""
+    digest = hashlib.sha256(_HASH_VERSION)
+    images = np.ascontiguousarray(x, dtype=np.float32)
+    digest.update(repr(images.shape).encode())
+    digest.update(images.tobytes())
+    if y is None:
+        digest.update(b"no-labels")
+    else:
+        labels = np.ascontiguousarray(y, dtype=np.int64)
+        digest.update(repr(labels.shape).encode())
+        digest.update(labels.tobytes())
+    return digest.hexdigest()
+
+
+def load_dataset(spec: str | Path, *, split: str = "test") -> ImageDataset:
+    """Load ``"digits"`` (``split`` picks train, test or all), an ``.npz`` file, or an ImageFolder.
+
+    An ImageFolder is a directory, or a ``.zip`` of one, with one sub-directory of images per
+    class. ``split`` applies to the built-in digits only.
+    """
+    if str(spec) == "digits":
+        return load_digits(split)
+    path = Path(spec)
+    if not path.exists():
+        raise DatasetError(f"Dataset '{spec}' is neither 'digits' nor an existing file or folder.")
+    if path.is_dir():
+        return load_image_folder(path)
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        return load_npz(path)
+    if suffix == ".zip":
+        return load_image_folder(path)
+    raise DatasetError(
+        f"Dataset file '{path.name}' has an unsupported type; use .npz, .zip or a folder."
+    )
+
+
+def load_digits(split: str = "test") -> ImageDataset:
+    """scikit-learn's bundled 8×8 digits (1797 images), scaled to [0, 1], with a fixed split."""
+    if split not in DIGITS_SPLITS:
+        raise DatasetError(f"Digits split '{split}' is unknown; choose one of {DIGITS_SPLITS}.")
+    from sklearn.datasets import load_digits as sklearn_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = sklearn_digits()
+    x = (bunch.images / _DIGITS_MAX).astype(np.float32)[:, None, :, :]
+    y = bunch.target.astype(np.int64)
+    if split != "all":
+        index = np.arange(len(y))
+        train, test = train_test_split(
+            index, test_size=_DIGITS_TEST_FRACTION, stratify=y, random_state=_DIGITS_SEED
+        )
+        chosen = np.sort(train if split == "train" else test)
+        x, y = x[chosen], y[chosen]
+    classes = [str(c) for c in range(10)]
+    return ImageDataset(name=f"digits:{split}", x=np.ascontiguousarray(x), y=y, classes=classes)
+
+
+def load_npz(source: str | Path | bytes) -> ImageDataset:
+    """An ``.npz`` with ``x`` as (N, H, W), (N, H, W, C) or (N, C, H, W) and an optional ``y``."""
+    name = "upload.npz" if isinstance(source, bytes) else Path(source).name
+    handle = io.BytesIO(source) if isinstance(source, bytes) else source
+    try:
+        with np.load(handle, allow_pickle=False) as archive:
+            if "x" not in archive.files:
+                raise DatasetError(f"'{name}' has no array named 'x' (found: {archive.files}).")
+            x = archive["x"]
+            y = archive["y"] if "y" in archive.files else None
+    except DatasetError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise DatasetError(f"'{name}' is not a readable .npz file ({_reason(exc)}).") from exc
+    images = _as_nchw(x, name)
+    labels = None
+    if y is not None:
+        if not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.bool_)):
+            raise DatasetError(f"Labels 'y' in '{name}' must be integers, not {y.dtype}.")
+        if y.ndim != 1:
+            raise DatasetError(f"Labels 'y' in '{name}' must be one-dimensional, not {y.shape}.")
+        labels = y.astype(np.int64)
+        _check_labels(labels, len(images), name)
+    return ImageDataset(name=name, x=images, y=labels)
+
+
+def load_image_folder(
+    source: str | Path | bytes,
+    *,
+    max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
+    max_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS,
+) -> ImageDataset:
+    """A directory, or a zip archive of one, holding one sub-directory of images per class.
+
+    Archives are read in memory: members with absolute or ``..`` paths, symbolic links, more
+    than ``max_members`` entries or more than ``max_bytes`` uncompressed are refused.
+    """
+    files: dict[str, Callable[[], bytes]]
+    if isinstance(source, bytes) or Path(source).is_file():
+        name = "upload.zip" if isinstance(source, bytes) else Path(source).name
+        files = _zip_members(source, name, max_bytes, max_members)
+    else:
+        root = Path(source)
+        name = root.name
+        files = {
+            path.relative_to(root).as_posix(): path.read_bytes
+            for path in sorted(root.rglob("*"))
+            if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES
+        }
+    return _decode_folder(files, name)
+
+
+def _zip_members(
+    source: str | Path | bytes, name: str, max_bytes: int, max_members: int
+) -> dict[str, Callable[[], bytes]]:
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(source) if isinstance(source, bytes) else source)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise DatasetError(f"'{name}' is not a readable zip archive ({_reason(exc)}).") from exc
+    infos = archive.infolist()
+    if len(infos) > max_members:
+        raise DatasetError(
+            f"'{name}' has {len(infos)} entries, more than the {max_members} allowed."
+        )
+    total = 0
+    members: dict[str, Callable[[], bytes]] = {}
+    for info in infos:
+        path = PurePosixPath(info.filename)
+        if info.filename.startswith(("/", "\\")) or ".." in path.parts or ":" in info.filename:
+            raise DatasetError(f"'{name}' holds an entry with an unsafe path: '{info.filename}'.")
+        if stat.S_ISLNK(info.external_attr >> 16):
+            raise DatasetError(f"'{name}' holds a symbolic link, which is not allowed: '{path}'.")
+        if info.is_dir() or path.suffix.lower() not in IMAGE_SUFFIXES:
+            continue
+        total += info.file_size
+        if total > max_bytes:
+            raise DatasetError(f"'{name}' unpacks to more than {max_bytes} bytes.")
+        if info.compress_size and info.file_size / info.compress_size > _MAX_COMPRESSION_RATIO:
+            raise DatasetError(f"'{name}' entry '{path}' is compressed suspiciously well.")
+        members[path.as_posix()] = _Reader(archive, info, name)
+    return members
+
+
+class _Reader:
+    """Reads one image's bytes on demand, bounded by the size its directory entry declares."""
+
+    def __init__(self, archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> None:
+        self.archive, self.info, self.name = archive, info, name
+
+    def __call__(self) -> bytes:
+        with self.archive.open(self.info) as stream:
+            data = stream.read(self.info.file_size + 1)
+        if len(data) > self.info.file_size:
+            raise DatasetError(f"'{self.name}' entry '{self.info.filename}' lies about its size.")
+        return data
+
+
+def _decode_folder(files: dict[str, Callable[[], bytes]], name: str) -> ImageDataset:
+    paths = [PurePosixPath(p) for p in files]
+    # A zip of a folder usually nests everything under that folder's name: strip that level.
+    while paths and all(len(p.parts) >= 3 for p in paths) and len({p.parts[0] for p in paths}) == 1:
+        paths = [PurePosixPath(*p.parts[1:]) for p in paths]
+        files = dict(zip((p.as_posix() for p in paths), files.values(), strict=True))
+    if not paths:
+        raise DatasetError(f"'{name}' holds no images (looked for {sorted(IMAGE_SUFFIXES)}).")
+    if any(len(p.parts) != 2 for p in paths):
+        raise DatasetError(
+            f"'{name}' must hold one folder of images per class, and nothing deeper."
+        )
+    classes = sorted({p.parts[0] for p in paths})
+    images, labels = [], []
+    for key in sorted(files):
+        images.append(_decode_image(files[key](), f"{name}/{key}"))
+        labels.append(classes.index(PurePosixPath(key).parts[0]))
+    sizes = {img.size for img in images}
+    if len(sizes) > 1:
+        raise DatasetError(f"Images in '{name}' have different sizes {sorted(sizes)}; resize them.")
+    mode = "L" if all(img.mode in ("1", "L", "I", "I;16", "F") for img in images) else "RGB"
+    arrays = [np.asarray(img.convert(mode), dtype=np.uint8) for img in images]
+    x = np.stack(arrays)
+    return ImageDataset(
+        name=name,
+        x=_as_nchw(x, name),
+        y=np.asarray(labels, dtype=np.int64),
+        classes=classes,
+    )
+
+
+def _decode_image(data: bytes, where: str) -> Image.Image:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            image.load()
+    except (
+        OSError,
+        ValueError,
+        Image.DecompressionBombError,
+        Image.DecompressionBombWarning,
+    ) as exc:
+        raise DatasetError(f"'{where}' is not a readable image ({_reason(exc)}).") from exc
+    return image
+
+
+def _as_nchw(x: np.ndarray, name: str) -> np.ndarray:
+    """Images as float32 (N, C, H, W); uint8 sources are scaled to [0, 1]."""
+    if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
+        raise DatasetError(f"Images 'x' in '{name}' must be uint8 or float, not {x.dtype}.")
+    if np.issubdtype(x.dtype, np.integer) and x.dtype != np.uint8:
+        raise DatasetError(f"Integer images 'x' in '{name}' must be uint8, not {x.dtype}.")
+    if x.ndim == 3:
+        x = x[:, None, :, :]
+    elif x.ndim == 4:
+        channels_first, channels_last = x.shape[1] <= 4, x.shape[3] <= 4
+        if channels_last and not channels_first:
+            x = x.transpose(0, 3, 1, 2)
+        elif not channels_first:
+            raise DatasetError(
+                f"Images 'x' in '{name}' have shape {x.shape}: no axis of at most 4 channels."
+            )
+    else:
+        raise DatasetError(
+            f"Images 'x' in '{name}' must be (N, H, W), (N, H, W, C) or (N, C, H, W), "
+            f"not {x.ndim}-dimensional {x.shape}."
+        )
+    images = x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else x.astype(np.float32)
+    return np.ascontiguousarray(images)
+
+
+def _check_images(x: np.ndarray, name: str) -> None:
+    if x.ndim != 4 or x.dtype != np.float32:
+        raise DatasetError(
+            f"Images of '{name}' must be float32 (N, C, H, W), not {x.dtype} {x.shape}."
+        )
+    if x.shape[0] == 0:
+        raise DatasetError(f"'{name}' holds no samples.")
+    if 0 in x.shape[1:]:
+        raise DatasetError(f"Images of '{name}' have an empty dimension: {x.shape}.")
+    if not np.isfinite(x).all():
+        bad = int(np.count_nonzero(~np.isfinite(x)))
+        raise DatasetError(f"'{name}' has {bad} pixel values that are NaN or infinite.")
+
+
+def _check_labels(y: np.ndarray, n: int, name: str) -> None:
+    if len(y) != n:
+        raise DatasetError(f"'{name}' has {n} images but {len(y)} labels.")
+    if len(y) and int(y.min()) < 0:
+        raise DatasetError(f"Labels of '{name}' must be non-negative class indices.")
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().rstrip(".")
+    return text.splitlines()[0] if text else type(exc).__name__

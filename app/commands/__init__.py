@@ -1,0 +1,1 @@
+"""Subcommands of the ``cka-atlas`` CLI, one module each; each exposes ``register``."""

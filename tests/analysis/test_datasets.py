@@ -1,0 +1,229 @@
+"""Datasets: the built-in digits, .npz arrays and ImageFolder trees, and every malformed input."""
+
+from __future__ import annotations
+
+import io
+import stat
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from analysis import DatasetError, load_dataset
+from analysis.datasets import load_image_folder, load_npz
+
+
+def _npz(path: Path, **arrays: np.ndarray) -> Path:
+    np.savez(path, **arrays)  # type: ignore[arg-type]
+    return path
+
+
+def _png(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+# --- digits -------------------------------------------------------------------------------------
+
+
+def test_digits_splits_partition_the_1797_images() -> None:
+    train, test, full = (load_dataset("digits", split=s) for s in ("train", "test", "all"))
+    assert (len(train), len(test), len(full)) == (1347, 450, 1797)
+    assert train.shape == test.shape == (1, 8, 8)
+    assert train.x.dtype == np.float32 and full.x.min() >= 0.0 and full.x.max() == 1.0
+    # The split is stratified: each class keeps its share of the test set to within one image.
+    assert test.y is not None and full.y is not None
+    expected = np.bincount(full.y) * 450 / 1797
+    assert np.all(np.abs(np.bincount(test.y) - expected) <= 1)
+    # train and test are disjoint and together give every image exactly once.
+    rows = {row.tobytes() + bytes([label]) for row, label in zip(full.x, full.y, strict=True)}
+    ours = [
+        row.tobytes() + bytes([label])
+        for d in (train, test)
+        for row, label in zip(d.x, d.y, strict=True)  # type: ignore[arg-type]
+    ]
+    assert len(ours) == 1797 and set(ours) == rows
+
+
+def test_digits_is_stable() -> None:
+    a, b = load_dataset("digits"), load_dataset("digits", split="test")
+    assert a.sha256 == b.sha256 and len(a.sha256) == 64
+    assert np.array_equal(a.x, b.x)
+    assert a.sha256 != load_dataset("digits", split="train").sha256
+
+
+def test_unknown_digits_split() -> None:
+    with pytest.raises(DatasetError, match="split 'val'"):
+        load_dataset("digits", split="val")
+
+
+# --- npz ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["NHW", "NHWC", "NCHW"])
+def test_npz_layouts_give_nchw(tmp_path: Path, layout: str) -> None:
+    rng = np.random.default_rng(0)
+    nchw = rng.integers(0, 256, size=(5, 3 if layout != "NHW" else 1, 6, 7), dtype=np.uint8)
+    stored = {"NHW": nchw[:, 0], "NHWC": nchw.transpose(0, 2, 3, 1), "NCHW": nchw}[layout]
+    data = load_dataset(_npz(tmp_path / "d.npz", x=stored, y=np.arange(5)))
+    assert data.x.shape == nchw.shape
+    np.testing.assert_array_equal(data.x, nchw.astype(np.float32) / 255.0)
+    assert data.y is not None and data.y.dtype == np.int64
+
+
+def test_npz_hash_depends_on_content_not_layout(tmp_path: Path) -> None:
+    x = np.random.default_rng(1).random((4, 2, 5, 5), dtype=np.float32)
+    first = load_dataset(_npz(tmp_path / "a.npz", x=x))
+    second = load_dataset(_npz(tmp_path / "b.npz", x=x.transpose(0, 2, 3, 1)))
+    assert first.sha256 == second.sha256
+    np.testing.assert_array_equal(first.x, x)  # floats are kept as they are
+    x[0, 0, 0, 0] += 1.0
+    assert load_dataset(_npz(tmp_path / "c.npz", x=x)).sha256 != first.sha256
+
+
+def test_npz_from_bytes(tmp_path: Path) -> None:
+    path = _npz(tmp_path / "a.npz", x=np.zeros((3, 4, 4), dtype=np.uint8))
+    assert len(load_npz(path.read_bytes())) == 3
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"x": np.zeros((4, 4), np.float32)}, "not 2-dimensional"),
+        ({"x": np.zeros((2, 1, 1, 4, 4), np.float32)}, "not 5-dimensional"),
+        ({"x": np.zeros((2, 9, 9, 9), np.float32)}, "no axis of at most 4 channels"),
+        ({"x": np.zeros((0, 4, 4), np.uint8)}, "holds no samples"),
+        ({"x": np.full((2, 4, 4), np.nan, np.float32)}, "NaN or infinite"),
+        ({"x": np.array([[[np.inf]]], np.float32)}, "1 pixel values that are NaN or infinite"),
+        ({"x": np.zeros((3, 4, 4), np.uint8), "y": np.arange(2)}, "3 images but 2 labels"),
+        ({"x": np.zeros((3, 4, 4), np.uint8), "y": np.ones(3) * 0.5}, "must be integers"),
+        ({"x": np.zeros((3, 4, 4), np.uint8), "y": -np.ones(3, int)}, "non-negative"),
+        ({"x": np.zeros((3, 4, 4), np.int32)}, "must be uint8"),
+        ({"x": np.array(["a", "b"])}, "uint8 or float"),
+        ({"images": np.zeros((3, 4, 4), np.uint8)}, "no array named 'x'"),
+    ],
+)
+def test_npz_errors_are_one_sentence(
+    tmp_path: Path, arrays: dict[str, np.ndarray], message: str
+) -> None:
+    with pytest.raises(DatasetError, match=message) as info:
+        load_dataset(_npz(tmp_path / "bad.npz", **arrays))
+    assert "\n" not in str(info.value) and str(info.value).endswith(".")
+
+
+def test_npz_never_unpickles(tmp_path: Path) -> None:
+    path = tmp_path / "obj.npz"
+    np.savez(path, x=np.array([{"evil": 1}], dtype=object))
+    with pytest.raises(DatasetError, match=r"not a readable \.npz"):
+        load_dataset(path)
+
+
+def test_unreadable_and_missing_files(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"this is not a zip file")
+    with pytest.raises(DatasetError, match=r"not a readable \.npz"):
+        load_dataset(garbage)
+    with pytest.raises(DatasetError, match="neither 'digits' nor an existing"):
+        load_dataset(tmp_path / "absent.npz")
+    other = tmp_path / "data.csv"
+    other.write_text("1,2,3")
+    with pytest.raises(DatasetError, match="unsupported type"):
+        load_dataset(other)
+
+
+# --- ImageFolder --------------------------------------------------------------------------------
+
+
+def _folder_images() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(2)
+    return {
+        f"{cls}/{i}.png": rng.integers(0, 256, size=(6, 6), dtype=np.uint8)
+        for cls in ("cat", "dog")
+        for i in range(3)
+    }
+
+
+def test_image_folder_directory(tmp_path: Path) -> None:
+    images = _folder_images()
+    for name, array in images.items():
+        (tmp_path / "pets" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pets" / name).write_bytes(_png(array))
+    data = load_dataset(tmp_path / "pets")
+    assert data.classes == ["cat", "dog"] and data.x.shape == (6, 1, 6, 6)
+    assert list(data.y) == [0, 0, 0, 1, 1, 1]  # type: ignore[arg-type]
+    expected = np.stack([images[k] for k in sorted(images)]).astype(np.float32)[:, None] / 255
+    np.testing.assert_array_equal(data.x, expected)
+
+
+def test_image_folder_zip_with_top_folder_matches_directory(tmp_path: Path) -> None:
+    images = _folder_images()
+    archive = tmp_path / "pets.zip"
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, array in images.items():
+            zf.writestr(f"pets/{name}", _png(array))
+    data = load_dataset(archive)
+    assert data.classes == ["cat", "dog"] and len(data) == 6
+    assert load_image_folder(archive.read_bytes()).sha256 == data.sha256
+
+
+def test_rgb_images_keep_three_channels(tmp_path: Path) -> None:
+    rgb = np.random.default_rng(3).integers(0, 256, size=(5, 4, 3), dtype=np.uint8)
+    archive = tmp_path / "rgb.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("a/0.png", _png(rgb))
+    data = load_dataset(archive)
+    np.testing.assert_array_equal(data.x[0], rgb.transpose(2, 0, 1) / np.float32(255))
+
+
+def _zip_bytes(entries: list[tuple[zipfile.ZipInfo | str, bytes]]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for info, payload in entries:
+            zf.writestr(info, payload)
+    return buffer.getvalue()
+
+
+def test_zip_slip_symlink_and_bomb_are_refused() -> None:
+    image = _png(np.zeros((4, 4), np.uint8))
+    with pytest.raises(DatasetError, match="unsafe path"):
+        load_image_folder(_zip_bytes([("../../etc/a/0.png", image)]))
+    with pytest.raises(DatasetError, match="unsafe path"):
+        load_image_folder(_zip_bytes([("/abs/a/0.png", image)]))
+    link = zipfile.ZipInfo("a/link.png")
+    link.external_attr = (stat.S_IFLNK | 0o777) << 16
+    with pytest.raises(DatasetError, match="symbolic link"):
+        load_image_folder(_zip_bytes([(link, b"/etc/passwd")]))
+    bomb = _zip_bytes([("a/0.png", b"\0" * 10_000_000)])
+    with pytest.raises(DatasetError, match="compressed suspiciously well"):
+        load_image_folder(bomb)
+    with pytest.raises(DatasetError, match="more than 100 bytes"):
+        load_image_folder(_zip_bytes([("a/0.png", image), ("a/1.png", image)]), max_bytes=100)
+    with pytest.raises(DatasetError, match="more than the 1 allowed"):
+        load_image_folder(_zip_bytes([("a/0.png", image), ("a/1.png", image)]), max_members=1)
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        ([], "holds no images"),
+        ([("a/0.png", b"not a png")], "not a readable image"),
+        ([("0.png", "small")], "one folder of images per class"),
+        ([("a/0.png", "small"), ("b/0.png", "large")], "different sizes"),
+    ],
+)
+def test_image_folder_errors(entries: list[tuple[str, str | bytes]], message: str) -> None:
+    payloads = {
+        "small": _png(np.zeros((4, 4), np.uint8)),
+        "large": _png(np.zeros((5, 5), np.uint8)),
+    }
+    members = [(n, payloads.get(p, p) if isinstance(p, str) else p) for n, p in entries]
+    with pytest.raises(DatasetError, match=message):
+        load_image_folder(_zip_bytes(members))  # type: ignore[arg-type]
+
+
+def test_not_a_zip() -> None:
+    with pytest.raises(DatasetError, match="not a readable zip"):
+        load_image_folder(b"PK but not really")
