@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest bench clean install
+.PHONY: run test lint typecheck pytest chromium bench clean install
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,8 +14,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Train the demo zoo if missing, register it, queue one atlas of it over digits, then serve
+# http://127.0.0.1:8000 (the in-process worker computes the atlas). Idempotent.
 run: $(STAMP)
-	$(PY) -m app.cli zoo --out zoo
+	$(PY) -m app.cli demo --zoo zoo
+	$(PY) -m app.cli serve
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check models analysis app migrations tests bench
@@ -27,7 +30,11 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(VENV)/bin/pytest -q
 
-test: lint typecheck pytest
+# The browser test drives Debian's Chromium through Playwright; Playwright never downloads one.
+chromium:
+	test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium)
+
+test: lint typecheck chromium pytest
 
 clean:
 	rm -rf $(VENV) var zoo .pytest_cache .mypy_cache .ruff_cache

@@ -5,15 +5,26 @@ A plain library: no web, no database; import it from a notebook.
 
 from __future__ import annotations
 
+from analysis.atlas import Atlas
 from analysis.datasets import ImageDataset, load_dataset
+from analysis.engine import cka_from_features, compare
 from analysis.errors import AnalysisError, Cancelled, DatasetError, EstimatorError, LayerError
+from analysis.gram_cache import DirectoryGramCache, GramCache
+from analysis.layers import default_layers, resolve_layers
 
 __all__ = [
     "AnalysisError",
+    "Atlas",
     "Cancelled",
     "DatasetError",
+    "DirectoryGramCache",
     "EstimatorError",
+    "GramCache",
     "ImageDataset",
     "LayerError",
+    "cka_from_features",
+    "compare",
+    "default_layers",
     "load_dataset",
+    "resolve_layers",
 ]

@@ -1,0 +1,134 @@
+"""HSIC estimators for every pair of a stack of Gram matrices at once, and CKA from HSIC.
+
+For Grams K, L of one batch of n samples, H = I - 11ᵀ/n:
+
+* biased (Gretton et al. 2005): ``HSIC_b(K, L) = tr(K H L H) / (n-1)² = ⟨HKH, HLH⟩ / (n-1)²``.
+* unbiased (Song et al. 2012), with K̃ = K with its diagonal set to zero::
+
+      HSIC_u(K, L) = [tr(K̃L̃) + (1ᵀK̃1)(1ᵀL̃1) / ((n-1)(n-2)) - 2/(n-2) · 1ᵀK̃L̃1] / (n(n-3))
+
+  It is a U-statistic, so it is unchanged, exactly, when K becomes K + a1ᵀ + 1aᵀ + c11ᵀ;
+  double centring is such a change, so we may centre first. We do, because the centred
+  Gram has small entries and the three terms then cancel far less.
+
+All pairs with matrix products: let f = vec(K̃), r = K̃1 and s = 1ᵀK̃1 per Gram, stacked
+into F (L, n²), R (L, n) and s (L). Then tr(K̃L̃) = f_K·f_L and 1ᵀK̃L̃1 = r_K·r_L, so the
+whole L×L matrix is ``(F Fᵀ + s sᵀ/((n-1)(n-2)) - 2/(n-2) R Rᵀ) / (n(n-3))``; the biased one
+is ``F Fᵀ / (n-1)²`` with F = vec(HKH). This stage runs in float64: one (L, n²) copy, small
+next to the forward passes, and it keeps the sums over n² terms exact to ~1e-15.
+
+CKA(K, L) = HSIC(K, L) / sqrt(HSIC(K, K) · HSIC(L, L)) (Kornblith et al. 2019); summing the
+HSIC terms of consecutive minibatches before this ratio is minibatch CKA (Nguyen et al. 2021).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from analysis.errors import EstimatorError
+
+__all__ = [
+    "ESTIMATORS",
+    "MIN_SAMPLES",
+    "check_estimator",
+    "cka_from_hsic",
+    "hsic_from_grams",
+    "hsic_linear_features",
+    "undefined_reasons",
+]
+
+ESTIMATORS = ("biased", "unbiased")
+# The smallest batch on which each estimator is defined (its denominators are non-zero).
+MIN_SAMPLES = {"biased": 2, "unbiased": 4}
+
+
+def check_estimator(estimator: str) -> str:
+    """Return ``estimator`` if it names an estimator, else raise :class:`EstimatorError`."""
+    if estimator not in ESTIMATORS:
+        raise EstimatorError(f"unknown estimator {estimator!r}; use 'biased' or 'unbiased'")
+    return estimator
+
+
+def _combine(ff: torch.Tensor, r: torch.Tensor, n: int, estimator: str) -> torch.Tensor:
+    """The L×L HSIC matrix from F Fᵀ and (unbiased) the row sums R of the zero-diagonal Grams."""
+    if estimator == "biased":
+        return ff / (n - 1) ** 2
+    s = r.sum(1)
+    return (ff + torch.outer(s, s) / ((n - 1) * (n - 2)) - (2 / (n - 2)) * (r @ r.T)) / (
+        n * (n - 3)
+    )
+
+
+def hsic_from_grams(grams: torch.Tensor, estimator: str) -> torch.Tensor:
+    """HSIC of every pair of the raw Grams ``grams`` (L, n, n), as a float64 (L, L) tensor.
+
+    The result stays on the Grams' device and is symmetric bit for bit.
+    """
+    n_layers, n, _ = grams.shape
+    g = grams.to(torch.float64, copy=True)
+    # double centring HKH, in place: subtract row and column means, add back the grand mean
+    row = g.mean(2, keepdim=True)
+    g -= row
+    g -= g.mean(1, keepdim=True)
+    if estimator == "unbiased":
+        g.diagonal(dim1=1, dim2=2).zero_()
+    f = g.view(n_layers, n * n)
+    h = _combine(f @ f.T, g.sum(2), n, estimator)
+    return (h + h.T) / 2  # the GEMM need not be symmetric to the last bit; this is
+
+
+def hsic_linear_features(xs: list[torch.Tensor], estimator: str) -> torch.Tensor:
+    """HSIC of every pair of linear-kernel layers straight from features ``xs`` (n, d_i).
+
+    The feature-space identities, with X centred (x_i minus the mean) and k = diag(XXᵀ):
+    ⟨HKH, HLH⟩ = ‖XᵀY‖²_F; for the unbiased estimator K̃ = XXᵀ - diag(k) gives
+    f_K·f_L = ‖XᵀY‖²_F - k_K·k_L and, because XXᵀ1 = 0, r = -k. Costs n·d_i·d_j per pair
+    instead of n²·d per layer, so it pays when every d < n. Runs in float64.
+    """
+    n = xs[0].shape[0]
+    cs = [x.to(torch.float64) for x in xs]
+    cs = [c - c[:1] for c in cs]
+    cs = [c - c.mean(0, keepdim=True) for c in cs]
+    ff = torch.empty(len(cs), len(cs), dtype=torch.float64, device=cs[0].device)
+    for i, a in enumerate(cs):
+        for j in range(i, len(cs)):
+            ff[i, j] = ff[j, i] = torch.linalg.matrix_norm(a.T @ cs[j]) ** 2
+    if estimator == "biased":
+        return ff / (n - 1) ** 2
+    k = torch.stack([(c * c).sum(1) for c in cs])
+    h = _combine(ff - k @ k.T, -k, n, estimator)
+    return (h + h.T) / 2
+
+
+def cka_from_hsic(h: np.ndarray) -> np.ndarray:
+    """CKA matrix from an accumulated HSIC matrix; NaN where a self-HSIC is <= 0 or not finite.
+
+    Never clamps: a negative cross-HSIC (possible with the unbiased estimator) gives a
+    negative CKA.
+    """
+    d = np.diag(h).copy()
+    ok = np.isfinite(d) & (d > 0)
+    d[~ok] = 1.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        cka = h / np.sqrt(np.outer(d, d))
+    cka[~ok, :] = np.nan
+    cka[:, ~ok] = np.nan
+    cka[~np.isfinite(cka)] = np.nan
+    return cka
+
+
+def undefined_reasons(h: np.ndarray) -> dict[int, str]:
+    """Why each layer (by index) whose self-HSIC is unusable gives undefined CKA cells."""
+    reasons: dict[int, str] = {}
+    for i, v in enumerate(np.diag(h)):
+        if not np.isfinite(v):
+            reasons[i] = "self-HSIC is not finite (activations overflow)"
+        elif v == 0:
+            reasons[i] = "self-HSIC is 0: the layer's activations are constant over the data"
+        elif v < 0:
+            reasons[i] = (
+                f"self-HSIC is negative ({v:.3g}): too few samples for the unbiased "
+                "estimator to resolve this layer"
+            )
+    return reasons

@@ -1,0 +1,256 @@
+"""Which layers of a model to read, and reading them: one forward pass per batch.
+
+Layer names are module names from ``model.named_modules()`` plus ``pre_logits``: the pooled
+features that enter ``head`` (read with a forward pre-hook on ``head``). The default list of a
+timm-style model (``stem``, ``blocks``, ``norm``, ``head``) is the stem output, every block
+output, the final norm and the pooled pre-logits; other models fall back to timm's
+``feature_info`` modules, or to their top-level children.
+
+A selection is a name, a glob, an index into the default list, or a sequence of them. In a
+glob ``*`` and ``?`` stay within one dotted component and ``**`` crosses dots, so
+``blocks.*`` means the block outputs and ``blocks.**.fc1`` every ``fc1`` inside a block.
+Integer-looking strings (``"-1"``) are indices, so command-line values work unchanged.
+
+Reading uses ``forward_intermediates`` when the model has it and every selected layer is one
+of the standard ones; otherwise forward hooks, which are removed again whatever happens.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from analysis.errors import LayerError
+
+__all__ = [
+    "FEATURE_POLICIES",
+    "LayerReader",
+    "LayerSelection",
+    "available_layers",
+    "default_layers",
+    "resolve_layers",
+    "to_features",
+]
+
+LayerSelection = str | int | Sequence[str | int]
+FEATURE_POLICIES = ("flatten", "mean_tokens")
+PRE_LOGITS = "pre_logits"
+_STANDARD = re.compile(r"stem|blocks\.\d+|norm|pre_logits")
+_INT = re.compile(r"[+-]?\d+")
+
+
+def _has_blocks(model: nn.Module) -> bool:
+    return isinstance(getattr(model, "blocks", None), nn.Sequential | nn.ModuleList)
+
+
+def _modules(model: nn.Module) -> dict[str, nn.Module]:
+    return {name: m for name, m in model.named_modules() if name}
+
+
+def available_layers(model: nn.Module) -> list[str]:
+    """Every name a selection can match, in forward order as far as module order tells."""
+    names = list(_modules(model))
+    if PRE_LOGITS not in names and isinstance(getattr(model, "head", None), nn.Module):
+        names.insert(names.index("head"), PRE_LOGITS)
+    return names
+
+
+def default_layers(model: nn.Module) -> list[str]:
+    """Stem output, every block output, final norm and pooled pre-logits, where they exist."""
+    mods = _modules(model)
+    has_head = isinstance(getattr(model, "head", None), nn.Module)
+    if _has_blocks(model):
+        names = ["stem"] if "stem" in mods else []
+        names += [f"blocks.{i}" for i in range(len(model.blocks))]  # type: ignore[arg-type]
+        names += ["norm"] if "norm" in mods else []
+    elif hasattr(model, "feature_info"):
+        info: Any = model.feature_info
+        names = [str(i["module"]) for i in info if i["module"] in mods]
+    else:
+        names = [name for name, _ in model.named_children() if name != "head"]
+    return names + ([PRE_LOGITS] if has_head and PRE_LOGITS not in names else [])
+
+
+def _glob(pattern: str) -> re.Pattern[str]:
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        c = pattern[i]
+        out.append("[^.]*" if c == "*" else "[^.]" if c == "?" else re.escape(c))
+        i += 1
+    return re.compile("".join(out))
+
+
+def resolve_layers(
+    model: nn.Module, selection: LayerSelection | None = None, *, model_name: str = "model"
+) -> list[str]:
+    """The layer names ``selection`` picks from ``model``, without running it.
+
+    Each item must match at least one layer, else :class:`LayerError` lists what exists.
+    Names keep the order of the selection; a glob expands in module order; duplicates go.
+    """
+    defaults = default_layers(model)
+    if selection is None:
+        if not defaults:
+            raise LayerError(f"{model_name} has no layers to compare")
+        return defaults
+    items = [selection] if isinstance(selection, str | int) else list(selection)
+    if not items:
+        raise LayerError(f"the layer selection for {model_name} is empty")
+    available = available_layers(model)
+    picked: list[str] = []
+    for item in items:
+        if isinstance(item, str) and _INT.fullmatch(item.strip()):
+            item = int(item)
+        if isinstance(item, int):
+            if not -len(defaults) <= item < len(defaults):
+                raise LayerError(
+                    f"layer index {item} is out of range for {model_name}, whose "
+                    f"{len(defaults)} default layers are: {', '.join(defaults)}"
+                )
+            found = [defaults[item]]
+        elif item in available:
+            found = [item]
+        else:
+            rx = _glob(item)
+            found = [name for name in available if rx.fullmatch(name)]
+        if not found:
+            shown = ", ".join(available[:60])
+            more = f" and {len(available) - 60} more" if len(available) > 60 else ""
+            raise LayerError(
+                f"layer selection {item!r} matches no layer of {model_name}; "
+                f"available: {shown}{more}"
+            )
+        picked += [name for name in found if name not in picked]
+    return picked
+
+
+def to_features(t: torch.Tensor, policy: str) -> torch.Tensor:
+    """(b, ...) activations to a (b, d) feature matrix.
+
+    ``flatten`` is vec(X) per sample; ``mean_tokens`` averages tokens (B, S, C) → (B, C) and
+    spatial positions (B, C, H, W) → (B, C); 2-D activations pass through either way.
+    """
+    if t.dim() == 2:
+        return t
+    if policy == "flatten":
+        return t.reshape(t.shape[0], -1)
+    if t.dim() == 3:
+        return t.mean(1)
+    return t.mean(dim=tuple(range(2, t.dim())))
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, list | tuple):
+        return next((v for v in value if isinstance(v, torch.Tensor)), None)
+    return None
+
+
+class LayerReader:
+    """Runs a model once on a batch and returns the selected layers as (b, d) features."""
+
+    def __init__(self, model: nn.Module, layers: Sequence[str], feature: str = "flatten") -> None:
+        if feature not in FEATURE_POLICIES:
+            raise LayerError(f"unknown feature policy {feature!r}; use 'flatten' or 'mean_tokens'")
+        self.model, self.layers, self.feature = model, list(layers), feature
+        self.use_intermediates = (
+            _has_blocks(model)
+            and all(_STANDARD.fullmatch(name) for name in self.layers)
+            and all(hasattr(model, a) for a in ("forward_intermediates", "forward_head", "stem"))
+            and (PRE_LOGITS not in _modules(model))
+        )
+        # Token layout skips the (B, H, W, C) -> NCHW copy; models that refuse it get the default.
+        fi: Any = getattr(model, "forward_intermediates", None)
+        self._nlc = self.use_intermediates and "output_fmt" in inspect.signature(fi).parameters
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        out = self._intermediates(x) if self.use_intermediates else self._hooked(x)
+        feats = []
+        for name in self.layers:
+            t = out[name]
+            if t.shape[0] != x.shape[0]:
+                raise LayerError(f"layer {name!r} does not keep the batch as its first dimension")
+            feats.append(to_features(t, self.feature))
+        return feats
+
+    def _intermediates(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        model: Any = self.model
+        out: dict[str, torch.Tensor] = {}
+        idx = sorted({int(n.split(".")[1]) for n in self.layers if n.startswith("blocks.")})
+        tail = "norm" in self.layers or PRE_LOGITS in self.layers
+        if not idx and not tail:
+            out["stem"] = model.stem(x)
+            return out
+        handle = None
+        if "stem" in self.layers:
+            handle = model.stem.register_forward_hook(lambda _m, _i, o: out.__setitem__("stem", o))
+        try:
+            if idx:
+                kw: dict[str, Any] = {"indices": idx, "stop_early": not tail}
+                kw["intermediates_only"] = not tail
+                if self._nlc:
+                    try:
+                        res = model.forward_intermediates(x, output_fmt="NLC", **kw)
+                    except (AssertionError, ValueError, NotImplementedError):
+                        self._nlc = False
+                        res = model.forward_intermediates(x, **kw)
+                else:
+                    res = model.forward_intermediates(x, **kw)
+                final, inters = (None, res) if not tail else res
+                out.update({f"blocks.{i}": t for i, t in zip(idx, inters, strict=True)})
+            else:
+                final = model.forward_features(x)
+        finally:
+            if handle is not None:
+                handle.remove()
+        if final is not None:
+            out["norm"] = final
+            if PRE_LOGITS in self.layers:
+                out[PRE_LOGITS] = model.forward_head(final, pre_logits=True)
+        return out
+
+    def _hooked(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        mods = _modules(self.model)
+        out: dict[str, torch.Tensor] = {}
+        calls: dict[str, int] = dict.fromkeys(self.layers, 0)
+
+        def keep(name: str) -> Callable[[Any], None]:
+            def store(value: Any) -> None:
+                calls[name] += 1
+                t = _first_tensor(value)
+                if t is not None:
+                    out[name] = t
+
+            return store
+
+        handles = []
+        try:
+            for name in self.layers:
+                if name == PRE_LOGITS and name not in mods:
+                    f = keep(name)
+                    handles.append(mods["head"].register_forward_pre_hook(lambda _m, a, f=f: f(a)))
+                else:
+                    f = keep(name)
+                    handles.append(mods[name].register_forward_hook(lambda _m, _a, o, f=f: f(o)))
+            self.model(x)
+        finally:
+            for h in handles:
+                h.remove()
+        for name, count in calls.items():
+            if count == 0:
+                raise LayerError(f"layer {name!r} did not run in the forward pass")
+            if count > 1:
+                raise LayerError(f"layer {name!r} ran {count} times in one forward pass")
+            if name not in out:
+                raise LayerError(f"layer {name!r} gives no tensor to compare")
+        return out

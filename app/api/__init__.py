@@ -1,0 +1,1 @@
+"""The ``/v1`` REST routers, one module per resource."""

@@ -1,0 +1,97 @@
+"""Shared request dependencies: the services, pagination, auth, and row views."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import Depends, Query, Request
+
+from app.orm import Comparison, Job, Training
+from app.problems import ProblemError
+from app.security import require_read, require_write
+from app.services import Services
+
+__all__ = [
+    "READ",
+    "WRITE",
+    "Limit",
+    "Offset",
+    "comparison_view",
+    "get_services",
+    "job_fields",
+    "not_found",
+    "training_view",
+]
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+Svc = Annotated[Services, Depends(get_services)]
+Limit = Annotated[int, Query(ge=1, le=500, description="Page size")]
+Offset = Annotated[int, Query(ge=0, le=2**31 - 1, description="Items to skip")]
+READ: dict[str, Any] = {"dependencies": [Depends(require_read)]}
+WRITE: dict[str, Any] = {"dependencies": [Depends(require_write)]}
+
+
+def not_found(kind: str, ident: int | str) -> ProblemError:
+    return ProblemError(404, "not_found", f"{kind} {ident} does not exist")
+
+
+def _aware(t: datetime | None) -> datetime | None:
+    return t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t
+
+
+def job_fields(job: Job) -> dict[str, Any]:
+    started, finished = _aware(job.started_at), _aware(job.finished_at)
+    eta = None
+    if job.status == "running" and started is not None and job.progress > 0:
+        elapsed = (datetime.now(UTC) - started).total_seconds()
+        eta = max(elapsed * (1 - job.progress) / job.progress, 0.0)
+    return {
+        "status": job.status,
+        "progress": 1.0 if job.status == "succeeded" else float(job.progress),
+        "eta_s": eta,
+        "error": job.error,
+        "error_code": job.error_code,
+        "attempts": job.attempts,
+        "started_at": started,
+        "finished_at": finished,
+    }
+
+
+def comparison_view(cmp: Comparison) -> dict[str, Any]:
+    base = f"/v1/comparisons/{cmp.id}"
+    return {
+        "id": cmp.id,
+        "dataset_id": cmp.dataset_id,
+        "models": [{"id": m.model_id, "label": m.label} for m in cmp.members],
+        "params": cmp.params,
+        "diagnostics": cmp.diagnostics,
+        "provenance": cmp.provenance,
+        "created_at": _aware(cmp.created_at),
+        "links": {
+            "self": base,
+            "result": f"{base}/result",
+            "matrix": f"{base}/matrix",
+            "heatmap_png": f"{base}/heatmap.png",
+            "heatmap_svg": f"{base}/heatmap.svg",
+            "cancel": f"{base}/cancel",
+        },
+        **job_fields(cmp.job),
+    }
+
+
+def training_view(tr: Training) -> dict[str, Any]:
+    return {
+        "id": tr.id,
+        "arch": tr.arch,
+        "dataset_id": tr.dataset_id,
+        "params": tr.params,
+        "model_id": tr.model_id,
+        "created_at": _aware(tr.created_at),
+        **job_fields(tr.job),
+    }

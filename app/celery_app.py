@@ -1,0 +1,95 @@
+"""Celery wiring for GPU hosts: Redis broker, one solo-pool worker per GPU.
+
+The task only carries a job id and calls the same :func:`app.runner.execute` as the
+embedded worker; the database row decides whether the job still needs running, so a
+redelivered or duplicated message is harmless. ``acks_late`` with ``prefetch 1`` means a
+worker killed mid-job leaves its message unacknowledged and Redis redelivers it after the
+visibility timeout, which is set above the longest job; on start, a worker also re-queues
+stale jobs and re-sends every queued job so nothing waits for that timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cache
+from typing import Any
+
+from celery import Celery
+
+from app import jobs
+from app.settings import Settings
+
+__all__ = ["TASK_NAME", "make_celery", "run_worker", "send_job"]
+
+log = logging.getLogger(__name__)
+TASK_NAME = "cka_atlas.run_job"
+
+
+def make_celery(settings: Settings) -> Celery:
+    if not settings.broker_url:
+        raise ValueError("CKA_BROKER_URL is not set; the Celery worker needs a Redis broker")
+    app = Celery("cka_atlas", broker=settings.broker_url)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        task_default_queue=settings.celery_queue,
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": settings.job_timeout_s + 600},
+        worker_hijack_root_logger=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+    )
+    app.task(name=TASK_NAME, bind=False)(_run_job_task)
+    return app
+
+
+@cache
+def _services() -> Any:
+    from app.services import Services
+
+    return Services(Settings())
+
+
+def _run_job_task(job_id: int) -> None:
+    from app.runner import execute
+
+    services = _services()
+    execute(services, _worker_id(), int(job_id))
+
+
+@cache
+def _worker_id() -> str:
+    return jobs.new_worker_id("celery")
+
+
+def send_job(celery: Celery, job_id: int) -> None:
+    celery.send_task(TASK_NAME, args=[job_id])
+
+
+def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
+    """Prepare the queue and run a Celery worker in this process (blocks)."""
+    from app.db import ensure_schema
+    from app.services import Services
+
+    services = Services(settings)
+    ensure_schema(services.db.engine)
+    celery = make_celery(settings)
+    jobs.requeue_stale(services.db, settings.stale_after_s)
+    for job_id in jobs.queued_ids(services.db, limit=10_000):
+        send_job(celery, job_id)
+    services.close()
+    celery.worker_main(
+        [
+            "worker",
+            "--pool=solo",
+            "--concurrency=1",
+            "--prefetch-multiplier=1",
+            f"--queues={settings.celery_queue}",
+            f"--loglevel={loglevel}",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )

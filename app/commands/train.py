@@ -1,0 +1,72 @@
+"""``cka-atlas train`` and ``cka-atlas zoo``: train one checkpoint, or the demo zoo."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["register", "run_train", "run_zoo"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``train`` and ``zoo`` subcommands to the ``cka-atlas`` parser."""
+    from models import list_presets
+
+    train = subparsers.add_parser(
+        "train",
+        help="train one architecture and write a checkpoint",
+        description="Train a preset (or any timm model) with AdamW and a cosine schedule; "
+        "write DIR/NAME.safetensors and its JSON sidecar with the test accuracy.",
+    )
+    train.add_argument(
+        "--arch", required=True, help=f"preset ({', '.join(list_presets())}) or a timm model name"
+    )
+    train.add_argument(
+        "--dataset", default="digits", help="'digits' or a .npz/ImageFolder/.zip path"
+    )
+    train.add_argument("--epochs", type=int, default=None, help="default: the family's recipe")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--out", default="var/checkpoints", help="output directory")
+    train.add_argument("--name", default=None, help="checkpoint name (default: the arch)")
+    train.add_argument("--batch-size", type=int, default=None)
+    train.add_argument("--lr", type=float, default=None)
+    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    train.set_defaults(func=run_train)
+
+    zoo = subparsers.add_parser(
+        "zoo",
+        help="train the demo zoo (five digits presets and a second Mixer seed)",
+        description="Train the demo zoo, skipping checkpoints that already exist, and print "
+        "its table (model, parameters, Ω, test accuracy, seconds).",
+    )
+    zoo.add_argument("--out", default="var/zoo", help="output directory")
+    zoo.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    zoo.set_defaults(func=run_zoo)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from models import read_sidecar
+    from models.training import train
+
+    path = train(
+        args.arch,
+        args.dataset,
+        epochs=args.epochs,
+        seed=args.seed,
+        out_dir=args.out,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        progress=not args.no_progress,
+        name=args.name,
+    )
+    test = read_sidecar(path)["metrics"]["test"]
+    print(f"{path}: test accuracy {test['accuracy']:.2%} on {test['n']} images")
+    return 0
+
+
+def run_zoo(args: argparse.Namespace) -> int:
+    from models.training import build_zoo, format_zoo_table
+
+    rows = build_zoo(args.out, progress=not args.no_progress)
+    print(format_zoo_table(rows))
+    return 0

@@ -1,0 +1,233 @@
+"""The job state machine and its queries; ``jobs`` rows are the source of truth for work.
+
+States: ``queued -> running -> succeeded | failed | cancelled``, and ``running -> queued``
+when a worker's heartbeat goes stale. Every transition is a compare-and-set ``UPDATE``
+guarded by the expected state (and, once running, by the owning worker id), so two workers
+can never both run one job and a worker that lost its job cannot write a result: the
+result is written in the same transaction as the ``succeeded`` transition, and that
+transition only matches while this worker still owns the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from app.db import Database
+from app.orm import Job, utcnow
+
+__all__ = [
+    "JobControl",
+    "LostJob",
+    "claim",
+    "complete",
+    "enqueue",
+    "fail",
+    "mark_cancelled",
+    "new_worker_id",
+    "queued_ids",
+    "request_cancel",
+    "requeue_stale",
+]
+
+log = logging.getLogger(__name__)
+
+
+class LostJob(RuntimeError):
+    """This worker no longer owns the job (it was re-queued or cancelled)."""
+
+
+def new_worker_id(kind: str) -> str:
+    return f"{kind}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def enqueue(session: Session, kind: str) -> Job:
+    """Add a queued job in the caller's transaction."""
+    job = Job(kind=kind, status="queued", progress=0.0, cancel_requested=False, attempts=0)
+    session.add(job)
+    session.flush()
+    return job
+
+
+def queued_ids(db: Database, limit: int = 100) -> list[int]:
+    with db.session(readonly=True) as s:
+        stmt = select(Job.id).where(Job.status == "queued").order_by(Job.id).limit(limit)
+        return list(s.scalars(stmt))
+
+
+def claim(db: Database, worker_id: str, job_id: int | None = None) -> Job | None:
+    """Move one queued job (``job_id`` or the oldest) to running for this worker."""
+    with db.session() as s:
+        if job_id is not None:
+            candidates = [job_id]
+        else:
+            stmt = select(Job.id).where(Job.status == "queued").order_by(Job.id).limit(8)
+            candidates = list(s.scalars(stmt))
+        now = utcnow()
+        for jid in candidates:
+            res = s.execute(
+                update(Job)
+                .where(Job.id == jid, Job.status == "queued")
+                .values(
+                    status="running",
+                    worker_id=worker_id,
+                    started_at=now,
+                    heartbeat_at=now,
+                    progress=0.0,
+                    attempts=Job.attempts + 1,
+                    error=None,
+                    error_code=None,
+                )
+                .execution_options(synchronize_session=False)
+            )
+            if res.rowcount == 1:  # type: ignore[attr-defined]
+                return s.get(Job, jid)
+    return None
+
+
+def _owned(job_id: int, worker_id: str) -> Any:
+    return (Job.id == job_id) & (Job.status == "running") & (Job.worker_id == worker_id)
+
+
+def heartbeat(db: Database, job_id: int, worker_id: str, progress: float) -> bool:
+    """Record liveness and progress; returns whether cancellation was requested."""
+    with db.session() as s:
+        res = s.execute(
+            update(Job)
+            .where(_owned(job_id, worker_id))
+            .values(heartbeat_at=utcnow(), progress=min(max(progress, 0.0), 1.0))
+            .execution_options(synchronize_session=False)
+        )
+        if res.rowcount != 1:  # type: ignore[attr-defined]
+            raise LostJob(f"job {job_id} is no longer owned by {worker_id}")
+        return bool(s.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
+
+
+def complete(session: Session, job_id: int, worker_id: str) -> None:
+    """Mark succeeded inside the caller's transaction (which also writes the result)."""
+    res = session.execute(
+        update(Job)
+        .where(_owned(job_id, worker_id))
+        .values(status="succeeded", progress=1.0, finished_at=utcnow(), heartbeat_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    if res.rowcount != 1:  # type: ignore[attr-defined]
+        raise LostJob(f"job {job_id} is no longer owned by {worker_id}; result discarded")
+
+
+def _finish(db: Database, job_id: int, worker_id: str, **values: Any) -> bool:
+    with db.session() as s:
+        res = s.execute(
+            update(Job)
+            .where(_owned(job_id, worker_id))
+            .values(finished_at=utcnow(), **values)
+            .execution_options(synchronize_session=False)
+        )
+        return res.rowcount == 1  # type: ignore[attr-defined]
+
+
+def fail(db: Database, job_id: int, worker_id: str, error: str, code: str) -> bool:
+    return _finish(db, job_id, worker_id, status="failed", error=error[:4000], error_code=code)
+
+
+def mark_cancelled(db: Database, job_id: int, worker_id: str) -> bool:
+    return _finish(db, job_id, worker_id, status="cancelled", error_code="cancelled")
+
+
+def request_cancel(session: Session, job_id: int) -> None:
+    """Cancel a queued job at once; ask a running one to stop at its next batch."""
+    now = utcnow()
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == "queued")
+        .values(status="cancelled", cancel_requested=True, finished_at=now, error_code="cancelled")
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == "running")
+        .values(cancel_requested=True)
+        .execution_options(synchronize_session=False)
+    )
+    session.expire_all()
+
+
+def requeue_stale(db: Database, stale_after_s: float) -> list[int]:
+    """Put running jobs whose heartbeat is older than ``stale_after_s`` back in the queue."""
+    cutoff = utcnow() - timedelta(seconds=stale_after_s)
+    requeued: list[int] = []
+    with db.session() as s:
+        stmt = select(Job.id).where(Job.status == "running", Job.heartbeat_at < cutoff)
+        for jid in list(s.scalars(stmt)):
+            res = s.execute(
+                update(Job)
+                .where(Job.id == jid, Job.status == "running", Job.heartbeat_at < cutoff)
+                .values(status="queued", worker_id=None, progress=0.0)
+                .execution_options(synchronize_session=False)
+            )
+            if res.rowcount == 1:  # type: ignore[attr-defined]
+                requeued.append(jid)
+    if requeued:
+        log.warning("re-queued stale jobs %s", requeued)
+    return requeued
+
+
+class JobControl:
+    """What a running job sees: report progress, learn about cancellation, keep alive.
+
+    A daemon thread writes the heartbeat and the latest progress every ``interval`` seconds,
+    so a long batch never makes the job look stale, and reads the cancel flag back.
+    """
+
+    def __init__(self, db: Database, job_id: int, worker_id: str, interval: float) -> None:
+        self.db = db
+        self.job_id = job_id
+        self.worker_id = worker_id
+        self.interval = interval
+        self.progress = 0.0
+        self.cancel_requested = False
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
+
+    def __enter__(self) -> JobControl:
+        self.flush()  # a cancel that arrived between claim and start is seen at once
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.flush()
+
+    def flush(self) -> None:
+        try:
+            self.cancel_requested = heartbeat(self.db, self.job_id, self.worker_id, self.progress)
+        except LostJob:
+            self.lost = True
+        except Exception:  # a database hiccup must not kill the job; the next beat retries
+            log.warning("heartbeat of job %s failed", self.job_id, exc_info=True)
+
+    def on_batch(self, done: int, total: int) -> bool:
+        """The ``on_batch`` callback for :func:`analysis.compare`; False stops the job."""
+        self.progress = done / total if total else 1.0
+        return not (self.cancel_requested or self.lost)
+
+    @property
+    def should_stop(self) -> bool:
+        return self.cancel_requested or self.lost
+
+
+JobFn = Callable[[Any, Job, JobControl], None]

@@ -1,0 +1,114 @@
+"""Structured logs: one JSON object per line, stamped with the job being run.
+
+A worker wraps each job in :func:`job_context`; every record logged inside it (by this
+thread, or by tasks that copied its context) carries ``job_id`` and ``job_kind``, so
+``grep '"job_id": 42'`` or a log pipeline's filter shows one job's whole story across the
+API, the embedded worker and Celery workers. :func:`configure_logging` installs the
+formatter on the root logger; :func:`uvicorn_log_config` gives uvicorn the same format.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = [
+    "JsonFormatter",
+    "configure_logging",
+    "current_job",
+    "job_context",
+    "uvicorn_log_config",
+]
+
+_job: ContextVar[tuple[int, str] | None] = ContextVar("cka_job", default=None)
+
+# Attributes every LogRecord has; anything else on a record came from ``extra=`` and is kept.
+_STANDARD = frozenset(
+    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
+    | {"message", "asctime", "taskName"}
+)
+
+
+def current_job() -> tuple[int, str] | None:
+    """``(job id, kind)`` of the job running in this context, or None."""
+    return _job.get()
+
+
+@contextmanager
+def job_context(job_id: int, kind: str) -> Iterator[None]:
+    """Stamp every record logged inside the block with this job's id and kind."""
+    token = _job.set((int(job_id), str(kind)))
+    try:
+        yield
+    finally:
+        _job.reset(token)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)
+
+
+class JsonFormatter(logging.Formatter):
+    """Format a record as one line of JSON: time, level, logger, message, job, extras."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        job = getattr(record, "job_id", None)
+        if job is None and (current := current_job()) is not None:
+            doc["job_id"], doc["job_kind"] = current
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_") and key not in doc:
+                doc[key] = _jsonable(value)
+        if record.exc_info and record.exc_info[0] is not None:
+            doc["exc_type"] = record.exc_info[0].__name__
+            doc["traceback"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        return json.dumps(doc, ensure_ascii=False)
+
+
+def configure_logging(level: str = "info", *, fmt: str = "json") -> None:
+    """Send every logger's records to stderr, as JSON lines (``fmt="json"``) or plain text."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+def uvicorn_log_config(level: str = "info") -> dict[str, Any]:
+    """A ``logging.config.dictConfig`` for ``uvicorn.run(log_config=...)`` in the same JSON."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": JsonFormatter}},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "json",
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "loggers": {
+            name: {"handlers": ["stderr"], "level": level.upper(), "propagate": False}
+            for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+        },
+        "root": {"handlers": ["stderr"], "level": level.upper()},
+    }

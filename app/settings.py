@@ -1,0 +1,81 @@
+"""Service configuration, read from ``CKA_``-prefixed environment variables.
+
+Every setting has a default that lets the service run with nothing configured: a SQLite
+file and the artifact store under ``./var``, and an in-process worker. Production sets
+``CKA_DATABASE_URL`` (PostgreSQL) and ``CKA_BROKER_URL`` (Redis, Celery workers).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings"]
+
+
+class Settings(BaseSettings):
+    """All knobs of the service; the field name in upper case with ``CKA_`` is the variable."""
+
+    model_config = SettingsConfigDict(env_prefix="CKA_", extra="ignore", frozen=True)
+
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL. Default: sqlite file `cka-atlas.db` under CKA_DATA_DIR; "
+        "PostgreSQL as `postgresql+psycopg://user:pass@host:5432/db`.",
+    )
+    data_dir: Path = Field(
+        default=Path("var"), description="Artifact store: checkpoints, datasets, Grams, heatmaps."
+    )
+    broker_url: str | None = Field(
+        default=None,
+        description="Celery broker (Redis). When set the API only enqueues and "
+        "`cka-atlas worker` runs the jobs; when unset an in-process thread pool does.",
+    )
+    celery_queue: str = Field(default="cka-atlas", description="Celery queue name.")
+    api_tokens: str = Field(
+        default="",
+        description="Comma-separated bearer tokens allowed to write. Empty: writes are open.",
+    )
+    read_requires_token: bool = Field(
+        default=False, description="Require a token for reads as well."
+    )
+    max_upload_bytes: int = Field(
+        default=512 * 1024 * 1024, gt=0, description="Largest accepted upload body; larger is 413."
+    )
+    worker_threads: int = Field(default=1, ge=0, description="Threads of the in-process worker.")
+    device: str = Field(
+        default="auto", description="Torch device for jobs: auto, cpu, cuda, cuda:1…"
+    )
+    host: str = Field(default="127.0.0.1", description="Address `cka-atlas serve` binds.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Port `cka-atlas serve` binds.")
+    log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")
+    heartbeat_s: float = Field(default=5.0, gt=0, description="Seconds between job heartbeats.")
+    stale_after_s: float = Field(
+        default=120.0, gt=0, description="A running job without heartbeat this long is re-queued."
+    )
+    job_timeout_s: int = Field(
+        default=6 * 3600,
+        gt=0,
+        description="Longest job; the broker's visibility timeout exceeds it.",
+    )
+    model_cache_size: int = Field(
+        default=8, ge=1, description="Checkpoints kept loaded per process."
+    )
+    poll_s: float = Field(
+        default=1.0, gt=0, description="Idle poll interval of the in-process worker."
+    )
+
+    @cached_property
+    def tokens(self) -> frozenset[str]:
+        """The accepted bearer tokens (empty set: writes need no token)."""
+        return frozenset(t.strip() for t in self.api_tokens.split(",") if t.strip())
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The database URL, defaulting to a SQLite file inside the data directory."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'cka-atlas.db').as_posix()}"

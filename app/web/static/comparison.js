@@ -1,0 +1,224 @@
+/* The comparison page: heatmaps of every model pair, and live progress while it runs.
+ *
+ * The stored atlas arrives embedded in the page (#atlas-data); while the job is queued or
+ * running the page polls GET /v1/comparisons/{id} every second, moves the progress bar,
+ * and when the job succeeds fetches /v1/comparisons/{id}/result and draws it in place. */
+(function () {
+  "use strict";
+
+  const LIVE = ["queued", "running"];
+  const $ = function (id) { return document.getElementById(id); };
+  const meta = JSON.parse($("comparison-meta").textContent);
+  let atlas = JSON.parse($("atlas-data").textContent);
+  let drawCards = [];
+  let resizeTimer = 0;
+
+  function transpose(values) {
+    return values.length ? values[0].map(function (_, j) { return values.map(function (r) { return r[j]; }); }) : [];
+  }
+
+  /* The CKA block with rows the layers of a and columns those of b. */
+  function block(a, b) {
+    let values = null;
+    atlas.matrices.forEach(function (m) {
+      if (m.a === a && m.b === b) values = m.cka;
+      else if (values === null && m.a === b && m.b === a) values = transpose(m.cka);
+    });
+    return { a: a, b: b, rows: atlas.layers[a], cols: atlas.layers[b], values: values || [] };
+  }
+
+  function option(select, value) {
+    const o = document.createElement("option");
+    o.value = value;
+    o.textContent = value;
+    select.appendChild(o);
+  }
+
+  function stats(m) {
+    const dl = $("focus-stats");
+    dl.replaceChildren();
+    const all = [].concat.apply([], m.values).filter(function (v) { return v !== null; });
+    function add(term, value) {
+      const dt = document.createElement("dt");
+      dt.textContent = term;
+      const dd = document.createElement("dd");
+      dd.textContent = value;
+      dl.append(dt, dd);
+    }
+    if (m.rows.length === m.cols.length && m.a !== m.b) {
+      const diag = m.values.map(function (r, i) { return r[i]; }).filter(function (v) { return v !== null; });
+      if (diag.length) add("Same-depth mean", (diag.reduce(function (s, v) { return s + v; }, 0) / diag.length).toFixed(3));
+    }
+    if (all.length) {
+      add("Max", Math.max.apply(null, all).toFixed(3));
+      add("Min", Math.min.apply(null, all).toFixed(3));
+    }
+    const undefinedCells = m.rows.length * m.cols.length - all.length;
+    if (undefinedCells) add("Undefined cells", String(undefinedCells));
+  }
+
+  function renderFocus() {
+    const a = $("focus-a").value;
+    const b = $("focus-b").value;
+    const m = block(a, b);
+    const fit = $("focus").parentElement.clientWidth;
+    window.CkaHeatmap.draw($("focus"), m, { maxSize: 460, minCell: 12, maxCell: 64, font: 12, showValues: true, fit: fit });
+    $("focus-json").href = "/v1/comparisons/" + meta.id + "/matrix?a=" + encodeURIComponent(a) + "&b=" + encodeURIComponent(b);
+    stats(m);
+    document.querySelectorAll(".heatmap-card").forEach(function (card) {
+      const on = (card.dataset.a === a && card.dataset.b === b) || (card.dataset.a === b && card.dataset.b === a);
+      card.classList.toggle("selected", on);
+    });
+  }
+
+  function card(m, pending) {
+    const c = document.createElement("button");
+    c.type = "button";
+    c.className = "heatmap-card";
+    c.dataset.a = m.a;
+    c.dataset.b = m.b;
+    c.title = "Show " + m.a + " × " + m.b + " above";
+    const h = document.createElement("h3");
+    if (m.a === m.b) {
+      h.textContent = m.a;
+    } else {
+      const x = document.createElement("span");
+      x.className = "muted";
+      x.textContent = " × ";
+      h.append(m.a, x, m.b);
+    }
+    const host = document.createElement("div");
+    host.className = "heatmap-host";
+    c.append(h, host);
+    pending.push(function () {
+      window.CkaHeatmap.draw(host, block(m.a, m.b), { maxSize: 190, maxCell: 26, font: 10 });
+    });
+    c.addEventListener("click", function () {
+      $("focus-a").value = m.a;
+      $("focus-b").value = m.b;
+      renderFocus();
+      $("atlas").scrollIntoView({ behavior: "smooth", block: "start" });
+    });
+    return c;
+  }
+
+  function renderAtlas() {
+    if (!atlas) return;
+    $("atlas").classList.remove("hidden");
+    const selA = $("focus-a");
+    const selB = $("focus-b");
+    selA.replaceChildren();
+    selB.replaceChildren();
+    atlas.models.forEach(function (name) { option(selA, name); option(selB, name); });
+    selA.value = atlas.models[0];
+    selB.value = atlas.models[Math.min(1, atlas.models.length - 1)];
+    const between = $("grid-between");
+    const within = $("grid-within");
+    between.replaceChildren();
+    within.replaceChildren();
+    const pending = [];
+    atlas.matrices.forEach(function (m) { (m.a === m.b ? within : between).appendChild(card(m, pending)); });
+    between.previousElementSibling.classList.toggle("hidden", !between.children.length);
+    between.classList.toggle("hidden", !between.children.length);
+    // Draw once the cards are laid out, so each heatmap can fit its card's width.
+    drawCards = pending;
+    drawCards.forEach(function (draw) { draw(); });
+    window.CkaHeatmap.colorbar($("colorbar"), 220);
+    renderFocus();
+  }
+
+  function showError(c) {
+    $("error-card").classList.remove("hidden");
+    $("error-title").textContent = c.status === "cancelled" ? "Cancelled" : "This comparison failed";
+    $("error-text").textContent = c.error || (c.status === "cancelled" ? "Cancelled before it finished." : "");
+    $("progress-card").classList.add("hidden");
+  }
+
+  async function refreshDetails() {
+    try {
+      const html = await (await fetch(window.location.href, { credentials: "same-origin" })).text();
+      const fresh = new DOMParser().parseFromString(html, "text/html").querySelector(".details");
+      const old = document.querySelector(".details");
+      if (fresh && old) old.replaceWith(fresh);
+    } catch (e) {
+      /* details stay as they were; a reload shows them */
+    }
+  }
+
+  async function finish() {
+    const result = (await window.cka.api("GET", "/v1/comparisons/" + meta.id + "/result")).data;
+    const a = result.atlas;
+    atlas = {
+      models: a.models,
+      layers: a.layers,
+      n: a.n,
+      matrices: a.matrices.map(function (m) { return { a: m.a, b: m.b, cka: m.cka }; }),
+    };
+    renderAtlas();
+    $("downloads").classList.remove("hidden");
+    refreshDetails();
+  }
+
+  function update(c) {
+    window.cka.setStatus(document.querySelector("#status-pill .pill"), c.status);
+    window.cka.setProgress($("progress"), c.progress);
+    $("progress-text").textContent = Math.round(c.progress * 100) + " %";
+    $("progress-label").textContent =
+      c.status === "queued" ? "Waiting for a worker" : c.status === "running" ? "Computing" : "Finished";
+    $("progress-eta").textContent = c.eta_s !== null && c.eta_s !== undefined && c.status === "running"
+      ? "about " + window.cka.formatDuration(c.eta_s) + " left" : "\u00a0";
+    if (!LIVE.includes(c.status)) {
+      $("progress").classList.remove("live");
+      const cancel = $("cancel");
+      if (cancel) cancel.remove();
+    }
+    if (c.status === "failed" || c.status === "cancelled") showError(c);
+  }
+
+  async function poll() {
+    let status = meta.status;
+    try {
+      const c = (await window.cka.api("GET", "/v1/comparisons/" + meta.id)).data;
+      status = c.status;
+      update(c);
+      if (c.status === "succeeded") await finish();
+    } catch (e) {
+      $("progress-eta").textContent = "Could not reach the server (" + e.message + "); retrying…";
+    }
+    if (LIVE.includes(status)) window.setTimeout(poll, 1000);
+  }
+
+  const cancel = $("cancel");
+  if (cancel) {
+    cancel.addEventListener("click", async function () {
+      cancel.disabled = true;
+      try {
+        update((await window.cka.api("POST", "/v1/comparisons/" + meta.id + "/cancel")).data);
+      } catch (e) {
+        cancel.disabled = false;
+        $("progress-eta").textContent = e.status === 401 ? "Sign in to cancel." : e.message;
+      }
+    });
+  }
+  $("focus-a").addEventListener("change", renderFocus);
+  $("focus-b").addEventListener("change", renderFocus);
+  $("focus-swap").addEventListener("click", function () {
+    const a = $("focus-a").value;
+    $("focus-a").value = $("focus-b").value;
+    $("focus-b").value = a;
+    renderFocus();
+  });
+
+  // Redraw to the new widths when the window changes size (rotating a tablet, say).
+  window.addEventListener("resize", function () {
+    window.clearTimeout(resizeTimer);
+    resizeTimer = window.setTimeout(function () {
+      if (!atlas) return;
+      drawCards.forEach(function (draw) { draw(); });
+      renderFocus();
+    }, 200);
+  });
+
+  if (atlas) renderAtlas();
+  if (LIVE.includes(meta.status)) window.setTimeout(poll, 500);
+})();

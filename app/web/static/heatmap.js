@@ -1,0 +1,282 @@
+/* cka-atlas heatmaps: a small, dependency-free SVG renderer for CKA matrices.
+ *
+ * CkaHeatmap.draw(host, matrix, options) replaces host's content with an <svg> whose
+ * cells are <rect class="cell" data-i data-j data-value> (row i = layer i of model a,
+ * column j = layer j of model b, input first), labelled with the layer names on both
+ * axes and the model names as axis titles. Hovering a cell shows the exact value in a
+ * tooltip and highlights its row and column labels. Colours are viridis over [0, 1], the
+ * range of CKA; values outside it (the unbiased estimator can dip below 0) keep the end
+ * colour but the tooltip shows the exact number. Undefined cells (null) are grey.
+ *
+ * matrix: {a, b, rows: [layer names], cols: [layer names], values: [[number|null]]}
+ */
+(function () {
+  "use strict";
+
+  const NS = "http://www.w3.org/2000/svg";
+  // matplotlib's viridis at 17 evenly spaced points.
+  const VIRIDIS = [
+    "#440154", "#48186a", "#472d7b", "#424086", "#3b528b", "#33638d", "#2c728e", "#26828e",
+    "#21918c", "#1fa088", "#28ae80", "#3fbc73", "#5ec962", "#84d44b", "#addc30", "#d8e219",
+    "#fde725",
+  ].map(function (hex) {
+    return [1, 3, 5].map(function (k) { return parseInt(hex.slice(k, k + 2), 16); });
+  });
+  const CHAR_EM = 0.61; // advance width of a monospace glyph, in em
+  let tooltip = null;
+  let gradientCount = 0;
+
+  function defined(v) {
+    return v !== null && v !== undefined && Number.isFinite(v);
+  }
+
+  function color(v) {
+    if (!defined(v)) return null;
+    const x = Math.min(1, Math.max(0, v)) * (VIRIDIS.length - 1);
+    const i = Math.min(VIRIDIS.length - 2, Math.floor(x));
+    const f = x - i;
+    const c = VIRIDIS[i].map(function (lo, k) { return Math.round(lo + f * (VIRIDIS[i + 1][k] - lo)); });
+    return "rgb(" + c.join(",") + ")";
+  }
+
+  function formatValue(v) {
+    return defined(v) ? v.toFixed(4) : "undefined";
+  }
+
+  function el(tag, attrs, parent, text) {
+    const node = document.createElementNS(NS, tag);
+    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, String(attrs[k])); });
+    if (text !== undefined) node.textContent = text;
+    if (parent) parent.appendChild(node);
+    return node;
+  }
+
+  function longest(names) {
+    return names.reduce(function (m, s) { return Math.max(m, String(s).length); }, 0);
+  }
+
+  function ensureTooltip() {
+    if (tooltip) return tooltip;
+    tooltip = document.createElement("div");
+    tooltip.className = "heatmap-tooltip";
+    tooltip.id = "heatmap-tooltip";
+    tooltip.setAttribute("role", "tooltip");
+    tooltip.hidden = true;
+    document.body.appendChild(tooltip);
+    return tooltip;
+  }
+
+  function line(parent, model, layer) {
+    const row = document.createElement("div");
+    row.className = "tt-layer";
+    const m = document.createElement("span");
+    m.className = "tt-model";
+    m.textContent = model;
+    const l = document.createElement("code");
+    l.textContent = layer;
+    row.append(m, " ", l);
+    parent.appendChild(row);
+  }
+
+  function showTip(event, matrix, i, j) {
+    const tip = ensureTooltip();
+    const v = matrix.values[i][j];
+    tip.replaceChildren();
+    const value = document.createElement("div");
+    value.className = "tt-value";
+    value.textContent = "CKA " + formatValue(v);
+    tip.appendChild(value);
+    line(tip, matrix.a, matrix.rows[i]);
+    line(tip, matrix.b, matrix.cols[j]);
+    tip.hidden = false;
+    moveTip(event);
+  }
+
+  function moveTip(event) {
+    if (!tooltip || tooltip.hidden) return;
+    const pad = 14;
+    const w = tooltip.offsetWidth;
+    const h = tooltip.offsetHeight;
+    let x = event.clientX + pad;
+    let y = event.clientY + pad;
+    if (x + w > window.innerWidth - 4) x = event.clientX - w - pad;
+    if (y + h > window.innerHeight - 4) y = event.clientY - h - pad;
+    tooltip.style.left = Math.max(4, x) + "px";
+    tooltip.style.top = Math.max(4, y) + "px";
+  }
+
+  function hideTip() {
+    if (tooltip) tooltip.hidden = true;
+  }
+
+  /* Draw matrix into host; returns the <svg>. */
+  function draw(host, matrix, options) {
+    const o = Object.assign(
+      { maxSize: 220, minCell: 6, maxCell: 28, font: 11, showValues: false, axisTitles: true },
+      options || {}
+    );
+    const nr = matrix.rows.length;
+    const nc = matrix.cols.length;
+    const fs = o.font;
+    const charW = fs * CHAR_EM;
+    const rowLabelW = Math.ceil(longest(matrix.rows) * charW) + 8;
+    const colReach = Math.ceil(longest(matrix.cols) * charW * Math.SQRT1_2);
+    const titleBand = o.axisTitles ? fs + 10 : 0;
+    let cell = Math.floor(o.maxSize / Math.max(nr, nc, 1));
+    // Shrink to the available width (options.fit, else the host's) when it is narrower.
+    const room = (o.fit || host.clientWidth) - (titleBand + rowLabelW) - 8;
+    if (room > 0) cell = Math.min(cell, Math.floor(room / Math.max(nc, 1)));
+    cell = Math.max(o.minCell, Math.min(o.maxCell, cell));
+    // Label every k-th layer when cells are smaller than the text.
+    const step = Math.max(1, Math.ceil((fs + 1) / cell));
+    const left = Math.max(titleBand + rowLabelW, colReach - cell / 2 + 4);
+    const top = 6;
+    const w = nc * cell;
+    const h = nr * cell;
+    const width = Math.ceil(left + w + 8);
+    const height = Math.ceil(top + h + colReach + fs + 10 + titleBand);
+
+    const svg = el("svg", {
+      xmlns: NS,
+      class: "heatmap",
+      width: width,
+      height: height,
+      viewBox: "0 0 " + width + " " + height,
+      role: "img",
+      "aria-label": "CKA between the layers of " + matrix.a + " (rows) and " + matrix.b + " (columns)",
+      "data-a": matrix.a,
+      "data-b": matrix.b,
+      "data-rows": nr,
+      "data-cols": nc,
+      "font-size": fs,
+    });
+    const cells = el("g", { class: "cells", transform: "translate(" + left + "," + top + ")" }, svg);
+    const showValues = o.showValues && cell >= 34;
+    for (let i = 0; i < nr; i++) {
+      for (let j = 0; j < nc; j++) {
+        const v = matrix.values[i][j];
+        const fill = color(v);
+        el("rect", {
+          class: fill ? "cell" : "cell undefined",
+          x: j * cell,
+          y: i * cell,
+          width: cell,
+          height: cell,
+          fill: fill || "#d5d8dc",
+          "data-i": i,
+          "data-j": j,
+          "data-value": defined(v) ? String(v) : "null",
+        }, cells);
+        if (showValues && defined(v)) {
+          el("text", {
+            class: "cell-value",
+            x: j * cell + cell / 2,
+            y: i * cell + cell / 2,
+            "text-anchor": "middle",
+            "dominant-baseline": "central",
+            fill: v > 0.6 ? "#1d1d1f" : "#ffffff",
+            "font-size": Math.min(fs, Math.floor(cell / 3.2)),
+          }, cells, v.toFixed(2));
+        }
+      }
+    }
+    el("rect", { class: "frame", x: 0, y: 0, width: w, height: h, fill: "none" }, cells);
+
+    const rowLabels = el("g", { class: "row-labels" }, svg);
+    matrix.rows.forEach(function (name, i) {
+      el("text", {
+        class: "row-label" + (i % step ? " skipped" : ""),
+        x: left - 6,
+        y: top + i * cell + cell / 2,
+        "text-anchor": "end",
+        "dominant-baseline": "central",
+        "data-i": i,
+      }, rowLabels, name);
+    });
+    const colLabels = el("g", { class: "col-labels" }, svg);
+    matrix.cols.forEach(function (name, j) {
+      const x = left + j * cell + cell / 2;
+      const y = top + h + 6;
+      el("text", {
+        class: "col-label" + (j % step ? " skipped" : ""),
+        transform: "translate(" + x + "," + y + ") rotate(-45)",
+        "text-anchor": "end",
+        "dominant-baseline": "central",
+        "data-j": j,
+      }, colLabels, name);
+    });
+    if (o.axisTitles) {
+      el("text", {
+        class: "axis-title",
+        transform: "translate(" + (fs + 2) + "," + (top + h / 2) + ") rotate(-90)",
+        "text-anchor": "middle",
+      }, svg, matrix.a);
+      el("text", {
+        class: "axis-title",
+        x: left + w / 2,
+        y: height - 4,
+        "text-anchor": "middle",
+      }, svg, matrix.b);
+    }
+
+    let active = null;
+    function highlight(i, j) {
+      svg.querySelectorAll(".active").forEach(function (n) { n.classList.remove("active"); });
+      if (i === null) return;
+      const r = svg.querySelector('.row-label[data-i="' + i + '"]');
+      const c = svg.querySelector('.col-label[data-j="' + j + '"]');
+      if (r) r.classList.add("active");
+      if (c) c.classList.add("active");
+    }
+    cells.addEventListener("mouseover", function (event) {
+      const t = event.target;
+      if (!(t instanceof SVGRectElement) || !t.classList.contains("cell")) return;
+      const i = Number(t.getAttribute("data-i"));
+      const j = Number(t.getAttribute("data-j"));
+      if (active === t) return;
+      active = t;
+      highlight(i, j);
+      showTip(event, matrix, i, j);
+    });
+    cells.addEventListener("mousemove", moveTip);
+    cells.addEventListener("mouseleave", function () {
+      active = null;
+      highlight(null, null);
+      hideTip();
+    });
+    host.replaceChildren(svg);
+    return svg;
+  }
+
+  /* A vertical colour bar for [0, 1], `height` pixels tall. */
+  function colorbar(host, height) {
+    const h = height || 200;
+    const id = "cka-gradient-" + ++gradientCount;
+    const width = 64;
+    const svg = el("svg", {
+      xmlns: NS,
+      class: "colorbar",
+      width: width,
+      height: h + 28,
+      viewBox: "0 0 " + width + " " + (h + 28),
+      role: "img",
+      "aria-label": "Colour scale: CKA from 0 to 1",
+    });
+    const grad = el("linearGradient", { id: id, x1: 0, y1: 1, x2: 0, y2: 0 }, el("defs", {}, svg));
+    VIRIDIS.forEach(function (_, k) {
+      const t = k / (VIRIDIS.length - 1);
+      el("stop", { offset: t, "stop-color": color(t) }, grad);
+    });
+    el("text", { class: "colorbar-title", x: 2, y: 11 }, svg, "CKA");
+    el("rect", { x: 2, y: 20, width: 16, height: h, fill: "url(#" + id + ")", class: "frame" }, svg);
+    [0, 0.25, 0.5, 0.75, 1].forEach(function (t) {
+      const y = 20 + (1 - t) * h;
+      el("line", { x1: 18, x2: 23, y1: y, y2: y, class: "tick" }, svg);
+      el("text", { x: 26, y: y, "dominant-baseline": "central", class: "tick-label" }, svg, t.toFixed(2));
+    });
+    host.replaceChildren(svg);
+    return svg;
+  }
+
+  window.CkaHeatmap = { draw: draw, colorbar: colorbar, color: color, formatValue: formatValue };
+})();

@@ -1,0 +1,308 @@
+"""Checkpoints: safetensors weights plus a JSON sidecar from which the model is rebuilt.
+
+``out/mixer_digits.safetensors`` holds the state dict (parameters and persistent buffers, so
+SW-MLP masks and RP-Mixer permutations travel with the weights); ``out/mixer_digits.json``
+holds everything needed to rebuild and to trust it: architecture and full config, input shape,
+normalisation, classes, dataset identity, metrics, seed, versions, Ω and the sha256 of the
+weights file. Weights are only ever read with ``safetensors``; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from models._builder import PRESETS
+from models.connections import (
+    connections,
+    effective_width,
+    input_spec,
+    parameter_count,
+)
+from models.errors import CheckpointError, ConfigError, ModelError
+from models.factory import create
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "check_state_dict",
+    "describe",
+    "file_sha256",
+    "load",
+    "read_sidecar",
+    "save",
+    "sidecar_path",
+    "validate_metadata",
+    "weights_path",
+]
+
+FORMAT = "cka-atlas-checkpoint"
+FORMAT_VERSION = 1
+_REQUIRED: dict[str, type | tuple[type, ...]] = {
+    "format": str,
+    "format_version": int,
+    "arch": str,
+    "config": dict,
+    "input_shape": list,
+    "num_classes": int,
+    "weights_sha256": str,
+}
+_KNOWN_METADATA = ("dataset", "metrics", "seed", "normalisation", "training")
+_SHOWN = 8  # names listed in a key-mismatch error before "and N more"
+
+
+def package_version() -> str:
+    """Installed version of cka-atlas, or "0+unknown" when running from an uninstalled tree."""
+    try:
+        return importlib_metadata.version("cka-atlas")
+    except importlib_metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def weights_path(path: str | os.PathLike[str]) -> Path:
+    """The .safetensors file of a checkpoint named by its weights, sidecar or stem."""
+    path = Path(path)
+    if path.suffix in ("", ".json"):
+        return path.with_suffix(".safetensors")
+    if path.suffix != ".safetensors":
+        raise CheckpointError(f"checkpoint {path} must be a .safetensors file")
+    return path
+
+
+def sidecar_path(path: str | os.PathLike[str]) -> Path:
+    """The JSON sidecar next to a checkpoint's weights."""
+    return weights_path(path).with_suffix(".json")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _optional(fn: Any, model: nn.Module) -> int | None:
+    try:
+        return int(fn(model))
+    except ModelError:
+        return None
+
+
+def describe(model: nn.Module) -> dict[str, Any]:
+    """The architecture part of a sidecar: what the model is, as far as the model itself knows."""
+    atlas = getattr(model, "atlas_config", None)
+    if not isinstance(atlas, Mapping) or "arch" not in atlas:
+        raise CheckpointError(
+            "the model was not built by models.create, so its architecture cannot be recorded"
+        )
+    spec = input_spec(model)
+    return {
+        "arch": atlas["arch"],
+        "family": atlas.get("family", "timm"),
+        "preset": atlas["arch"] if atlas["arch"] in PRESETS else None,
+        "config": dict(atlas.get("config", {})),
+        "input_shape": list(spec.shape),
+        "num_classes": spec.num_classes,
+        "normalisation": {"mean": list(spec.mean), "std": list(spec.std)},
+        "parameters": parameter_count(model),
+        "free_parameters": parameter_count(model, free=True),
+        "connections": _optional(connections, model),
+        "effective_width": _optional(effective_width, model),
+    }
+
+
+def _dataset_identity(value: Any) -> dict[str, Any] | None:
+    if value is None or isinstance(value, Mapping):
+        return dict(value) if value is not None else None
+    if hasattr(value, "name") and hasattr(value, "sha256"):  # an analysis.ImageDataset
+        return {"name": value.name, "sha256": value.sha256}
+    raise CheckpointError("dataset metadata must be a mapping with name and sha256, or a dataset")
+
+
+def save(model: nn.Module, path: str | os.PathLike[str], **metadata: Any) -> Path:
+    """Write ``path`` (.safetensors) and its .json sidecar; return the weights path.
+
+    Recognised metadata: ``dataset`` (mapping with name and sha256, or an ImageDataset),
+    ``metrics`` ({"train": {...}, "test": {...}}), ``seed``, ``normalisation`` (overrides the
+    model's), ``training`` (hyper-parameters). Other keywords are kept under ``extra``.
+    """
+    target = weights_path(path)
+    sidecar = describe(model)
+    state = {key: value.detach() for key, value in model.state_dict().items()}
+    if any(value.device.type == "meta" for value in state.values()):
+        raise CheckpointError("a model on the meta device has no weights to save")
+    state = {key: value.to("cpu").contiguous() for key, value in state.items()}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    save_file(state, str(tmp), metadata={"format": FORMAT, "arch": sidecar["arch"]})
+    os.replace(tmp, target)
+
+    extra = {k: v for k, v in metadata.items() if k not in _KNOWN_METADATA}
+    sidecar.update(
+        {
+            "dataset": _dataset_identity(metadata.get("dataset")),
+            "metrics": dict(metadata.get("metrics") or {}),
+            "seed": metadata.get("seed"),
+            "training": metadata.get("training"),
+            "weights_file": target.name,
+            "weights_sha256": file_sha256(target),
+            "package_version": package_version(),
+            "torch_version": torch.__version__,
+            "timm_version": timm.__version__,
+            "created": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "extra": extra,
+        }
+    )
+    if metadata.get("normalisation") is not None:
+        sidecar["normalisation"] = metadata["normalisation"]
+    document = {"format": FORMAT, "format_version": FORMAT_VERSION, **sidecar}
+    try:
+        text = json.dumps(document, indent=2, sort_keys=False)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint metadata cannot be written as JSON: {exc}") from exc
+    side = target.with_suffix(".json")
+    side.with_name(side.name + ".tmp").write_text(text + "\n", encoding="utf-8")
+    os.replace(side.with_name(side.name + ".tmp"), side)
+    return target
+
+
+def validate_metadata(document: Any, *, source: str = "sidecar") -> dict[str, Any]:
+    """Check a sidecar document's format, required fields and architecture; return it."""
+    if not isinstance(document, dict):
+        raise CheckpointError(f"{source} is not a JSON object")
+    if document.get("format") != FORMAT:
+        raise CheckpointError(f"{source} is not a cka-atlas checkpoint sidecar")
+    for key, kind in _REQUIRED.items():
+        if not isinstance(document.get(key), kind) or isinstance(document.get(key), bool):
+            raise CheckpointError(f"{source} lacks a valid '{key}' field")
+    if document["format_version"] > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{source} has format version {document['format_version']}, newer than the "
+            f"supported {FORMAT_VERSION}; upgrade cka-atlas"
+        )
+    if not timm.is_model(document["arch"]):
+        raise CheckpointError(f"{source} names an unknown architecture '{document['arch']}'")
+    return document
+
+
+def read_sidecar(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate the sidecar of a checkpoint (given by weights, sidecar or stem)."""
+    side = sidecar_path(path)
+    if not side.is_file():
+        raise CheckpointError(f"checkpoint sidecar {side} does not exist")
+    try:
+        document = json.loads(side.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint sidecar {side} is not valid JSON ({exc})") from exc
+    return validate_metadata(document, source=f"checkpoint sidecar {side}")
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # safetensors raises its own error type, or OSError
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file ({exc}); "
+            "pickled checkpoints are never loaded"
+        ) from exc
+
+
+def _names(items: list[str]) -> str:
+    shown = ", ".join(items[:_SHOWN])
+    return shown + (f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
+
+
+def check_state_dict(model: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
+    """Raise a CheckpointError naming missing keys, unexpected keys and shape mismatches."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    mismatched = [
+        f"{key} (checkpoint {tuple(state[key].shape)}, model {tuple(expected[key].shape)})"
+        for key in sorted(set(state) & set(expected))
+        if state[key].shape != expected[key].shape
+    ]
+    problems = [
+        f"{label}: {_names(items)}"
+        for label, items in (
+            ("missing keys", missing),
+            ("unexpected keys", unexpected),
+            ("shape mismatches", mismatched),
+        )
+        if items
+    ]
+    if problems:
+        arch = getattr(model, "atlas_config", {}).get("arch", type(model).__name__)
+        raise CheckpointError(f"{source} does not fit {arch}: {'; '.join(problems)}")
+
+
+def _has_transient_buffers(model: nn.Module) -> bool:
+    return any(module._non_persistent_buffers_set for module in model.modules())
+
+
+def load(
+    path: str | os.PathLike[str],
+    arch: str | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    **overrides: Any,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Rebuild a model from a checkpoint and return ``(model, metadata)`` in eval mode.
+
+    Without ``arch`` the sidecar describes the model and the weights' sha256 is verified.
+    With ``arch`` (a preset or any timm name) and ``overrides`` the file is treated as a
+    plain safetensors state dict, sidecar or not. Keys and shapes must match exactly.
+    """
+    weights = weights_path(path)
+    if not weights.is_file():
+        raise CheckpointError(f"checkpoint {weights} does not exist")
+    digest = file_sha256(weights)
+    if arch is None:
+        if not sidecar_path(weights).is_file():
+            raise CheckpointError(
+                f"{weights} has no sidecar {sidecar_path(weights).name}; pass arch= (a timm "
+                "model name) to load it as a plain state dict"
+            )
+        meta = read_sidecar(weights)
+        if meta["weights_sha256"] != digest:
+            raise CheckpointError(
+                f"{weights} has sha256 {digest} but its sidecar records "
+                f"{meta['weights_sha256']}; the weights were changed or belong elsewhere"
+            )
+        arch, config = meta["arch"], {**meta["config"], **overrides}
+    else:
+        meta, config = {}, dict(overrides)
+    state = _read_weights(weights)
+    try:
+        with torch.device("meta"):
+            model = create(arch, **config)
+    except ConfigError as exc:
+        raise CheckpointError(f"cannot rebuild {arch} for {weights}: {exc}") from exc
+    check_state_dict(model, state, str(weights))
+    if _has_transient_buffers(model):  # such buffers are not in the file: build for real
+        model = create(arch, **config)
+        model.load_state_dict(state, strict=True)
+    else:
+        model.load_state_dict(state, strict=True, assign=True)
+    model.to(device).eval()
+    if not meta:
+        meta = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            **describe(model),
+            "weights_file": weights.name,
+            "weights_sha256": digest,
+        }
+    return model, meta

@@ -1,0 +1,386 @@
+"""Static sparse-weight MLP (SW-MLP) of Hayase & Karakida (ICML 2024) and the dense MLP.
+
+The model shares the Mixer's stem and head: a patch embedding gives the S × C token table,
+which is flattened to a vector of width m = S·C. Each block is
+
+    x + W2 · GELU(W1 · LN(x)),    W1: m → γ·m,  W2: γ·m → m,
+
+where W1 and W2 are multiplied by fixed random 0/1 masks with exactly round(p·numel) ones
+(:class:`MaskedLinear`). The masks are drawn from a generator seeded with the config's
+``seed`` and stored as buffers, so a checkpoint carries them. Weights start N(0, 1/(p·fan_in)):
+p·fan_in is the expected number of live inputs of a unit, so activations keep the scale of a
+dense layer at initialisation. The default density p = (1/S + 1/C)/2 gives the Mixer's
+Ω = γ·S·C·(S + C)/2 non-zero weights per layer. The dense MLP (``mlp_*``) is the same block
+with p = 1 and plain :class:`torch.nn.Linear` layers.
+
+After the final LayerNorm over m, the head reshapes the vector back to the (B, S, C) token
+table and averages over tokens, exactly like the Mixer's head, so pre-logits have C features
+in every family and heads are comparable across architectures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from timm.layers import DropPath, Mlp, PatchEmbed, lecun_normal_
+from timm.models import generate_default_cfgs, register_model
+from timm.models._features import feature_take_indices
+from torch import nn
+
+from models._builder import PRESETS, build_preset, check_divisible, default_cfg
+from models.errors import ConfigError
+
+__all__ = [
+    "SW_MLP_DEFAULTS",
+    "MaskedLinear",
+    "SparseMlpBlock",
+    "SparseWeightMlp",
+    "default_density",
+    "mlp_cifar",
+    "mlp_digits",
+    "sw_mlp_cifar",
+    "sw_mlp_digits",
+]
+
+SW_MLP_DEFAULTS: dict[str, Any] = {
+    "img_size": 8,
+    "in_chans": 1,
+    "num_classes": 10,
+    "patch_size": 2,
+    "embed_dim": 32,
+    "num_blocks": 4,
+    "mlp_ratio": 2.0,
+    "density": None,
+    "drop_rate": 0.0,
+    "proj_drop_rate": 0.0,
+    "drop_path_rate": 0.0,
+    "seed": 0,
+}
+
+# digits: the Mixer's S = 16 tokens (2×2 patches of 8×8) and C = 32 channels flatten to width
+# m = 512; γ = 2 and 4 blocks as in mixer_digits. Default p = (1/16 + 1/32)/2 = 3/64, so each
+# 512 × 1024 weight keeps 3/64 · 524288 = 24576 ones: Ω equals mixer_digits' exactly.
+DIGITS = {"img_size": 8, "in_chans": 1, "patch_size": 2, "embed_dim": 32, "num_blocks": 4}
+# cifar: S = C = 64 (4×4 patches of 32×32×3) flatten to m = 4096; γ = 4 and 8 blocks as in
+# mixer_cifar; p = 1/64 keeps 2²⁰ of the 2²⁶ weights of each 4096 × 16384 matrix. At about a
+# billion stored weights (mlp_cifar: all dense) these two are meant for the meta device or a GPU.
+CIFAR = {
+    "img_size": 32,
+    "in_chans": 3,
+    "patch_size": 4,
+    "embed_dim": 64,
+    "num_blocks": 8,
+    "mlp_ratio": 4.0,
+}
+
+# LayerNorm as timm's Mixer uses it.
+_LAYER_NORM = partial(nn.LayerNorm, eps=1e-6)
+
+
+class MaskedLinear(nn.Linear):
+    """A linear layer whose weight is multiplied by a fixed 0/1 mask with an exact count of ones.
+
+    The mask holds exactly ``round(density * in_features * out_features)`` ones at positions
+    drawn by ``randperm`` from ``generator``. It multiplies the weight in every forward, so
+    the gradient of a masked weight is exactly zero; masked weights are also zeroed at
+    initialisation, so AdamW (whose moments and decoupled decay keep a zero weight with zero
+    gradient at zero) never moves them. On the meta device the mask is left undrawn.
+    """
+
+    mask: torch.Tensor
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        density: float,
+        *,
+        generator: torch.Generator,
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        if not 0.0 < density <= 1.0:
+            raise ConfigError(f"density must be in (0, 1], got {density:g}")
+        self.density = density
+        numel = in_features * out_features
+        self.nnz = max(1, round(density * numel))
+        if self.weight.device.type == "meta":
+            mask = torch.empty(out_features, in_features, dtype=torch.bool, device="meta")
+        else:
+            flat = torch.zeros(numel, dtype=torch.bool, device="cpu")
+            flat[torch.randperm(numel, generator=generator, device="cpu")[: self.nnz]] = True
+            mask = flat.reshape(out_features, in_features).to(self.weight.device)
+        self.register_buffer("mask", mask)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """N(0, 1/(p·fan_in)) weights, zero where masked, and zero biases."""
+        if not hasattr(self, "mask"):  # nn.Linear.__init__ calls this before the mask exists
+            return
+        nn.init.normal_(self.weight, std=(self.density * self.in_features) ** -0.5)
+        with torch.no_grad():
+            self.weight.mul_(self.mask)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (W ⊙ M)ᵀ + b."""
+        return F.linear(x, self.weight * self.mask, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, density={self.density:g}, nnz={self.nnz}"
+
+
+class SparseMlpBlock(nn.Module):
+    """x + W2 · GELU(W1 · LN(x)) on the width-m vector, with masked W1 and W2 when p < 1."""
+
+    def __init__(
+        self,
+        width: int,
+        mlp_ratio: float,
+        density: float,
+        *,
+        generator: torch.Generator,
+        norm_layer: Callable[..., nn.Module] = _LAYER_NORM,
+        act_layer: type[nn.Module] = nn.GELU,
+        drop: float = 0.0,
+        drop_path: float = 0.0,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        hidden = int(width * mlp_ratio)
+        self.norm = norm_layer(width, **dd)
+        if density >= 1.0:
+            self.mlp = Mlp(width, hidden, act_layer=act_layer, drop=drop, **dd)
+            for fc in self.mlp.modules():
+                if isinstance(fc, nn.Linear):
+                    nn.init.normal_(fc.weight, std=fc.in_features**-0.5)
+                    nn.init.zeros_(fc.weight.new_empty(0) if fc.bias is None else fc.bias)
+        else:
+            # timm's Mlp supplies the act/dropout plumbing; its dense layers are placeholders on
+            # the meta device (never allocated) replaced by the masked ones.
+            self.mlp = Mlp(width, hidden, act_layer=act_layer, drop=drop, device="meta")
+            sparse = partial(MaskedLinear, density=density, generator=generator, **dd)
+            self.mlp.fc1 = sparse(in_features=width, out_features=hidden)
+            self.mlp.fc2 = sparse(in_features=hidden, out_features=width)
+        self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop_path(self.mlp(self.norm(x)))
+
+
+class SparseWeightMlp(nn.Module):
+    """SW-MLP (``density`` < 1) or dense MLP (``density`` = 1) with the Mixer's stem and head.
+
+    Module names follow timm's MlpMixer (``stem``, ``blocks.{i}``, ``norm``, ``head``); block
+    outputs are (B, m) vectors with m = S·C in the stem's token-major order, so
+    ``x.reshape(B, S, C)`` recovers a token table.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        img_size: int = 8,
+        in_chans: int = 1,
+        patch_size: int = 2,
+        embed_dim: int = 32,
+        num_blocks: int = 4,
+        mlp_ratio: float = 2.0,
+        density: float = 1.0,
+        drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        seed: int = 0,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        if not 0.0 < density <= 1.0:
+            raise ConfigError(f"density must be in (0, 1], got {density:g}")
+        dd = {"device": device, "dtype": dtype}
+        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.global_pool = "avg"
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.density = density
+        self.grad_checkpointing = False
+        self.stem = PatchEmbed(img_size, patch_size, in_chans, embed_dim, **dd)
+        self.num_tokens = self.stem.num_patches
+        self.width = self.num_tokens * embed_dim
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.blocks = nn.Sequential(
+            *[
+                SparseMlpBlock(
+                    self.width,
+                    mlp_ratio,
+                    density,
+                    generator=generator,
+                    drop=proj_drop_rate,
+                    drop_path=drop_path_rate,
+                    **dd,
+                )
+                for _ in range(num_blocks)
+            ]
+        )
+        self.feature_info = [
+            {"module": f"blocks.{i}", "num_chs": self.width, "reduction": patch_size}
+            for i in range(num_blocks)
+        ]
+        self.norm = nn.LayerNorm(self.width, eps=1e-6, **dd)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head: nn.Module = nn.Linear(embed_dim, num_classes, **dd)
+        # As timm's Mixer: LeCun-normal stem, zero head (the blocks initialise themselves).
+        lecun_normal_(self.stem.proj.weight)
+        for param in (self.stem.proj.bias, self.head.weight, self.head.bias):
+            if param is not None:
+                nn.init.zeros_(param)
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the head (only average pooling over tokens is supported)."""
+        if global_pool not in (None, "avg"):
+            raise ConfigError("SparseWeightMlp only supports global_pool='avg'")
+        self.num_classes = num_classes
+        weight = self.stem.proj.weight
+        self.head = (
+            nn.Linear(self.embed_dim, num_classes, device=weight.device, dtype=weight.dtype)
+            if num_classes > 0
+            else nn.Identity()
+        )
+
+    def _tokens(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], self.num_tokens, self.embed_dim)
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
+        """timm's ``forward_intermediates``: block outputs as NCHW or NLC token tables."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ConfigError("output_fmt must be 'NCHW' or 'NLC'")
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        batch = x.shape[0]
+        height, width = self.stem.dynamic_feat_size((int(x.shape[-2]), int(x.shape[-1])))
+        x = self.stem(x).flatten(1)
+        blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
+        intermediates = []
+        for i, block in enumerate(blocks):
+            x = block(x)
+            if i in take_indices:
+                tokens = self._tokens(self.norm(x) if norm else x)
+                if output_fmt == "NCHW":
+                    tokens = tokens.reshape(batch, height, width, -1).permute(0, 3, 1, 2)
+                intermediates.append(tokens.contiguous())
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Stem, flatten to (B, m), blocks, final LayerNorm: a (B, m) vector."""
+        return self.norm(self.blocks(self.stem(x).flatten(1)))
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Mean over the S tokens of the (B, S, C) table, then the linear classifier."""
+        x = self.head_drop(self._tokens(x).mean(dim=1))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def default_density(tokens: int, channels: int) -> float:
+    """p = (1/S + 1/C)/2: the density at which an SW-MLP has the Mixer's Ω for equal γ."""
+    return (1.0 / tokens + 1.0 / channels) / 2.0
+
+
+def _resolve(variant: str, dense: bool) -> Any:
+    def resolve(config: dict[str, Any]) -> dict[str, Any]:
+        if config["density"] is None:
+            tokens = check_divisible(variant, config["img_size"], config["patch_size"])
+            config["density"] = 1.0 if dense else default_density(tokens, config["embed_dim"])
+        return config
+
+    return resolve
+
+
+def _kwargs(variant: str, config: dict[str, Any]) -> dict[str, Any]:
+    check_divisible(variant, config["img_size"], config["patch_size"])
+    return dict(config)
+
+
+def _create(
+    variant: str, family: str, preset: dict[str, Any], pretrained: bool, **kwargs: Any
+) -> nn.Module:
+    dense = family == "mlp"
+    defaults = {**SW_MLP_DEFAULTS, **preset}
+    if dense:
+        defaults["density"] = 1.0
+    return build_preset(
+        variant,
+        family,
+        SparseWeightMlp,
+        defaults,
+        kwargs,
+        partial(_kwargs, variant),
+        pretrained=pretrained,
+        resolve=_resolve(variant, dense),
+    )
+
+
+default_cfgs = generate_default_cfgs(
+    {
+        "sw_mlp_digits": default_cfg((1, 8, 8)),
+        "sw_mlp_cifar": default_cfg((3, 32, 32)),
+        "mlp_digits": default_cfg((1, 8, 8)),
+        "mlp_cifar": default_cfg((3, 32, 32)),
+    }
+)
+
+
+@register_model
+def sw_mlp_digits(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """SW-MLP for 8×8 digits: m = 16·32 = 512, γ = 2, p = 3/64, 4 blocks."""
+    return _create("sw_mlp_digits", "sw_mlp", DIGITS, pretrained, **kwargs)
+
+
+@register_model
+def sw_mlp_cifar(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """SW-MLP for 32×32 CIFAR images: m = 64·64 = 4096, γ = 4, p = 1/64, 8 blocks."""
+    return _create("sw_mlp_cifar", "sw_mlp", CIFAR, pretrained, **kwargs)
+
+
+@register_model
+def mlp_digits(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """Dense MLP for 8×8 digits: m = 512, γ = 2, 4 blocks (the SW-MLP block with p = 1)."""
+    return _create("mlp_digits", "mlp", DIGITS, pretrained, **kwargs)
+
+
+@register_model
+def mlp_cifar(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """Dense MLP for 32×32 CIFAR images: m = 4096, γ = 4, 8 blocks; build it on meta or a GPU."""
+    return _create("mlp_cifar", "mlp", CIFAR, pretrained, **kwargs)
+
+
+PRESETS.update(
+    {
+        "sw_mlp_digits": "sw_mlp",
+        "sw_mlp_cifar": "sw_mlp",
+        "mlp_digits": "mlp",
+        "mlp_cifar": "mlp",
+    }
+)

@@ -1,0 +1,174 @@
+"""REST API: resources, pagination, problem+json errors, auth and upload limits."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+from tests.app.conftest import digits_id, register, upload, wait
+
+PROBLEM_KEYS = {"type", "title", "status", "detail", "code", "field"}
+
+
+def assert_problem(r: object, status: int, code: str, field: str | None = None) -> dict:
+    assert r.status_code == status, r.text  # type: ignore[attr-defined]
+    assert r.headers["content-type"] == "application/problem+json"  # type: ignore[attr-defined]
+    body = r.json()  # type: ignore[attr-defined]
+    assert set(body) >= PROBLEM_KEYS
+    assert body["status"] == status and body["code"] == code
+    if field is not None:
+        assert body["field"] == field
+    return body
+
+
+def test_builtin_digits_and_architectures(client: TestClient) -> None:
+    ds = client.get(f"/v1/datasets/{digits_id(client)}").json()
+    assert ds["builtin"] and ds["shape"] == [1, 8, 8] and ds["n"] == 450
+    page = client.get("/v1/architectures", params={"family": "preset", "limit": 3}).json()
+    assert page["total"] == 10 and len(page["items"]) == 3 and page["limit"] == 3
+    mixer = client.get("/v1/architectures/mixer_digits").json()
+    assert mixer["input_shape"] == [1, 8, 8] and mixer["default_layers"]
+    assert_problem(client.get("/v1/architectures/nope"), 404, "not_found")
+
+
+def test_model_upload_list_download_delete(client: TestClient, zoo: dict[str, Path]) -> None:
+    r = upload(client, zoo["mixer_digits"], name="m1")
+    assert r.status_code == 201 and r.headers["location"] == f"/v1/models/{r.json()['id']}"
+    model = r.json()
+    assert model["arch"] == "mixer_digits" and model["input_shape"] == [1, 8, 8]
+    assert (
+        model["sha256"]
+        == json.loads(zoo["mixer_digits"].with_suffix(".json").read_text())["weights_sha256"]
+    )
+    again = upload(client, zoo["mixer_digits"])
+    assert again.status_code == 200 and again.json()["id"] == model["id"]
+    weights = client.get(f"/v1/models/{model['id']}/weights")
+    assert weights.content == zoo["mixer_digits"].read_bytes()
+    assert client.delete(f"/v1/models/{model['id']}").status_code == 204
+    assert_problem(client.get(f"/v1/models/{model['id']}"), 404, "not_found")
+
+
+def test_pagination_on_lists(client: TestClient, zoo: dict[str, Path]) -> None:
+    register(client, zoo, *zoo)
+    seen = []
+    for offset in range(0, 5, 2):
+        page = client.get("/v1/models", params={"limit": 2, "offset": offset}).json()
+        assert page["total"] == 5 and page["offset"] == offset and page["limit"] == 2
+        seen += [m["id"] for m in page["items"]]
+    assert len(set(seen)) == 5
+    assert client.get("/v1/models", params={"arch": "gmlp_digits"}).json()["total"] == 1
+    assert_problem(client.get("/v1/models", params={"limit": 0}), 422, "validation_error", "limit")
+    for url in ("/v1/datasets", "/v1/comparisons", "/v1/trainings", "/v1/architectures"):
+        assert {"items", "total", "limit", "offset"} <= set(client.get(url).json())
+
+
+def test_problem_json_for_bad_input(
+    client: TestClient, zoo: dict[str, Path], tmp_path: Path
+) -> None:
+    assert_problem(client.get("/v1/models/999"), 404, "not_found")
+    assert_problem(client.get("/v1/models/abc"), 422, "validation_error", "model_id")
+    assert_problem(client.get("/v1/nowhere"), 404, "not_found")
+    assert_problem(client.put("/v1/models"), 405, "method_not_allowed")
+    ids = register(client, zoo, "mixer_digits")
+    ds = digits_id(client)
+    post = lambda **kw: client.post("/v1/comparisons", json={"dataset_id": ds, **kw})  # noqa: E731
+    assert_problem(post(model_ids=[999]), 422, "unknown_model", "model_ids.0")
+    assert_problem(post(model_ids=[]), 422, "validation_error", "model_ids")
+    assert_problem(post(model_ids=ids, batch_size=3), 422, "batch_too_small", "batch_size")
+    assert_problem(post(model_ids=ids, layers="nothing.*"), 422, "invalid_layers", "layers")
+    assert_problem(post(model_ids=ids, kernel="poly"), 422, "validation_error", "kernel")
+    assert_problem(post(model_ids=ids, extra=1), 422, "validation_error", "extra")
+    r = client.post(
+        "/v1/comparisons", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json"
+    # A pickle posing as a checkpoint is refused before anything loads it.
+    evil = pickle.dumps({"weights": [1, 2, 3]})
+    files = {"weights": ("w.safetensors", evil), "sidecar": ("s.json", b"{}")}
+    assert_problem(client.post("/v1/models", files=files), 422, "invalid_checkpoint", "weights")
+    # A sidecar naming an unknown architecture.
+    side = json.loads(zoo["mixer_digits"].with_suffix(".json").read_text()) | {"arch": "nope"}
+    files = {
+        "weights": ("w.safetensors", zoo["mixer_digits"].read_bytes()),
+        "sidecar": ("s.json", json.dumps(side).encode()),
+    }
+    assert client.post("/v1/models", files=files).status_code == 422
+    # A dataset whose images do not fit the model.
+    buf = io.BytesIO()
+    np.savez(buf, x=np.random.default_rng(0).random((8, 3, 16, 16)).astype(np.float32))
+    r = client.post("/v1/datasets", files={"file": ("rgb.npz", buf.getvalue())})
+    assert r.status_code == 201, r.text
+    assert_problem(
+        client.post("/v1/comparisons", json={"model_ids": ids, "dataset_id": r.json()["id"]}),
+        422,
+        "shape_mismatch",
+        "dataset_id",
+    )
+    bad = client.post("/v1/datasets", files={"file": ("x.npz", b"not an archive")})
+    assert bad.status_code == 422 and bad.headers["content-type"] == "application/problem+json"
+
+
+def test_delete_refused_while_used_unless_forced(client: TestClient, zoo: dict[str, Path]) -> None:
+    ids = register(client, zoo, "mixer_digits", "mlp_digits")
+    r = client.post(
+        "/v1/comparisons",
+        json={"model_ids": ids, "dataset_id": digits_id(client), "batch_size": 150},
+    )
+    wait(client, r.headers["location"])
+    assert_problem(client.delete(f"/v1/models/{ids[0]}"), 409, "model_in_use", "force")
+    assert_problem(client.delete(f"/v1/datasets/{digits_id(client)}"), 409, "builtin_dataset")
+    assert client.delete(f"/v1/models/{ids[0]}", params={"force": "true"}).status_code == 204
+    assert client.get(r.headers["location"]).status_code == 404
+    assert client.get(f"/v1/models/{ids[1]}").status_code == 200
+
+
+def test_tokens_and_upload_limit(settings: Settings, zoo: dict[str, Path]) -> None:
+    secured = settings.model_copy(
+        update={
+            "api_tokens": "s3cret, other",
+            "max_upload_bytes": 4096,
+            "read_requires_token": False,
+        }
+    )
+    with TestClient(create_app(secured)) as c:
+        tiny = {"file": ("x.npz", b"PK")}
+        assert_problem(c.post("/v1/datasets", files=tiny), 401, "unauthorized", "Authorization")
+        wrong = {"Authorization": "Bearer nope"}
+        assert_problem(c.delete("/v1/models/1", headers=wrong), 401, "unauthorized")
+        assert c.get("/v1/models").status_code == 200  # reads stay public
+        ok = {"Authorization": "Bearer other"}
+        big = {"file": ("big.npz", b"\0" * 10_000)}
+        assert_problem(c.post("/v1/datasets", files=big, headers=ok), 413, "payload_too_large")
+    private = secured.model_copy(update={"read_requires_token": True})
+    with TestClient(create_app(private)) as c:
+        assert_problem(c.get("/v1/models"), 401, "unauthorized")
+        assert c.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_openapi_is_complete(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    paths = spec["paths"]
+    for path in (
+        "/v1/architectures",
+        "/v1/models",
+        "/v1/models/{model_id}/weights",
+        "/v1/datasets",
+        "/v1/trainings",
+        "/v1/comparisons",
+        "/v1/comparisons/{comparison_id}/matrix",
+        "/v1/comparisons/{comparison_id}/heatmap.{fmt}",
+        "/v1/comparisons/{comparison_id}/cancel",
+    ):
+        assert path in paths, path
+    assert "examples" in spec["components"]["schemas"]["ComparisonIn"]
+    assert (
+        "application/problem+json"
+        in paths["/v1/models/{model_id}"]["get"]["responses"]["404"]["content"]
+    )

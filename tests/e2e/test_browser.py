@@ -1,0 +1,176 @@
+"""The web page in a real browser: list, atlas heatmaps, hover values, sign-in, a live job.
+
+Screenshots of every step land in ``test-results/e2e/`` (see the ``results_dir`` fixture).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import MODELS, TOKEN, Server
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def page(browser: Any) -> Any:
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
+    pg = context.new_page()
+    pg.set_default_timeout(20_000)
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield pg
+    context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def shot(page: Any, results: Path, name: str) -> None:
+    page.screenshot(path=str(results / f"{name}.png"), full_page=True)
+
+
+def test_list_and_finished_atlas(page: Any, server: Server, results_dir: Path) -> None:
+    page.goto(server.url + "/")
+    row = page.locator(f'tr[data-comparison-id="{server.finished_id}"]')
+    assert row.locator(".pill").text_content() == "succeeded"
+    for name in MODELS:
+        assert row.get_by_role("link", name=name).count() == 1
+    shot(page, results_dir, "01-comparisons")
+
+    # Filtering by status keeps the row; filtering by another status drops it.
+    page.select_option('select[name="status"]', "failed")
+    page.get_by_role("button", name="Filter").click()
+    page.wait_for_url(lambda url: "status=failed" in url)
+    assert row.count() == 0
+
+    page.goto(server.url + "/")
+    row.get_by_role("link", name=str(server.finished_id)).click()
+    page.wait_for_url(f"**/comparisons/{server.finished_id}")
+    focus = page.locator("#focus svg.heatmap")
+    focus.wait_for()
+
+    # The focused heatmap: model 0 (rows) × model 1 (columns), one cell per layer pair.
+    a, b = MODELS[0], MODELS[1]
+    matrix = server.api.get(
+        f"/v1/comparisons/{server.finished_id}/matrix", params={"a": a, "b": b}
+    ).json()
+    rows, cols = matrix["rows"], matrix["cols"]
+    assert focus.get_attribute("data-a") == a and focus.get_attribute("data-b") == b
+    assert int(focus.get_attribute("data-rows")) == len(rows)
+    assert int(focus.get_attribute("data-cols")) == len(cols)
+    assert focus.locator("rect.cell").count() == len(rows) * len(cols)
+    assert focus.locator("text.row-label").all_text_contents() == rows
+    assert focus.locator("text.col-label").all_text_contents() == cols
+
+    # Hovering a cell shows its exact value, the same as the REST matrix.
+    i, j = len(rows) - 2, 1
+    cell = focus.locator(f'rect.cell[data-i="{i}"][data-j="{j}"]')
+    cell.hover()
+    tooltip = page.locator("#heatmap-tooltip")
+    tooltip.wait_for(state="visible")
+    expected = matrix["values"][i][j]
+    assert float(cell.get_attribute("data-value")) == expected
+    text = tooltip.inner_text()
+    assert f"CKA {expected:.4f}" in text and rows[i] in text and cols[j] in text
+    shot(page, results_dir, "02-atlas-hover")
+
+    # Every model pair has a card: 3 between models and 3 within.
+    assert page.locator("#grid-between .heatmap-card").count() == 3
+    assert page.locator("#grid-within .heatmap-card").count() == 3
+    for link, suffix in (("#dl-json", "/result"), ("#dl-png", ".png"), ("#dl-svg", ".svg")):
+        href = page.locator(link).get_attribute("href")
+        assert href == f"/v1/comparisons/{server.finished_id}" + (
+            suffix if suffix == "/result" else f"/heatmap{suffix}"
+        )
+    page.locator(".heatmap-card", has_text=f"{MODELS[1]} × {MODELS[2]}").click()
+    assert focus.get_attribute("data-a") == MODELS[1]
+    assert focus.get_attribute("data-b") == MODELS[2]
+
+    # On a phone the page reflows to one column and nothing overflows sideways.
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.reload()
+    page.locator("#focus svg.heatmap").wait_for()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    shot(page, results_dir, "09-phone")
+
+
+def test_sign_in_and_watch_a_new_comparison(page: Any, server: Server, results_dir: Path) -> None:
+    page.goto(server.url + "/comparisons/new")
+    assert page.locator("#login-notice").is_visible()
+    assert page.locator("#submit").is_disabled()
+    page.locator("#login-notice").get_by_role("link", name="Sign in").click()
+    page.wait_for_url(lambda url: "/login?next=" in url)
+    page.fill('input[name="token"]', "wrong")
+    page.get_by_role("button", name="Sign in").click()
+    assert "not accepted" in page.locator(".form-error").inner_text()
+    page.fill('input[name="token"]', TOKEN)
+    shot(page, results_dir, "03-sign-in")
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url("**/comparisons/new")
+    assert page.locator(".signed-in").is_visible()
+    assert "token" not in page.url
+
+    for name in MODELS[:2]:
+        page.locator(".model-option", has_text=name).locator("input").check()
+    page.select_option('select[name="dataset_id"]', str(server.big_dataset_id))
+    page.select_option('select[name="kernel"]', "rbf")
+    page.fill('input[name="batch_size"]', "16")
+    shot(page, results_dir, "04-new-comparison")
+    page.get_by_role("button", name="Start comparison").click()
+    page.wait_for_url(re.compile(r"/comparisons/\d+$"))
+    new_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+    assert new_id != server.finished_id
+
+    bar = page.locator("#progress")
+    seen: list[float] = []
+    deadline = time.monotonic() + 90
+    shot_taken = False
+    while time.monotonic() < deadline:
+        value = float(bar.get_attribute("aria-valuenow"))
+        if not seen or value != seen[-1]:
+            seen.append(value)
+        if 0 < value < 1 and not shot_taken:
+            shot(page, results_dir, "05-progress")
+            shot_taken = True
+        if value >= 1:
+            break
+        page.wait_for_timeout(100)
+    assert seen and seen[-1] == 1.0, f"the progress bar stopped at {seen}"
+    assert seen == sorted(seen), f"the progress bar went backwards: {seen}"
+    page.locator("#status-pill .pill", has_text="succeeded").wait_for()
+    focus = page.locator("#focus svg.heatmap")
+    focus.wait_for()
+    api_view = server.api.get(f"/v1/comparisons/{new_id}").json()
+    assert api_view["status"] == "succeeded" and api_view["params"]["kernel"] == "rbf"
+    layers = api_view["params"]["resolved_layers"]
+    assert focus.locator("rect.cell").count() == len(layers[MODELS[0]]) * len(layers[MODELS[1]])
+    page.locator("#downloads").wait_for(state="visible")
+    page.locator(".details dd", has_text="images").first.wait_for()
+    shot(page, results_dir, "06-new-comparison-finished")
+    print(f"progress values seen: {seen}")
+
+
+def test_model_and_dataset_pages(page: Any, server: Server, results_dir: Path) -> None:
+    model_id = server.model_ids[MODELS[0]]
+    page.goto(f"{server.url}/models/{model_id}")
+    assert page.locator("h1").inner_text() == MODELS[0]
+    assert page.locator(f'tr[data-comparison-id="{server.finished_id}"]').count() == 1
+    stat = page.locator(".stat", has_text="Ω").locator(".stat-value").inner_text()
+    expected = server.api.get(f"/v1/models/{model_id}").json()["connections"]
+    assert stat.replace(",", "") == str(expected)
+    shot(page, results_dir, "07-model")
+
+    page.goto(f"{server.url}/datasets/{server.digits_id}")
+    images = page.locator("#samples img")
+    assert images.count() == 12
+    images.last.scroll_into_view_if_needed()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#samples img')].every(i => i.naturalWidth > 0)"
+    )
+    sha = server.api.get(f"/v1/datasets/{server.digits_id}").json()["sha256"]
+    assert page.locator("#dataset-sha").inner_text() == sha
+    shot(page, results_dir, "08-dataset")

@@ -1,0 +1,141 @@
+"""The container files agree with the code: variable names, ports, volumes and commands.
+
+No container engine runs on our machines, so this reads Dockerfile and docker-compose.yml as
+text and checks each claim they make against the settings class, the CLI parser, the app's
+routes and README.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app.cli import build_parser
+from app.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+README = (ROOT / "README.md").read_text()
+SETTINGS_VARS = {f"CKA_{name.upper()}" for name in Settings.model_fields}
+
+
+def _dockerfile_instructions(keyword: str) -> list[str]:
+    """Instruction arguments, with backslash continuations joined."""
+    joined = re.sub(r"\\\n\s*", " ", DOCKERFILE)
+    return [
+        line.split(None, 1)[1]
+        for line in joined.splitlines()
+        if line.split(None, 1)[:1] == [keyword] and len(line.split(None, 1)) == 2
+    ]
+
+
+def _dockerfile_env() -> dict[str, str]:
+    env: dict[str, str] = {}
+    for args in _dockerfile_instructions("ENV"):
+        for pair in shlex.split(args):
+            key, _, value = pair.partition("=")
+            env[key] = value
+    return env
+
+
+def _command_argv(service: dict[str, Any]) -> list[str]:
+    command = service.get("command")
+    if command is None:
+        import json
+
+        return list(json.loads(_dockerfile_instructions("CMD")[-1]))
+    return list(command) if isinstance(command, list) else shlex.split(command)
+
+
+def _cka_invocations(argv: list[str]) -> list[list[str]]:
+    """Every ``cka-atlas ...`` call in a command, also inside ``sh -c "a && b"``."""
+    if argv[:2] == ["sh", "-c"]:
+        return [shlex.split(part) for part in argv[2].split("&&")]
+    return [argv]
+
+
+def test_every_cka_variable_is_a_setting() -> None:
+    names = set(_dockerfile_env())
+    for service in COMPOSE["services"].values():
+        names |= set(service.get("environment", {}))
+    used = {name for name in names if name.startswith("CKA_")}
+    assert used, "the container files configure nothing"
+    assert used <= SETTINGS_VARS, f"unknown settings: {sorted(used - SETTINGS_VARS)}"
+
+
+def test_readme_documents_every_setting() -> None:
+    missing = sorted(name for name in SETTINGS_VARS if name not in README)
+    assert not missing, f"README's configuration table lacks {missing}"
+
+
+@pytest.mark.parametrize("name", ["api", "worker"])
+def test_commands_are_real_cli_commands(name: str) -> None:
+    parser = build_parser()
+    for argv in _cka_invocations(_command_argv(COMPOSE["services"][name])):
+        assert argv[0] == "cka-atlas"
+        parser.parse_args(argv[1:])  # exits (SystemExit) on an unknown command or option
+
+
+def test_ports_agree() -> None:
+    env = _dockerfile_env()
+    port = env["CKA_PORT"]
+    assert port in _dockerfile_instructions("EXPOSE")[0].split()
+    assert f":{port}/healthz" in _dockerfile_instructions("HEALTHCHECK")[0]
+    api = COMPOSE["services"]["api"]
+    assert api["environment"]["CKA_PORT"] == port
+    assert api["environment"]["CKA_HOST"] == "0.0.0.0"
+    assert any(mapping.endswith(f":{port}") for mapping in api["ports"])
+
+
+def test_healthcheck_hits_a_real_route() -> None:
+    from app.main import create_app
+
+    routes = {getattr(route, "path", None) for route in create_app(start_worker=False).routes}
+    assert "/healthz" in routes and "/readyz" in routes and "/metrics" in routes
+
+
+def test_data_volume_is_the_data_dir_and_shared() -> None:
+    data_dir = _dockerfile_env()["CKA_DATA_DIR"]
+    assert data_dir in " ".join(_dockerfile_instructions("VOLUME"))
+    mounts = {}
+    for name in ("api", "worker"):
+        service = COMPOSE["services"][name]
+        env_dir = service["environment"].get("CKA_DATA_DIR", data_dir)
+        assert env_dir == data_dir
+        (volume,) = [v.split(":")[0] for v in service["volumes"] if v.endswith(f":{data_dir}")]
+        mounts[name] = volume
+    # The worker reads the checkpoints the API stored: both must mount the same volume.
+    assert mounts["api"] == mounts["worker"] and mounts["api"] in COMPOSE["volumes"]
+
+
+def test_services_reach_each_other() -> None:
+    services = COMPOSE["services"]
+    env = services["api"]["environment"]
+    assert env["CKA_DATABASE_URL"].startswith("postgresql+psycopg://")
+    assert "@postgres:5432/" in env["CKA_DATABASE_URL"]
+    assert env["CKA_BROKER_URL"].startswith("redis://redis:6379")
+    pg = services["postgres"]["environment"]
+    user, password = pg["POSTGRES_USER"], pg["POSTGRES_PASSWORD"]
+    assert f"://{user}:{password}@postgres:5432/{pg['POSTGRES_DB']}" in env["CKA_DATABASE_URL"]
+    assert services["worker"]["environment"]["CKA_BROKER_URL"] == env["CKA_BROKER_URL"]
+
+
+def test_worker_reserves_a_gpu_and_image_runs_unprivileged() -> None:
+    devices = COMPOSE["services"]["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert any("gpu" in d["capabilities"] and d["driver"] == "nvidia" for d in devices)
+    users = _dockerfile_instructions("USER")
+    assert users and users[-1] not in {"root", "0"}
+    assert _dockerfile_instructions("FROM")[0].startswith("nvidia/cuda:")
+    assert "runtime" in _dockerfile_instructions("FROM")[0]
+
+
+def test_install_commands_match_readme() -> None:
+    (install,) = [r for r in _dockerfile_instructions("RUN") if "pip install" in r]
+    for step in (s.strip() for s in install.split("&&")):
+        assert step in README, f"Dockerfile installs with '{step}', which README does not give"
