@@ -146,7 +146,9 @@ def save(model: nn.Module, path: str | os.PathLike[str], **metadata: Any) -> Pat
     state = {key: value.to("cpu").contiguous() for key, value in state.items()}
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
-    save_file(state, str(tmp), metadata={"format": FORMAT, "arch": sidecar["arch"]})
+    # One metadata key only: safetensors writes the metadata map in hash order, so several keys
+    # would make identical weights give files (and sha256s) that differ from call to call.
+    save_file(state, str(tmp), metadata={"format": FORMAT})
     os.replace(tmp, target)
 
     extra = {k: v for k, v in metadata.items() if k not in _KNOWN_METADATA}

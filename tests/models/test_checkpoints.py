@@ -147,3 +147,9 @@ def test_timm_name_with_a_plain_state_dict(tmp_path: Path) -> None:
 def test_models_not_built_by_create_cannot_be_saved(tmp_path: Path) -> None:
     with pytest.raises(models.CheckpointError, match=r"models\.create"):
         models.save(torch.nn.Linear(2, 2), tmp_path / "x.safetensors")
+
+
+def test_saving_the_same_weights_twice_gives_the_same_bytes(tmp_path: Path) -> None:
+    model = models.create("mixer_digits")
+    paths = [models.save(model, tmp_path / f"copy{i}.safetensors") for i in range(4)]
+    assert len({path.read_bytes() for path in paths}) == 1
