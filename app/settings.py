@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -52,6 +53,9 @@ class Settings(BaseSettings):
     host: str = Field(default="127.0.0.1", description="Address `cka-atlas serve` binds.")
     port: int = Field(default=8000, ge=1, le=65535, description="Port `cka-atlas serve` binds.")
     log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")
+    log_format: Literal["json", "text"] = Field(
+        default="json", description="Log lines as JSON objects (with the job id) or plain text."
+    )
     heartbeat_s: float = Field(default=5.0, gt=0, description="Seconds between job heartbeats.")
     stale_after_s: float = Field(
         default=120.0, gt=0, description="A running job without heartbeat this long is re-queued."

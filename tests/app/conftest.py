@@ -8,6 +8,7 @@ reached the tests FAIL — there is deliberately no skip.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -123,12 +124,20 @@ def digits_id(client: TestClient) -> int:
     return int(items[0]["id"])
 
 
-def wait(client: TestClient, url: str, timeout: float = 120.0) -> dict[str, Any]:
+def wait(
+    client: TestClient,
+    url: str,
+    timeout: float = 120.0,
+    alive: subprocess.Popen[bytes] | None = None,
+) -> dict[str, Any]:
+    """Poll ``url`` until its job ends; fail at once if the worker process ``alive`` exits."""
     deadline = time.monotonic() + timeout
     while True:
         body: dict[str, Any] = client.get(url).json()
         if body["status"] in FINAL:
             return body
+        if alive is not None and alive.poll() is not None:
+            raise AssertionError(f"the worker exited with {alive.returncode} before {url} ended")
         if time.monotonic() > deadline:
             raise AssertionError(f"{url} did not finish: {body}")
         time.sleep(0.05)

@@ -85,8 +85,8 @@ def test_celery_worker_runs_queued_and_stale_jobs(
             )
         proc = _worker(broker_settings, tmp_path / "worker.log")
         try:
-            first = wait(client, queued.headers["location"], timeout=180)
-            second = wait(client, stale.headers["location"], timeout=180)
+            first = wait(client, queued.headers["location"], timeout=180, alive=proc)
+            second = wait(client, stale.headers["location"], timeout=180, alive=proc)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=60)
