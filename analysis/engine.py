@@ -1,11 +1,12 @@
 """The streaming all-pairs CKA engine: K models, one forward pass each per batch.
 
-Per batch, every selected layer of every model becomes a raw Gram (fp32, or float64 for a
-float64 model), written into one (L_total, b, b) stack; :func:`analysis.hsic.hsic_from_grams`
-turns the stack into the (L_total, L_total) HSIC terms of that batch with one matrix product,
-and the only host transfer of the batch is that small float64 matrix. Terms are summed over
-batches in float64, so memory does not grow with n (``bootstrap`` keeps the per-batch terms:
-``batches × L_total²`` floats).
+:func:`compare` validates its arguments, resolves every model's layers before any forward
+pass, and hands the loop to :class:`analysis.streaming.StreamingRun`. Per batch, every
+selected layer of every model becomes a raw Gram (fp32, or float64 for a float64 model); the
+centred Grams give the (L_total, L_total) HSIC terms of the batch, one matrix product per pair
+of models, and the only host transfer of the batch is that small float64 matrix. Terms are
+summed over batches in float64, so memory does not grow with n (``bootstrap`` keeps the
+per-batch terms: ``batches × L_total²`` floats).
 
 Batch plan (``minibatch``): fixed consecutive batches of ``batch_size`` in data order (a
 DataLoader's own batches as they come). A batch smaller than the estimator's minimum (4
@@ -18,95 +19,28 @@ through n×n Grams: memory grows with n, so use it for a few thousand samples at
 
 from __future__ import annotations
 
-import hashlib
-import math
-import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import nullcontext
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from analysis.atlas import Atlas
 from analysis.bootstrap import bootstrap_intervals
-from analysis.datasets import ImageDataset, load_dataset
-from analysis.errors import AnalysisError, Cancelled, DatasetError, EstimatorError
-from analysis.gram_cache import GramCache, gram_key
-from analysis.hsic import (
-    MIN_SAMPLES,
-    check_estimator,
-    cka_from_hsic,
-    hsic_from_grams,
-    hsic_linear_features,
-    undefined_reasons,
-)
+from analysis.errors import AnalysisError, EstimatorError
+from analysis.gram_cache import GramCache
+from analysis.hsic import MIN_SAMPLES, check_estimator, cka_from_hsic, hsic_from_grams
 from analysis.kernels import Kernel, gram, parse_kernel
 from analysis.layers import FEATURE_POLICIES, LayerReader, LayerSelection, resolve_layers
+from analysis.sources import DataLike, batch_source
+from analysis.streaming import StreamingRun, full_hsic
 
 __all__ = ["MODES", "cka_from_features", "compare"]
 
 MODES = ("minibatch", "full")
-DataLike = torch.Tensor | np.ndarray | ImageDataset | str | os.PathLike[str] | Iterable[Any]
 _AMP = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16}
 _AMP |= {"float16": torch.float16, "half": torch.float16}
-
-
-@dataclass
-class _Source:
-    batches: Callable[[], Iterator[torch.Tensor]]
-    total: int | None
-    key: str | None  # a dataset identity known without work (sha256 of an ImageDataset, or given)
-    array: torch.Tensor | np.ndarray | None = None
-
-    def fingerprint(self) -> str | None:
-        """The dataset identity, hashing an in-memory array once when none was given."""
-        if self.key is None and self.array is not None:
-            a = self.array
-            a = a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a
-            self.key = hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
-        return self.key
-
-
-def _input(item: Any) -> torch.Tensor:
-    if isinstance(item, dict):
-        item = next((item[k] for k in ("x", "image", "images", "input") if k in item), None)
-    elif isinstance(item, list | tuple) and item:
-        item = item[0]
-    if isinstance(item, np.ndarray):
-        item = torch.from_numpy(np.array(item, dtype=np.float32))
-    if not isinstance(item, torch.Tensor):
-        raise DatasetError("each batch must be a tensor, or a tuple or dict whose first is one")
-    return item
-
-
-def _source(data: DataLike, batch_size: int, dataset_key: str | None) -> _Source:
-    if isinstance(data, str | os.PathLike):
-        data = load_dataset(os.fspath(data))
-    if isinstance(data, ImageDataset):
-        dataset_key = dataset_key or data.sha256
-        data = data.x
-    if isinstance(data, np.ndarray | torch.Tensor):
-        arr = data
-        if arr.ndim != 4:
-            raise DatasetError(f"images must be shaped (N, C, H, W), not {tuple(arr.shape)}")
-        n = int(arr.shape[0])
-
-        def batches() -> Iterator[torch.Tensor]:
-            for i in range(0, n, batch_size):
-                part = arr[i : i + batch_size]
-                # a copy per batch: the array may be read-only, and then no view may be shared
-                yield part if isinstance(part, torch.Tensor) else torch.from_numpy(np.array(part))
-
-        return _Source(batches, math.ceil(n / batch_size), dataset_key, arr)
-    if isinstance(data, Iterable):
-        loader = data
-        total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
-        return _Source(lambda: (_input(i) for i in loader), total, dataset_key)
-    raise DatasetError(f"cannot read images from a {type(data).__name__}")
 
 
 def _amp_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
@@ -187,7 +121,7 @@ def compare(
         for m in names
     }
     readers = {m: LayerReader(models[m], selected[m], feature) for m in names}
-    src = _source(data, batch_size, dataset_key)
+    src = batch_source(data, batch_size, dataset_key)
     config: dict[str, Any] = {
         "kernel": kern.spec,
         "estimator": estimator,
@@ -200,7 +134,7 @@ def compare(
         "bootstrap": bootstrap,
         "seed": seed,
     }
-    run = _Run(models, names, selected, readers, kern, estimator, dev, amp, progress, on_batch)
+    run = StreamingRun(models, selected, readers, kern, estimator, dev, amp, progress, on_batch)
     training = {m: models[m].training for m in names}
     try:
         for m in names:
@@ -240,156 +174,6 @@ def _jsonable(layers: Any) -> Any:
     return list(layers)
 
 
-class _Run:
-    """The loop over batches and its bookkeeping, shared by both modes."""
-
-    def __init__(
-        self,
-        models: Mapping[str, nn.Module],
-        names: list[str],
-        selected: dict[str, list[str]],
-        readers: dict[str, LayerReader],
-        kern: Kernel,
-        estimator: str,
-        dev: torch.device,
-        amp: torch.dtype | None,
-        progress: bool,
-        on_batch: Callable[[int, int], bool | None] | None,
-    ) -> None:
-        self.names, self.readers, self.kern, self.estimator = names, readers, kern, estimator
-        self.dev, self.amp, self.progress, self.on_batch = dev, amp, progress, on_batch
-        self.selected = selected
-        self.offsets: dict[str, int] = {}
-        total = 0
-        for m in names:
-            self.offsets[m] = total
-            total += len(selected[m])
-        self.total_layers = total
-        wide = any(p.dtype == torch.float64 for m in names for p in models[m].parameters())
-        self.gdtype = torch.float64 if wide else torch.float32
-        self.n = self.batches = self.hits = self.misses = 0
-        self.dropped: list[dict[str, int]] = []
-        self.forwards = dict.fromkeys(names, 0)
-        self.cache_note = "off"
-
-    def _features(self, m: str, x: torch.Tensor) -> list[torch.Tensor]:
-        amp = torch.autocast(self.dev.type, dtype=self.amp) if self.amp else nullcontext()
-        with amp:
-            feats = self.readers[m](x)
-        self.forwards[m] += 1
-        return [f.to(self.gdtype) for f in feats]
-
-    def _loop(self, src: _Source) -> Iterator[tuple[int, torch.Tensor]]:
-        bar = tqdm(total=src.total, disable=not self.progress, desc="CKA", unit="batch")
-        try:
-            for i, x in enumerate(src.batches()):
-                if x.shape[0] < MIN_SAMPLES[self.estimator]:
-                    self.dropped.append({"batch": i, "size": int(x.shape[0])})
-                else:
-                    yield i, x
-                bar.update(1)
-                if self.on_batch is not None and self.on_batch(i + 1, src.total or 0) is False:
-                    raise Cancelled(f"cancelled after {i + 1} batches")
-        finally:
-            bar.close()
-
-    def minibatch(
-        self,
-        src: _Source,
-        cache: GramCache | None,
-        keys: Mapping[str, str],
-        parts: dict[str, Any] | None,
-        bootstrap: int,
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
-        acc = np.zeros((self.total_layers, self.total_layers))
-        per_batch: list[np.ndarray] = []
-        buf: torch.Tensor | None = None
-        with torch.inference_mode():
-            for i, x in self._loop(src):
-                b = int(x.shape[0])
-                if buf is None or buf.shape[1] != b:
-                    buf = torch.empty(self.total_layers, b, b, dtype=self.gdtype, device=self.dev)
-                xd: torch.Tensor | None = None
-                for m in self.names:
-                    lo, hi = self.offsets[m], self.offsets[m] + len(self.selected[m])
-                    key = None
-                    if cache is not None and parts is not None and m in keys:
-                        key = gram_key(
-                            model=keys[m], batch=i, size=b, layers=self.selected[m], **parts
-                        )
-                        stored = cache.get(key)
-                        if stored is not None and stored.shape == (hi - lo, b, b):
-                            buf[lo:hi].copy_(torch.tensor(stored))
-                            self.hits += 1
-                            continue
-                        self.misses += 1
-                    if xd is None:
-                        xd = x.to(self.dev, non_blocking=True)
-                    for j, f in enumerate(self._features(m, xd)):
-                        gram(f, self.kern, out=buf[lo + j])
-                    if key is not None and cache is not None:
-                        cache.put(key, buf[lo:hi].float().cpu().numpy())
-                h = hsic_from_grams(buf, self.estimator).cpu().numpy()  # the batch's one transfer
-                acc += h
-                if bootstrap:
-                    per_batch.append(h)
-                self.n += b
-                self.batches += 1
-        if not self.batches:
-            raise EstimatorError("no batch was large enough for the estimator; use more data")
-        return acc, per_batch
-
-    def full(self, src: _Source) -> np.ndarray:
-        parts: list[list[torch.Tensor]] = [[] for _ in range(self.total_layers)]
-        with torch.inference_mode():
-            for _, x in self._loop(src):
-                xd = x.to(self.dev, non_blocking=True)
-                for m in self.names:
-                    for j, f in enumerate(self._features(m, xd)):
-                        parts[self.offsets[m] + j].append(f)
-                self.n += int(x.shape[0])
-                self.batches += 1
-            if self.n < MIN_SAMPLES[self.estimator]:
-                raise EstimatorError(
-                    f"{self.n} samples are too few for the {self.estimator} estimator"
-                )
-            xs = [torch.cat(p).to(torch.float64) for p in parts]
-            return _full_hsic(xs, self.kern, self.estimator).cpu().numpy()
-
-    def diagnostics(self, atlas: Atlas, bootstrap: int, seed: int) -> dict[str, Any]:
-        owners = [(m, name) for m in self.names for name in self.selected[m]]
-        undefined = [
-            {"model": owners[i][0], "layer": owners[i][1], "reason": why}
-            for i, why in sorted(undefined_reasons(atlas.hsic).items())
-        ]
-        negative = []
-        for a, b in atlas.pairs():
-            cka = atlas.matrix(a, b)
-            count = int(np.sum(np.nan_to_num(cka, nan=0.0) < 0))
-            if count:
-                negative.append({"a": a, "b": b, "count": count, "min": float(np.nanmin(cka))})
-        return {
-            "n_used": self.n,
-            "batches": self.batches,
-            "dropped_batches": self.dropped,
-            "dropped_samples": sum(d["size"] for d in self.dropped),
-            "forward_passes": self.forwards,
-            "gram_cache": {"mode": self.cache_note, "hits": self.hits, "misses": self.misses},
-            "undefined_layers": undefined,
-            "negative_cells": negative,
-            "bootstrap": {"replicates": bootstrap, "seed": seed, "level": 0.95}
-            if bootstrap
-            else None,
-        }
-
-
-def _full_hsic(xs: list[torch.Tensor], kern: Kernel, estimator: str) -> torch.Tensor:
-    n = xs[0].shape[0]
-    if kern.name == "linear" and all(x.shape[1] < n for x in xs):
-        return hsic_linear_features(xs, estimator)
-    return hsic_from_grams(torch.stack([gram(x, kern) for x in xs]), estimator)
-
-
 def cka_from_features(
     xs: Sequence[torch.Tensor | np.ndarray],
     ys: Sequence[torch.Tensor | np.ndarray],
@@ -414,7 +198,7 @@ def cka_from_features(
     if mode == "full":
         if n < MIN_SAMPLES[estimator]:
             raise EstimatorError(f"{n} samples are too few for the {estimator} estimator")
-        h = _full_hsic([f.to(torch.float64) for f in feats], kern, estimator).cpu().numpy()
+        h = full_hsic([f.to(torch.float64) for f in feats], kern, estimator).cpu().numpy()
     else:
         h = np.zeros((len(feats), len(feats)))
         wide = torch.float64 if any(f.dtype == torch.float64 for f in feats) else torch.float32

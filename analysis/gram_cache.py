@@ -2,9 +2,10 @@
 
 The engine asks the cache once per (model, batch) before running a model; when every batch of
 a model is found, the model never runs. A key is the sha256 of a canonical JSON of everything
-the raw Gram stack depends on (see :func:`gram_key`); the value is the (L, b, b) float32 stack
-of raw, uncentred Grams, exactly what the engine would otherwise compute, so results with and
-without the cache are bit-identical.
+the value depends on (see :func:`gram_key`). Two kinds of value are kept: the (L, b, b) stack
+of a model's raw, uncentred Grams of one batch (float32, or float64 for a float64 model), and
+the float64 (L_a, L_b) HSIC block of one batch between two such stacks. Both are exactly what
+the engine would otherwise compute, so a stored run is bit-identical to a fresh one.
 """
 
 from __future__ import annotations
@@ -24,14 +25,17 @@ __all__ = ["DirectoryGramCache", "GramCache", "gram_key"]
 
 @runtime_checkable
 class GramCache(Protocol):
-    """Where the engine keeps Gram stacks: float32 arrays (L, b, b) under opaque string keys."""
+    """Where the engine keeps Gram stacks and HSIC blocks: arrays under opaque string keys."""
 
     def get(self, key: str) -> np.ndarray | None:
-        """The stack stored under ``key``, or None."""
+        """The array stored under ``key``, or None."""
         ...
 
     def put(self, key: str, grams: np.ndarray) -> None:
-        """Store ``grams`` under ``key`` (overwriting is harmless: same key, same value)."""
+        """Store ``grams`` under ``key`` (overwriting is harmless: same key, same value).
+
+        float32 and float64 arrays keep their dtype; any other dtype is stored as float32.
+        """
         ...
 
 
@@ -68,7 +72,8 @@ class DirectoryGramCache:
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         os.close(fd)
         try:
-            save_file({"grams": np.ascontiguousarray(grams, dtype=np.float32)}, tmp)
+            dtype = grams.dtype if grams.dtype in (np.float32, np.float64) else np.float32
+            save_file({"grams": np.ascontiguousarray(grams, dtype=dtype)}, tmp)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -31,8 +31,10 @@ from analysis.errors import EstimatorError
 __all__ = [
     "ESTIMATORS",
     "MIN_SAMPLES",
+    "centred_rows",
     "check_estimator",
     "cka_from_hsic",
+    "hsic_block",
     "hsic_from_grams",
     "hsic_linear_features",
     "undefined_reasons",
@@ -50,14 +52,40 @@ def check_estimator(estimator: str) -> str:
     return estimator
 
 
-def _combine(ff: torch.Tensor, r: torch.Tensor, n: int, estimator: str) -> torch.Tensor:
-    """The L×L HSIC matrix from F Fᵀ and (unbiased) the row sums R of the zero-diagonal Grams."""
+def _combine(
+    ff: torch.Tensor, ra: torch.Tensor, rb: torch.Tensor, n: int, estimator: str
+) -> torch.Tensor:
+    """HSIC from F_a F_bᵀ and (unbiased) the row sums R_a, R_b of the zero-diagonal Grams."""
     if estimator == "biased":
         return ff / (n - 1) ** 2
-    s = r.sum(1)
-    return (ff + torch.outer(s, s) / ((n - 1) * (n - 2)) - (2 / (n - 2)) * (r @ r.T)) / (
+    sa, sb = ra.sum(1), rb.sum(1)
+    return (ff + torch.outer(sa, sb) / ((n - 1) * (n - 2)) - (2 / (n - 2)) * (ra @ rb.T)) / (
         n * (n - 3)
     )
+
+
+def centred_rows(grams: torch.Tensor, estimator: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows F (L, n²) and R (L, n) of raw Grams ``grams`` (L, n, n), in float64.
+
+    F holds vec(HKH), with its diagonal zeroed for the unbiased estimator, and R its row sums:
+    everything :func:`hsic_block` needs from one stack.
+    """
+    n_layers, n, _ = grams.shape
+    g = grams.to(torch.float64, copy=True)
+    # double centring HKH, in place: subtract row and column means, add back the grand mean
+    g -= g.mean(2, keepdim=True)
+    g -= g.mean(1, keepdim=True)
+    if estimator == "unbiased":
+        g.diagonal(dim1=1, dim2=2).zero_()
+    return g.view(n_layers, n * n), g.sum(2)
+
+
+def hsic_block(
+    a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], estimator: str
+) -> torch.Tensor:
+    """HSIC (L_a, L_b) between every layer of two stacks given as :func:`centred_rows`."""
+    (fa, ra), (fb, rb) = a, b
+    return _combine(fa @ fb.T, ra, rb, ra.shape[1], estimator)
 
 
 def hsic_from_grams(grams: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -65,16 +93,8 @@ def hsic_from_grams(grams: torch.Tensor, estimator: str) -> torch.Tensor:
 
     The result stays on the Grams' device and is symmetric bit for bit.
     """
-    n_layers, n, _ = grams.shape
-    g = grams.to(torch.float64, copy=True)
-    # double centring HKH, in place: subtract row and column means, add back the grand mean
-    row = g.mean(2, keepdim=True)
-    g -= row
-    g -= g.mean(1, keepdim=True)
-    if estimator == "unbiased":
-        g.diagonal(dim1=1, dim2=2).zero_()
-    f = g.view(n_layers, n * n)
-    h = _combine(f @ f.T, g.sum(2), n, estimator)
+    rows = centred_rows(grams, estimator)
+    h = hsic_block(rows, rows, estimator)
     return (h + h.T) / 2  # the GEMM need not be symmetric to the last bit; this is
 
 
@@ -97,7 +117,7 @@ def hsic_linear_features(xs: list[torch.Tensor], estimator: str) -> torch.Tensor
     if estimator == "biased":
         return ff / (n - 1) ** 2
     k = torch.stack([(c * c).sum(1) for c in cs])
-    h = _combine(ff - k @ k.T, -k, n, estimator)
+    h = _combine(ff - k @ k.T, -k, -k, n, estimator)
     return (h + h.T) / 2
 
 

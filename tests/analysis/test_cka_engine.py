@@ -206,10 +206,24 @@ def test_gram_cache_skips_the_forward_pass(images: torch.Tensor, tmp_path: Path)
     ca, cb = count_forwards(a), count_forwards(b)
     both = compare({"a": a, "b": b}, images, batch_size=32, gram_cache=cache, model_keys=keys)
     assert ca[0] == 0 and cb[0] == 3
-    assert both.diagnostics["gram_cache"] == {"mode": "on", "hits": 3, "misses": 3}
-    np.testing.assert_allclose(both.matrix("a"), first.matrix("a"), rtol=0, atol=1e-12)
+    # per batch: a's Grams read back, b run; the a-a block reused, a-b and b-b computed
+    assert both.diagnostics["gram_cache"] == {
+        "mode": "on",
+        "hits": 3,
+        "misses": 3,
+        "blocks_reused": 3,
+        "blocks_computed": 6,
+    }
+    np.testing.assert_array_equal(both.matrix("a"), first.matrix("a"))
+    # the same atlas again, models in the other order: every block is stored, nothing runs
+    again = compare({"b": b, "a": a}, images, batch_size=32, gram_cache=cache, model_keys=keys)
+    assert ca[0] == 0 and cb[0] == 3
+    assert again.diagnostics["gram_cache"]["blocks_computed"] == 0
+    np.testing.assert_array_equal(again.matrix("a", "b"), both.matrix("a", "b"))
+    np.testing.assert_array_equal(again.matrix("b"), both.matrix("b"))
+    # without the store: the same numbers (pairs may be multiplied in the other order)
     fresh = compare({"a": a, "b": b}, images, batch_size=32)
-    np.testing.assert_array_equal(both.hsic, fresh.hsic)
+    np.testing.assert_allclose(both.hsic, fresh.hsic, rtol=1e-12, atol=0)
     # another plan is another key
     compare({"a": a}, images, batch_size=16, gram_cache=cache, model_keys=keys)
     assert ca[0] == 3 + 5  # the uncached run above, then 5 batches of 16

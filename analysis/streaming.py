@@ -1,0 +1,275 @@
+"""The loop over batches behind :func:`analysis.compare`: Grams, HSIC blocks, accumulation.
+
+Per batch, each model either runs once (its selected layers become raw Grams) or, when the
+Gram store has them, is read back without running. The batch's HSIC matrix is then built
+from one block per pair of models, ``hsic_block(rows_a, rows_b)`` over the centred Grams.
+Blocks are what makes stored Grams cheap: a block whose two models' Grams were both stored
+was itself stored, so adding a model to a stored atlas costs its forward pass, its Grams and
+its own blocks — not the whole atlas again. With the store on, the pairs of a batch are taken
+in the order of the models' Gram keys, whatever the order of the models, so a stored block is
+bit for bit the one a run would compute; without it, in the models' order (the two can differ
+in the last bit). The only device-to-host transfer of a batch is the assembled float64
+matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from analysis.atlas import Atlas
+from analysis.errors import Cancelled, EstimatorError
+from analysis.gram_cache import GramCache, gram_key
+from analysis.hsic import (
+    MIN_SAMPLES,
+    centred_rows,
+    hsic_block,
+    hsic_from_grams,
+    hsic_linear_features,
+    undefined_reasons,
+)
+from analysis.kernels import Kernel, gram
+from analysis.layers import LayerReader
+from analysis.sources import BatchSource
+
+__all__ = ["StreamingRun", "full_hsic"]
+
+Rows = tuple[torch.Tensor, torch.Tensor]
+
+
+class StreamingRun:
+    """One run of K models over a batch source, and its bookkeeping for the diagnostics."""
+
+    def __init__(
+        self,
+        models: Mapping[str, nn.Module],
+        selected: dict[str, list[str]],
+        readers: dict[str, LayerReader],
+        kern: Kernel,
+        estimator: str,
+        dev: torch.device,
+        amp: torch.dtype | None,
+        progress: bool,
+        on_batch: Callable[[int, int], bool | None] | None,
+    ) -> None:
+        self.names = list(models)
+        self.selected, self.readers, self.kern, self.estimator = selected, readers, kern, estimator
+        self.dev, self.amp, self.progress, self.on_batch = dev, amp, progress, on_batch
+        self.slices: dict[str, slice] = {}
+        total = 0
+        for m in self.names:
+            self.slices[m] = slice(total, total + len(selected[m]))
+            total += len(selected[m])
+        self.total_layers = total
+        wide = any(p.dtype == torch.float64 for m in self.names for p in models[m].parameters())
+        self.gdtype = torch.float64 if wide else torch.float32
+        self.n = self.batches = self.hits = self.misses = 0
+        self.blocks_reused = self.blocks_computed = 0
+        self.dropped: list[dict[str, int]] = []
+        self.forwards = dict.fromkeys(self.names, 0)
+        self.cache_note = "off"
+
+    def _features(self, m: str, x: torch.Tensor) -> list[torch.Tensor]:
+        amp = torch.autocast(self.dev.type, dtype=self.amp) if self.amp else nullcontext()
+        with amp:
+            feats = self.readers[m](x)
+        self.forwards[m] += 1
+        return [f.to(self.gdtype) for f in feats]
+
+    def _grams(self, m: str, x: torch.Tensor) -> torch.Tensor:
+        """Run model ``m`` on the batch: the raw Grams (L_m, b, b) of its selected layers."""
+        b = x.shape[0]
+        out = torch.empty(len(self.selected[m]), b, b, dtype=self.gdtype, device=self.dev)
+        for j, f in enumerate(self._features(m, x)):
+            gram(f, self.kern, out=out[j])
+        return out
+
+    def _loop(self, src: BatchSource) -> Iterator[tuple[int, torch.Tensor]]:
+        bar = tqdm(total=src.total, disable=not self.progress, desc="CKA", unit="batch")
+        try:
+            for i, x in enumerate(src.batches()):
+                if x.shape[0] < MIN_SAMPLES[self.estimator]:
+                    self.dropped.append({"batch": i, "size": int(x.shape[0])})
+                else:
+                    yield i, x
+                bar.update(1)
+                if self.on_batch is not None and self.on_batch(i + 1, src.total or 0) is False:
+                    raise Cancelled(f"cancelled after {i + 1} batches")
+        finally:
+            bar.close()
+
+    def minibatch(
+        self,
+        src: BatchSource,
+        cache: GramCache | None,
+        keys: Mapping[str, str],
+        parts: dict[str, Any] | None,
+        bootstrap: int,
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Summed per-batch HSIC (L_total, L_total), and the per-batch terms for the bootstrap.
+
+        With ``cache`` and ``parts`` (what else the Grams depend on), the models named in
+        ``keys`` have their Grams and blocks read from and written to the store.
+        """
+        acc = np.zeros((self.total_layers, self.total_layers))
+        per_batch: list[np.ndarray] = []
+        if cache is None or parts is None:
+            keys = {}
+        with torch.inference_mode():
+            for i, x in self._loop(src):
+                h = self._batch(i, x, cache, keys, parts or {})
+                acc += h
+                if bootstrap:
+                    per_batch.append(h)
+                self.n += int(x.shape[0])
+                self.batches += 1
+        if not self.batches:
+            raise EstimatorError("no batch was large enough for the estimator; use more data")
+        return acc, per_batch
+
+    def _batch(
+        self,
+        i: int,
+        x: torch.Tensor,
+        cache: GramCache | None,
+        keys: Mapping[str, str],
+        parts: dict[str, Any],
+    ) -> np.ndarray:
+        """The HSIC matrix of batch ``i``: stored Grams and blocks reused, new ones stored."""
+        b = int(x.shape[0])
+        gkeys = {
+            m: gram_key(
+                model=keys[m],
+                batch=i,
+                size=b,
+                layers=self.selected[m],
+                precision=str(self.gdtype),
+                **parts,
+            )
+            for m in self.names
+            if m in keys
+        }
+        # canonical order: a block between two models is computed the same way in every run
+        order = sorted(gkeys, key=lambda m: gkeys[m]) + [m for m in self.names if m not in gkeys]
+        pairs = [(a, c) for ia, a in enumerate(order) for c in order[ia:]]
+        bkeys = {
+            (a, c): gram_key(grams=[gkeys[a], gkeys[c]], same=a == c, estimator=self.estimator)
+            for a, c in pairs
+            if a in gkeys and c in gkeys
+        }
+        found: dict[tuple[str, str], np.ndarray] = {}
+        for (a, c), key in bkeys.items():
+            block = cache.get(key) if cache is not None else None
+            shape = (len(self.selected[a]), len(self.selected[c]))
+            if block is not None and block.shape == shape and block.dtype == np.float64:
+                found[a, c] = block
+        needed = {m for p in pairs if p not in found for m in p}
+
+        rows: dict[str, Rows] = {}
+        xd: torch.Tensor | None = None
+        for m in order:
+            stored = None
+            if cache is not None and m in needed and m in gkeys:
+                stored = cache.get(gkeys[m])
+            if m in gkeys and m not in needed:
+                self.hits += 1  # every block of m is stored: not even its Grams are read
+            elif stored is not None and stored.shape == (len(self.selected[m]), b, b):
+                self.hits += 1
+                rows[m] = centred_rows(torch.from_numpy(stored).to(self.dev), self.estimator)
+            else:
+                if xd is None:
+                    xd = x.to(self.dev, non_blocking=True)
+                grams = self._grams(m, xd)
+                if cache is not None and m in gkeys:
+                    self.misses += 1
+                    cache.put(gkeys[m], grams.cpu().numpy())
+                rows[m] = centred_rows(grams, self.estimator)
+
+        h = torch.zeros(self.total_layers, self.total_layers, dtype=torch.float64, device=self.dev)
+        for a, c in pairs:
+            if (a, c) not in found:
+                self._place(h, a, c, self._block(rows[a], rows[c], a == c))
+        out = h.cpu().numpy()  # the batch's one transfer
+        self.blocks_reused += len(found)
+        for (a, c), key in bkeys.items():
+            sa, sc = self.slices[a], self.slices[c]
+            if (a, c) in found:
+                out[sa, sc], out[sc, sa] = found[a, c], found[a, c].T
+            elif cache is not None:
+                cache.put(key, np.ascontiguousarray(out[sa, sc]))
+        return out
+
+    def _block(self, ra: Rows, rb: Rows, same: bool) -> torch.Tensor:
+        self.blocks_computed += 1
+        h = hsic_block(ra, rb, self.estimator)
+        return (h + h.T) / 2 if same else h  # a model with itself: symmetric bit for bit
+
+    def _place(self, h: torch.Tensor, a: str, b: str, block: torch.Tensor) -> None:
+        sa, sb = self.slices[a], self.slices[b]
+        h[sa, sb] = block
+        h[sb, sa] = block.T
+
+    def full(self, src: BatchSource) -> np.ndarray:
+        """Exact float64 HSIC over every sample at once (features kept in memory)."""
+        parts: list[list[torch.Tensor]] = [[] for _ in range(self.total_layers)]
+        with torch.inference_mode():
+            for _, x in self._loop(src):
+                xd = x.to(self.dev, non_blocking=True)
+                for m in self.names:
+                    for j, f in enumerate(self._features(m, xd)):
+                        parts[self.slices[m].start + j].append(f)
+                self.n += int(x.shape[0])
+                self.batches += 1
+            if self.n < MIN_SAMPLES[self.estimator]:
+                raise EstimatorError(
+                    f"{self.n} samples are too few for the {self.estimator} estimator"
+                )
+            xs = [torch.cat(p).to(torch.float64) for p in parts]
+            return full_hsic(xs, self.kern, self.estimator).cpu().numpy()
+
+    def diagnostics(self, atlas: Atlas, bootstrap: int, seed: int) -> dict[str, Any]:
+        """What the run did and what to be careful about in its result."""
+        owners = [(m, name) for m in self.names for name in self.selected[m]]
+        undefined = [
+            {"model": owners[i][0], "layer": owners[i][1], "reason": why}
+            for i, why in sorted(undefined_reasons(atlas.hsic).items())
+        ]
+        negative = []
+        for a, b in atlas.pairs():
+            cka = atlas.matrix(a, b)
+            count = int(np.sum(np.nan_to_num(cka, nan=0.0) < 0))
+            if count:
+                negative.append({"a": a, "b": b, "count": count, "min": float(np.nanmin(cka))})
+        return {
+            "n_used": self.n,
+            "batches": self.batches,
+            "dropped_batches": self.dropped,
+            "dropped_samples": sum(d["size"] for d in self.dropped),
+            "forward_passes": self.forwards,
+            "gram_cache": {
+                "mode": self.cache_note,
+                "hits": self.hits,
+                "misses": self.misses,
+                "blocks_reused": self.blocks_reused,
+                "blocks_computed": self.blocks_computed,
+            },
+            "undefined_layers": undefined,
+            "negative_cells": negative,
+            "bootstrap": {"replicates": bootstrap, "seed": seed, "level": 0.95}
+            if bootstrap
+            else None,
+        }
+
+
+def full_hsic(xs: list[torch.Tensor], kern: Kernel, estimator: str) -> torch.Tensor:
+    """Exact HSIC of every pair of feature matrices ``xs`` (n, d_i) over all n samples."""
+    n = xs[0].shape[0]
+    if kern.name == "linear" and all(x.shape[1] < n for x in xs):
+        return hsic_linear_features(xs, estimator)
+    return hsic_from_grams(torch.stack([gram(x, kern) for x in xs]), estimator)
