@@ -30,9 +30,10 @@ __all__ = [
 _job: ContextVar[tuple[int, str] | None] = ContextVar("cka_job", default=None)
 
 # Attributes every LogRecord has; anything else on a record came from ``extra=`` and is kept.
+# ``color_message`` is uvicorn's ANSI-coloured copy of the message: noise in a JSON line.
 _STANDARD = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
-    | {"message", "asctime", "taskName"}
+    | {"message", "asctime", "taskName", "color_message"}
 )
 
 

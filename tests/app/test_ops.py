@@ -178,9 +178,10 @@ def test_json_formatter_fields_and_job_context() -> None:
 
         record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
     record.comparison_id = 5
+    record.color_message = "\x1b[32mfailed\x1b[0m"  # what uvicorn adds to its records
     doc = json.loads(JsonFormatter().format(record))
     assert doc["exc_type"] == "ValueError" and "boom" in doc["traceback"]
-    assert doc["comparison_id"] == 5
+    assert doc["comparison_id"] == 5 and "color_message" not in doc
 
 
 def test_job_logs_carry_the_job_id(client: TestClient, zoo: dict[str, Path]) -> None:
