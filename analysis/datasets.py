@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import stat
 import warnings
 import zipfile
@@ -157,9 +158,21 @@ def load_digits(split: str = "test") -> ImageDataset:
     return ImageDataset(name=f"digits:{split}", x=np.ascontiguousarray(x), y=y, classes=classes)
 
 
-def load_npz(source: str | Path | bytes) -> ImageDataset:
-    """An ``.npz`` with ``x`` as (N, H, W), (N, H, W, C) or (N, C, H, W) and an optional ``y``."""
+def load_npz(
+    source: str | Path | bytes,
+    *,
+    max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
+    max_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS,
+) -> ImageDataset:
+    """An ``.npz`` with ``x`` as (N, H, W), (N, H, W, C) or (N, C, H, W) and an optional ``y``.
+
+    The arrays are read into memory whole, so an archive that unpacks to more than
+    ``max_bytes``, or whose arrays declare more data than they hold, is refused first.
+    """
     name = "upload.npz" if isinstance(source, bytes) else Path(source).name
+    _check_npz(
+        io.BytesIO(source) if isinstance(source, bytes) else source, name, max_bytes, max_members
+    )
     handle = io.BytesIO(source) if isinstance(source, bytes) else source
     try:
         with np.load(handle, allow_pickle=False) as archive:
@@ -183,6 +196,43 @@ def load_npz(source: str | Path | bytes) -> ImageDataset:
     return ImageDataset(name=name, x=images, y=labels)
 
 
+def _check_npz(
+    handle: str | Path | io.BytesIO, name: str, max_bytes: int, max_members: int
+) -> None:
+    try:
+        archive = zipfile.ZipFile(handle)
+    except (OSError, zipfile.BadZipFile):
+        return  # not a zip archive: np.load says what is wrong with it
+    with archive:
+        infos = archive.infolist()
+        if len(infos) > max_members:
+            raise DatasetError(
+                f"'{name}' has {len(infos)} entries, more than the {max_members} allowed."
+            )
+        if sum(info.file_size for info in infos) > max_bytes:
+            raise DatasetError(f"'{name}' unpacks to more than {max_bytes} bytes.")
+        for info in infos:
+            if not info.filename.endswith(".npy"):
+                continue
+            # np.load allocates what an array's header declares before reading its data.
+            try:
+                with archive.open(info) as stream:
+                    version = np.lib.format.read_magic(stream)
+                    read = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    shape, _, dtype = read(stream)
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+                return  # np.load reports the unreadable array
+            if not dtype.hasobject and math.prod(shape) * dtype.itemsize > info.file_size:
+                raise DatasetError(
+                    f"'{name}' array '{info.filename[:-4]}' declares shape {tuple(shape)} but "
+                    f"holds only {info.file_size} bytes."
+                )
+
+
 def load_image_folder(
     source: str | Path | bytes,
     *,
@@ -195,9 +245,11 @@ def load_image_folder(
     than ``max_members`` entries or more than ``max_bytes`` uncompressed are refused.
     """
     files: dict[str, Callable[[], bytes]]
+    budget: int | None = None  # a local directory is trusted; an archive may be an upload
     if isinstance(source, bytes) or Path(source).is_file():
         name = "upload.zip" if isinstance(source, bytes) else Path(source).name
         files = _zip_members(source, name, max_bytes, max_members)
+        budget = max_bytes
     else:
         root = Path(source)
         name = root.name
@@ -206,7 +258,7 @@ def load_image_folder(
             for path in sorted(root.rglob("*"))
             if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES
         }
-    return _decode_folder(files, name)
+    return _decode_folder(files, name, budget)
 
 
 def _zip_members(
@@ -254,7 +306,9 @@ class _Reader:
         return data
 
 
-def _decode_folder(files: dict[str, Callable[[], bytes]], name: str) -> ImageDataset:
+def _decode_folder(
+    files: dict[str, Callable[[], bytes]], name: str, max_decoded: int | None = None
+) -> ImageDataset:
     paths = [PurePosixPath(p) for p in files]
     # A zip of a folder usually nests everything under that folder's name: strip that level.
     while paths and all(len(p.parts) >= 3 for p in paths) and len({p.parts[0] for p in paths}) == 1:
@@ -268,8 +322,13 @@ def _decode_folder(files: dict[str, Callable[[], bytes]], name: str) -> ImageDat
         )
     classes = sorted({p.parts[0] for p in paths})
     images, labels = [], []
+    # Decoded bytes: a small PNG can declare a huge canvas, so an archive has a budget.
+    budget = max_decoded
     for key in sorted(files):
-        images.append(_decode_image(files[key](), f"{name}/{key}"))
+        image = _decode_image(files[key](), f"{name}/{key}", budget)
+        if budget is not None:
+            budget -= image.width * image.height * len(image.getbands())
+        images.append(image)
         labels.append(classes.index(PurePosixPath(key).parts[0]))
     sizes = {img.size for img in images}
     if len(sizes) > 1:
@@ -285,12 +344,15 @@ def _decode_folder(files: dict[str, Callable[[], bytes]], name: str) -> ImageDat
     )
 
 
-def _decode_image(data: bytes, where: str) -> Image.Image:
+def _decode_image(data: bytes, where: str, budget: int | None = None) -> Image.Image:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
-            image.load()
+            decoded = image.width * image.height * len(image.getbands())
+            too_big = budget is not None and decoded > budget
+            if not too_big:
+                image.load()
     except (
         OSError,
         ValueError,
@@ -298,6 +360,11 @@ def _decode_image(data: bytes, where: str) -> Image.Image:
         Image.DecompressionBombWarning,
     ) as exc:
         raise DatasetError(f"'{where}' is not a readable image ({_reason(exc)}).") from exc
+    if too_big:
+        raise DatasetError(
+            f"'{where}' is {image.width}×{image.height}: the images decode to more than the "
+            "bytes a dataset may hold."
+        )
     return image
 
 

@@ -76,17 +76,51 @@ def default_layers(model: nn.Module) -> list[str]:
     return names + ([PRE_LOGITS] if has_head and PRE_LOGITS not in names else [])
 
 
-def _glob(pattern: str) -> re.Pattern[str]:
-    out, i = [], 0
+def _glob(pattern: str) -> Callable[[str], bool]:
+    """A matcher for a layer glob: ``*`` spans no dot, ``**`` spans anything, ``?`` one non-dot.
+
+    The glob runs as an NFA over bit sets, so matching is linear in the name's length for any
+    pattern; a backtracking regex takes exponential time on globs such as ``*******…x``, and
+    the pattern comes from a request.
+    """
+    tokens: list[str] = []  # "*", "**", "?" or one literal character
+    i = 0
     while i < len(pattern):
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
+        token = "**" if pattern.startswith("**", i) else pattern[i]
+        i += len(token)
+        if token in ("*", "**") and tokens and tokens[-1] in ("*", "**"):
+            tokens[-1] = "**"  # a run of stars that holds "**" is one "**"
             continue
-        c = pattern[i]
-        out.append("[^.]*" if c == "*" else "[^.]" if c == "?" else re.escape(c))
-        i += 1
-    return re.compile("".join(out))
+        tokens.append(token)
+    eps = stay_any = stay_word = any_word = 0
+    literal: dict[str, int] = {}
+    for k, token in enumerate(tokens):
+        bit = 1 << k
+        if token == "**":
+            eps, stay_any = eps | bit, stay_any | bit
+        elif token == "*":
+            eps, stay_word = eps | bit, stay_word | bit
+        elif token == "?":
+            any_word |= bit
+        else:
+            literal[token] = literal.get(token, 0) | bit
+    accept = 1 << len(tokens)
+    # Star tokens are never adjacent, so one epsilon step closes a state set.
+    start = 1 | ((1 & eps) << 1)
+
+    def match(name: str) -> bool:
+        state = start
+        for c in name:
+            word = c != "."
+            advance = literal.get(c, 0) | (any_word if word else 0)
+            stay = stay_any | (stay_word if word else 0)
+            state = ((state & advance) << 1) | (state & stay)
+            state |= (state & eps) << 1
+            if not state:
+                return False
+        return bool(state & accept)
+
+    return match
 
 
 def resolve_layers(
@@ -120,8 +154,8 @@ def resolve_layers(
         elif item in available:
             found = [item]
         else:
-            rx = _glob(item)
-            found = [name for name in available if rx.fullmatch(name)]
+            matches = _glob(item)
+            found = [name for name in available if matches(name)]
         if not found:
             shown = ", ".join(available[:60])
             more = f" and {len(available) - 60} more" if len(available) > 60 else ""

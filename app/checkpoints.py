@@ -16,6 +16,7 @@ from typing import Any
 
 from app.artifacts import ArtifactStore
 from app.problems import ProblemError
+from app.security import refuse_loader_options
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -27,6 +28,7 @@ __all__ = [
 ]
 
 MAX_HEADER_BYTES = 64 * 1024 * 1024
+MAX_SIDECAR_BYTES = 1024 * 1024  # models.save writes a few kilobytes
 
 
 def _bad(detail: str, field: str = "weights") -> ProblemError:
@@ -47,7 +49,7 @@ def check_safetensors(path: Path) -> None:
             raise _bad("the safetensors header length is larger than the file allows")
         try:
             header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             raise _bad("the safetensors header is not valid JSON") from None
     if not isinstance(header, dict):
         raise _bad("the safetensors header is not a JSON object")
@@ -92,17 +94,24 @@ def store_checkpoint(store: ArtifactStore, weights: Path, sidecar: Path) -> tupl
     import models
 
     check_safetensors(weights)
+    if sidecar.stat().st_size > MAX_SIDECAR_BYTES:
+        raise _bad(f"the sidecar is larger than {MAX_SIDECAR_BYTES} bytes", field="sidecar")
     try:
         meta = json.loads(sidecar.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise _bad("the sidecar is not valid JSON", field="sidecar") from None
     if not isinstance(meta, dict):
         raise _bad("the sidecar must be a JSON object", field="sidecar")
+    refuse_loader_options(meta.get("config"), "sidecar")
+    try:
+        models.validate_metadata(meta, source="the sidecar")
+    except models.ModelError as exc:
+        raise _bad(str(exc), field="sidecar") from None
     with store.scratch() as tmp:
         w = Path(tmp) / "model.safetensors"
         w.write_bytes(weights.read_bytes())
         (Path(tmp) / "model.json").write_text(json.dumps(meta), encoding="utf-8")
-        model, _ = models.load(w)
+        model, _ = _load_upload(lambda: models.load(w), w, options_field="sidecar")
         with weights.open("rb") as f:
             sha, size = store.put_stream(f, ".safetensors")
     store.put_as(json.dumps(meta, sort_keys=True).encode(), sha, ".json")
@@ -113,13 +122,47 @@ def timm_checkpoint(
     store: ArtifactStore, name: str, weights: Path, config: dict[str, Any]
 ) -> tuple[str, int, Any]:
     """Load weights as a plain state dict of timm model ``name``; store them with a sidecar."""
+    import timm
+
     import models
 
     check_safetensors(weights)
-    _model, meta = models.load(weights, arch=name, **config)
+    refuse_loader_options(config, "config")
+    if not timm.is_model(name):  # presets are registered with timm by ``import models``
+        raise _bad(f"{name[:200]!r} is not a preset or timm model name", field="timm_name")
+    _model, meta = _load_upload(
+        lambda: models.load(weights, arch=name, **config), weights, options_field="config"
+    )
     sidecar = weights.with_suffix(".json")
     sidecar.write_text(json.dumps(meta), encoding="utf-8")
     return store_checkpoint(store, weights, sidecar)
+
+
+def _load_upload(load: Any, path: Path, *, options_field: str) -> tuple[Any, dict[str, Any]]:
+    """Run ``models.load`` on an upload: every way it fails is the uploader's, so a 422.
+
+    A config that cannot build its architecture is blamed on ``options_field`` (the sidecar
+    or the config form field), anything else (unreadable tensors, missing or unexpected
+    keys, wrong shapes, a sha256 the sidecar does not record) on the weights. timm's
+    constructors raise whatever they raise on hostile options, hence the broad except.
+    Messages name "the uploaded weights", never the server's scratch path.
+    """
+    from models import ConfigError, ModelError
+
+    try:
+        result: tuple[Any, dict[str, Any]] = load()
+    except ModelError as exc:
+        blame = options_field if isinstance(exc.__cause__, ConfigError) else "weights"
+        raise _bad(str(exc).replace(str(path), "the uploaded weights"), field=blame) from None
+    except OSError:  # the server's own I/O (a full or unreadable store) is not the upload's fault
+        raise
+    except Exception as exc:
+        raise _bad(
+            f"the architecture cannot be built with these options ({type(exc).__name__}: "
+            f"{str(exc)[:300]})",
+            field=options_field,
+        ) from None
+    return result
 
 
 def load_checkpoint(store: ArtifactStore, sha: str) -> tuple[Any, dict[str, Any]]:

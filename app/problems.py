@@ -7,6 +7,7 @@ from the libraries (:class:`models.ModelError`, :class:`analysis.AnalysisError`)
 
 from __future__ import annotations
 
+import errno
 import logging
 from typing import Any
 
@@ -60,7 +61,14 @@ class ProblemError(Exception):
     """Raise anywhere in a request to answer with a problem document."""
 
     def __init__(
-        self, status: int, code: str, detail: str, *, field: str | None = None, title: str = ""
+        self,
+        status: int,
+        code: str,
+        detail: str,
+        *,
+        field: str | None = None,
+        title: str = "",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(detail)
         self.status = status
@@ -68,6 +76,7 @@ class ProblemError(Exception):
         self.detail = detail
         self.field = field
         self.title = title or _title(status)
+        self.headers = headers
 
 
 def _title(status: int) -> str:
@@ -130,6 +139,7 @@ def _library_code(exc: Exception) -> str:
 def install_problem_handlers(app: FastAPI) -> None:
     """Route every error, ours and the framework's, through :func:`problem_response`."""
     from analysis import AnalysisError
+    from app.artifacts import StoreError
 
     try:
         from models import ModelError
@@ -138,7 +148,9 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ProblemError)
     async def _problem(_: Request, exc: ProblemError) -> JSONResponse:
-        return problem_response(exc.status, exc.code, exc.detail, field=exc.field)
+        return problem_response(
+            exc.status, exc.code, exc.detail, field=exc.field, headers=exc.headers
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -165,6 +177,12 @@ def install_problem_handlers(app: FastAPI) -> None:
     async def _library(_: Request, exc: Exception) -> JSONResponse:
         return problem_response(422, _library_code(exc), str(exc))
 
+    @app.exception_handler(StoreError)
+    async def _store(_: Request, exc: StoreError) -> JSONResponse:
+        # The artifact store is full (507 Insufficient Storage) or not writable (503).
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        return problem_response(507 if full else 503, "storage_error", str(exc))
+
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
@@ -176,6 +194,7 @@ def _problem_doc(description: str) -> dict[str, Any]:
 
 
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _problem_doc("The request body cannot be parsed (e.g. JSON that is not UTF-8)."),
     401: _problem_doc("Missing or wrong bearer token."),
     404: _problem_doc("No such resource."),
     409: _problem_doc("The request conflicts with the current state."),

@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app import repository
 from app.orm import Dataset
+from app.schemas import clean_name
 from app.services import Services
 
 __all__ = ["BUILTIN_DATASETS", "register_builtin_datasets", "register_dataset_file"]
@@ -83,7 +84,7 @@ def register_dataset_file(
     with typed.open("rb") as f:
         file_sha, size = services.store.put_stream(f, suffix)
     services.datasets.get(f"file:{file_sha}{suffix}")  # warm the cache for the first job
-    label = name or Path(filename or "").stem or data.name or "dataset"
+    label = name or clean_name(Path(filename or "").stem) or clean_name(data.name) or "dataset"
     row = _row(
         data,
         name=label[:200],

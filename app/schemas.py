@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 __all__ = [
+    "ID_MAX",
+    "NO_NUL",
     "ArchitectureOut",
     "ComparisonIn",
     "ComparisonOut",
@@ -21,15 +33,59 @@ __all__ = [
     "Page",
     "TrainingIn",
     "TrainingOut",
+    "clean_name",
 ]
 
 T = TypeVar("T")
+# Row ids are 32-bit INTEGER keys (PostgreSQL ``integer``): a larger number cannot name a row
+# and would overflow the column, so ids outside 1..ID_MAX are refused as invalid input.
+ID_MAX = 2**31 - 1
+Id = Annotated[int, Field(ge=1, le=ID_MAX)]
+
+
+def _utc(value: datetime) -> datetime:
+    """Naive datetimes from the database are UTC; say so, so the JSON is RFC 3339."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+Timestamp = Annotated[datetime, AfterValidator(_utc)]
+
+
+def _no_nul(value: str | None) -> str | None:
+    if value is not None and "\x00" in value:
+        raise ValueError("must not contain NUL (\\x00) characters")
+    return value
+
+
+# Text that may reach a database column: PostgreSQL's text types cannot hold NUL, so it is
+# refused here, naming the field (constrained strings also refuse unpaired surrogates).
+NO_NUL = AfterValidator(_no_nul)
+Text = Annotated[str, StringConstraints(max_length=200), NO_NUL]
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def clean_name(value: str, limit: int = 200) -> str:
+    """A name taken from a file (an upload's filename, a sidecar's "name") made storable.
+
+    Control characters (NUL among them) are dropped and unpaired surrogates replaced, so the
+    text fits any database's text column; it is cut to ``limit`` characters.
+    """
+    text = value.encode("utf-8", "replace").decode("utf-8")
+    return _CONTROL.sub("", text)[:limit]
+
+
 # "linear", "rbf" (median heuristic) or "rbf:T" (bandwidth T × median distance).
 Kernel = Annotated[str, StringConstraints(pattern=r"^(linear|rbf(:[0-9.eE+-]{1,20})?)$")]
 Estimator = Literal["unbiased", "biased"]
 Mode = Literal["minibatch", "full"]
 Feature = Literal["flatten", "mean_tokens"]
-LayerItem = Annotated[str, StringConstraints(max_length=200)] | int
+# A layer name or glob, or an index into the default layers (negative counts from the end);
+# an index is a JSON integer, never a boolean.
+LayerName = Annotated[str, StringConstraints(max_length=200), NO_NUL]
+LayerIndex = Annotated[int, Field(strict=True, ge=-10_000, le=10_000)]
+MAX_MODELS = 32
+MAX_BATCH = 8192
+MAX_LAYER_ITEMS = 200
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
@@ -70,7 +126,7 @@ class ModelOut(BaseModel):
     )
     default_layers: list[str] = Field(examples=[["blocks.0", "blocks.1", "norm"]])
     sidecar: dict[str, Any] = Field(description="The checkpoint's JSON sidecar (metrics, data)")
-    created_at: datetime
+    created_at: Timestamp
 
 
 class DatasetOut(BaseModel):
@@ -85,7 +141,7 @@ class DatasetOut(BaseModel):
     shape: list[int] = Field(examples=[[1, 8, 8]], description="(C, H, W)")
     classes: list[str] | None = Field(default=None, examples=[["0", "1", "2"]])
     size_bytes: int = Field(examples=[0])
-    created_at: datetime
+    created_at: Timestamp
 
 
 class JobFields(BaseModel):
@@ -95,8 +151,8 @@ class JobFields(BaseModel):
     error: str | None = Field(default=None, examples=[None])
     error_code: str | None = Field(default=None, examples=[None])
     attempts: int = Field(examples=[1])
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
+    started_at: Timestamp | None = None
+    finished_at: Timestamp | None = None
 
 
 class TrainingIn(BaseModel):
@@ -107,15 +163,13 @@ class TrainingIn(BaseModel):
         },
     )
 
-    arch: str = Field(min_length=1, max_length=200, description="A preset or timm name")
-    dataset_id: int
+    arch: Text = Field(min_length=1, description="A preset or timm name")
+    dataset_id: Id
     epochs: int = Field(default=5, ge=1, le=1000)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     batch_size: int | None = Field(default=None, ge=1, le=8192, description="Default: the recipe's")
     lr: float | None = Field(default=None, gt=0, le=10, description="Default: the recipe's")
-    name: str | None = Field(
-        default=None, max_length=200, description="Name of the resulting model"
-    )
+    name: Text | None = Field(default=None, description="Name of the resulting model")
 
 
 class TrainingOut(JobFields):
@@ -124,7 +178,7 @@ class TrainingOut(JobFields):
     dataset_id: int = Field(examples=[1])
     params: dict[str, Any]
     model_id: int | None = Field(default=None, description="The registered model once succeeded")
-    created_at: datetime
+    created_at: Timestamp
 
 
 class ComparisonIn(BaseModel):
@@ -147,29 +201,48 @@ class ComparisonIn(BaseModel):
         },
     )
 
-    model_ids: list[int] = Field(min_length=1, max_length=32, description="One or more models")
-    dataset_id: int
-    layers: str | int | list[Annotated[str, StringConstraints(max_length=200)] | int] | None = (
-        Field(
-            default=None,
-            max_length=200,
-            description="Layer selection applied to every model: null for the default layers, "
-            "a name, a glob such as `blocks.*` (`**` crosses dots), an index into the default "
-            "layers, or a list of these.",
-            examples=[None, "blocks.*", ["blocks.0", "norm"]],
-        )
+    model_ids: list[Id] = Field(
+        min_length=1, max_length=MAX_MODELS, description="One or more models"
+    )
+    dataset_id: Id
+    # The length limits sit on each member of the union: a bare max_length on the field
+    # would also be applied to an integer selection and fail inside pydantic.
+    layers: (
+        LayerName
+        | LayerIndex
+        | Annotated[list[LayerName | LayerIndex], Field(max_length=MAX_LAYER_ITEMS)]
+        | None
+    ) = Field(
+        default=None,
+        description="Layer selection applied to every model: null for the default layers, "
+        "a name, a glob such as `blocks.*` (`**` crosses dots), an index into the default "
+        "layers (negative counts from the end), or a list of these.",
+        examples=[None, "blocks.*", ["blocks.0", "norm"]],
     )
     kernel: Kernel = Field(default="linear", description="`linear`, `rbf` or `rbf:T`")
     estimator: Estimator = "unbiased"
     mode: Mode = "minibatch"
     batch_size: int = Field(
-        default=256, ge=2, le=65536, description="≥ 4 for the unbiased estimator"
+        default=256, ge=2, le=MAX_BATCH, description="≥ 4 for the unbiased estimator"
     )
     feature: Feature = "flatten"
     bootstrap: int = Field(default=0, ge=0, le=1000)
     force: bool = Field(
         default=False, description="Recompute even if an identical comparison exists"
     )
+
+    @field_validator("layers", mode="wrap")
+    @classmethod
+    def _one_layers_error(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # A union reports one error per member, located at pydantic's internal member tags
+        # ("layers.constrained-str"); answer with one sentence located at "layers" instead.
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(
+                "layers must be null, a layer name or glob of at most 200 characters, an "
+                f"integer index, or a list of at most {MAX_LAYER_ITEMS} of these"
+            ) from None
 
 
 class ComparisonModelOut(BaseModel):
@@ -184,7 +257,7 @@ class ComparisonOut(JobFields):
     params: dict[str, Any]
     diagnostics: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
-    created_at: datetime
+    created_at: Timestamp
     links: dict[str, str] = Field(
         examples=[
             {"matrix": "/v1/comparisons/7/matrix", "heatmap_png": "/v1/comparisons/7/heatmap.png"}

@@ -1,15 +1,22 @@
-"""Bearer tokens for writes (and optionally reads) and the upload size limit.
+"""Bearer tokens for writes (and optionally reads), the upload size limit, model options.
 
 Tokens come from ``CKA_API_TOKENS``; with none configured writes are open (a laptop
 default). Comparison is constant-time. The body limit is enforced while the request body
 streams in, before multipart parsing spools anything to disk: a declared
 ``Content-Length`` over the limit is refused at once, and a chunked body is cut off as
 soon as it crosses the limit.
+
+A checkpoint's architecture options (the sidecar's ``config``, or the ``config`` form field
+of a timm upload) become keyword arguments of ``timm.create_model``. Those that make timm
+fetch or read weights of its own (``pretrained``, ``checkpoint_path``, ``pretrained_cfg*``,
+``cache_dir``) would let a writer make the server request any URL or open any local file,
+so :func:`refuse_loader_options` rejects them before any model is built.
 """
 
 from __future__ import annotations
 
 import hmac
+from typing import Any
 
 from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -19,7 +26,9 @@ from app.problems import ProblemError, problem_response
 __all__ = [
     "COOKIE_NAME",
     "CSRF_HEADER",
+    "LOADER_OPTIONS",
     "BodyLimitMiddleware",
+    "refuse_loader_options",
     "require_read",
     "require_write",
     "token_valid",
@@ -34,6 +43,37 @@ _FIELD = "Authorization"
 # that a cross-site form cannot send (and cross-origin scripts cannot without CORS).
 COOKIE_NAME = "cka_token"
 CSRF_HEADER = "x-cka-csrf"
+
+
+# timm.create_model keywords that load weights from somewhere other than the uploaded file
+# (a URL, the Hugging Face hub, a local path) or choose where downloads are written, and the
+# device, which the service chooses.
+LOADER_OPTIONS = frozenset(
+    {
+        "pretrained",
+        "pretrained_cfg",
+        "pretrained_cfg_overlay",
+        "pretrained_strict",
+        "checkpoint_path",
+        "cache_dir",
+        "device",
+    }
+)
+
+
+def refuse_loader_options(config: Any, field: str) -> None:
+    """422 if a model config names a loader option (see LOADER_OPTIONS)."""
+    if not isinstance(config, dict):
+        return
+    found = sorted(k for k in config if isinstance(k, str) and k in LOADER_OPTIONS)
+    if found:
+        raise ProblemError(
+            422,
+            "invalid_checkpoint",
+            f"the model options {found} are not accepted: the service builds the "
+            "architecture and loads only the uploaded weights",
+            field=field,
+        )
 
 
 def token_valid(tokens: frozenset[str], token: str) -> bool:
@@ -57,10 +97,20 @@ def _check(request: Request, *, write: bool) -> None:
     tokens: frozenset[str] = request.app.state.services.settings.tokens
     token = _presented(request, write=write)
     if not token:
-        raise ProblemError(401, "unauthorized", "a bearer token is required", field="Authorization")
+        raise ProblemError(
+            401,
+            "unauthorized",
+            "a bearer token is required",
+            field="Authorization",
+            headers={"WWW-Authenticate": 'Bearer realm="cka-atlas"'},
+        )
     if not token_valid(tokens, token):
         raise ProblemError(
-            401, "unauthorized", "the bearer token is not valid", field="Authorization"
+            401,
+            "unauthorized",
+            "the bearer token is not valid",
+            field="Authorization",
+            headers={"WWW-Authenticate": 'Bearer realm="cka-atlas", error="invalid_token"'},
         )
 
 
@@ -77,8 +127,21 @@ def require_read(request: Request) -> None:
         _check(request, write=False)
 
 
+# A JSON body is parsed whole into Python objects (several times its size) before any
+# field is validated; the largest legitimate one (a comparison) is a few kilobytes.
+JSON_BODY_LIMIT = 1024 * 1024
+
+
+def _is_json(scope: Scope) -> bool:
+    for name, value in scope.get("headers", []):
+        if name == b"content-type":
+            media = value.split(b";", 1)[0].strip().lower()
+            return media == b"application/json" or media.endswith(b"+json")
+    return False
+
+
 class BodyLimitMiddleware:
-    """Answer 413 (problem+json) to request bodies over ``limit`` bytes."""
+    """Answer 413 (problem+json) to request bodies over ``limit`` bytes (JSON: 1 MiB)."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -88,11 +151,12 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        detail = f"the request body exceeds the limit of {self.limit} bytes"
+        limit = min(self.limit, JSON_BODY_LIMIT) if _is_json(scope) else self.limit
+        detail = f"the request body exceeds the limit of {limit} bytes"
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
-                    too_big = int(value) > self.limit
+                    too_big = int(value) > limit
                 except ValueError:
                     too_big = False
                 if too_big:
@@ -111,7 +175,7 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
+                if seen > limit:
                     exceeded = True
                     return {"type": "http.disconnect"}
             return message

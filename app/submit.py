@@ -25,6 +25,14 @@ from app.services import Services
 
 __all__ = ["skeleton", "submit_comparison", "submit_training"]
 
+# Limits on what one comparison may ask of a worker, checked before anything is queued: the
+# per-batch Gram matrices (float64 worst case, all selected layers of all models at once), the
+# bootstrap's (replicates, L, L) arrays, and the number of selected layers (the result holds
+# L² cells). Past them a request is refused with the field to change, not left to exhaust the
+# worker's memory.
+MEMORY_BUDGET_BYTES = 4 << 30
+MAX_TOTAL_LAYERS = 1024
+
 _skeletons: OrderedDict[str, Any] = OrderedDict()
 _skeleton_lock = threading.Lock()
 
@@ -113,6 +121,7 @@ def validate_comparison(
         raise _invalid("invalid_kernel", str(exc), "kernel") from None
     labels = _labels(rows)
     resolved = {label: _resolve(row, body.layers) for label, row in zip(labels, rows, strict=True)}
+    _check_size(body, ds, sum(len(names) for names in resolved.values()))
     params = {
         "model_ids": body.model_ids,
         "labels": labels,
@@ -127,6 +136,42 @@ def validate_comparison(
         "bootstrap": body.bootstrap,
     }
     return rows, ds, params
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def _check_size(body: ComparisonIn, ds: Dataset, layers: int) -> None:
+    """Refuse a comparison whose Grams, bootstrap or result would not fit a worker."""
+    if layers > MAX_TOTAL_LAYERS:
+        raise _invalid(
+            "too_many_layers",
+            f"the selection picks {layers} layers over all models, more than the "
+            f"{MAX_TOTAL_LAYERS} allowed; select fewer layers or models",
+            "layers",
+        )
+    full = body.mode == "full"
+    b = ds.n if full else min(body.batch_size, ds.n)
+    grams = layers * b * b * 8
+    if grams > MEMORY_BUDGET_BYTES:
+        what = f"all {ds.n} images at once (mode full)" if full else f"batch_size {b}"
+        raise _invalid(
+            "batch_too_large",
+            f"{what} over {layers} layers needs about {_gib(grams)} of Gram matrices, more "
+            f"than the {_gib(MEMORY_BUDGET_BYTES)} allowed; "
+            + ("use mode minibatch" if full else "lower batch_size or select fewer layers"),
+            "mode" if full else "batch_size",
+        )
+    boot = body.bootstrap * layers * layers * 8 * 3
+    if boot > MEMORY_BUDGET_BYTES:
+        raise _invalid(
+            "bootstrap_too_large",
+            f"{body.bootstrap} bootstrap replicates over {layers} layers need about "
+            f"{_gib(boot)}, more than the {_gib(MEMORY_BUDGET_BYTES)} allowed; use fewer "
+            "replicates or select fewer layers",
+            "bootstrap",
+        )
 
 
 def request_hash(rows: list[Model], ds: Dataset, params: dict[str, Any]) -> str:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
 from app.api.deps import READ, Limit, Offset, not_found
 from app.problems import PROBLEM_RESPONSES
-from app.schemas import ArchitectureOut, Page
+from app.schemas import NO_NUL, ArchitectureOut, Page
 
 __all__ = ["router"]
 
@@ -53,7 +53,9 @@ def list_architectures(
     limit: Limit = 50,
     offset: Offset = 0,
     family: str | None = Query(None, pattern="^(preset|timm)$"),
-    q: str | None = Query(None, max_length=200, description="Substring of the name"),
+    q: Annotated[
+        str | None, Query(max_length=200, description="Substring of the name"), NO_NUL
+    ] = None,
 ) -> dict[str, Any]:
     """Presets and timm names; presets come first. Default layers are computed per page."""
     names = [(n, f) for n, f in _names() if (family is None or f == family) and (not q or q in n)]

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response, status
 
 from app import jobs, repository
-from app.api.deps import READ, WRITE, Limit, Offset, Svc, comparison_view, not_found
+from app.api.deps import (
+    READ,
+    WRITE,
+    ComparisonId,
+    Limit,
+    Offset,
+    Svc,
+    comparison_view,
+    not_found,
+)
 from app.orm import Comparison
 from app.problems import PROBLEM_RESPONSES
-from app.schemas import ComparisonIn, ComparisonOut, Page
+from app.schemas import ID_MAX, NO_NUL, ComparisonIn, ComparisonOut, Page
 from app.submit import submit_comparison
 
 __all__ = ["router"]
@@ -52,12 +61,14 @@ def list_comparisons(
     services: Svc,
     limit: Limit = 50,
     offset: Offset = 0,
-    model_id: int | None = Query(None, description="Only comparisons including this model"),
-    dataset_id: int | None = None,
+    model_id: int | None = Query(
+        None, ge=1, le=ID_MAX, description="Only comparisons including this model"
+    ),
+    dataset_id: int | None = Query(None, ge=1, le=ID_MAX, description="Only over this dataset"),
     status_: str | None = Query(
         None, alias="status", pattern="^(queued|running|succeeded|failed|cancelled)$"
     ),
-    kernel: str | None = Query(None, max_length=40),
+    kernel: Annotated[str | None, Query(max_length=40), NO_NUL] = None,
 ) -> dict[str, Any]:
     """Newest first."""
     with services.db.session(readonly=True) as s:
@@ -75,13 +86,13 @@ def list_comparisons(
 
 
 @router.get("/{comparison_id}", response_model=ComparisonOut, **READ)
-def get_comparison(services: Svc, comparison_id: int) -> dict[str, Any]:
+def get_comparison(services: Svc, comparison_id: ComparisonId) -> dict[str, Any]:
     """Status, progress 0..1, ETA, diagnostics and provenance."""
     return view(services, comparison_id)
 
 
 @router.post("/{comparison_id}/cancel", response_model=ComparisonOut, **WRITE)
-def cancel_comparison(services: Svc, comparison_id: int) -> dict[str, Any]:
+def cancel_comparison(services: Svc, comparison_id: ComparisonId) -> dict[str, Any]:
     """Cancel at once if queued; a running job stops after its current batch."""
     with services.db.session() as s:
         cmp = s.get(Comparison, comparison_id)
@@ -92,7 +103,7 @@ def cancel_comparison(services: Svc, comparison_id: int) -> dict[str, Any]:
 
 
 @router.delete("/{comparison_id}", status_code=status.HTTP_204_NO_CONTENT, **WRITE)
-def delete_comparison(services: Svc, comparison_id: int) -> Response:
+def delete_comparison(services: Svc, comparison_id: ComparisonId) -> Response:
     """Delete the comparison and its job; a running job is abandoned without a result."""
     with services.db.session() as s:
         if s.get(Comparison, comparison_id) is None:

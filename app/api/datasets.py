@@ -8,12 +8,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile, status
 
+from analysis import DatasetError
 from app import repository
-from app.api.deps import READ, WRITE, Limit, Offset, Svc, not_found
+from app.api.deps import READ, WRITE, DatasetId, Limit, Offset, Svc, not_found
 from app.orm import Dataset
 from app.problems import PROBLEM_RESPONSES, ProblemError
 from app.registry import register_dataset_file
-from app.schemas import DatasetOut, Page
+from app.schemas import NO_NUL, DatasetOut, Page
 
 __all__ = ["router"]
 
@@ -31,14 +32,17 @@ def upload_dataset(
     services: Svc,
     response: Response,
     file: Annotated[UploadFile, File(description=".npz (x, optional y) or .zip ImageFolder")],
-    name: Annotated[str | None, Form(max_length=200)] = None,
+    name: Annotated[str | None, Form(max_length=200), NO_NUL] = None,
 ) -> Dataset:
     """Register a dataset. The same images (by content hash) return the existing one, 200."""
     with services.store.scratch() as tmp:
         path = Path(tmp) / "upload.bin"
         with path.open("wb") as f:
             shutil.copyfileobj(file.file, f, 1 << 20)
-        row, created = register_dataset_file(services, path, filename=file.filename, name=name)
+        try:
+            row, created = register_dataset_file(services, path, filename=file.filename, name=name)
+        except DatasetError as exc:  # what is wrong with the file, in one sentence
+            raise ProblemError(422, "invalid_dataset", str(exc), field="file") from None
     response.status_code = 201 if created else 200
     response.headers["Location"] = f"/v1/datasets/{row.id}"
     return row
@@ -49,7 +53,9 @@ def list_datasets(
     services: Svc,
     limit: Limit = 50,
     offset: Offset = 0,
-    q: str | None = Query(None, max_length=200, description="Substring of the name"),
+    q: Annotated[
+        str | None, Query(max_length=200, description="Substring of the name"), NO_NUL
+    ] = None,
 ) -> dict[str, Any]:
     with services.db.session(readonly=True) as s:
         items, total = repository.list_datasets(s, limit=limit, offset=offset, q=q)
@@ -57,7 +63,7 @@ def list_datasets(
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut, **READ)
-def get_dataset(services: Svc, dataset_id: int) -> Dataset:
+def get_dataset(services: Svc, dataset_id: DatasetId) -> Dataset:
     with services.db.session(readonly=True) as s:
         row = s.get(Dataset, dataset_id)
     if row is None:
@@ -68,7 +74,7 @@ def get_dataset(services: Svc, dataset_id: int) -> Dataset:
 @router.delete("/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT, **WRITE)
 def delete_dataset(
     services: Svc,
-    dataset_id: int,
+    dataset_id: DatasetId,
     force: bool = Query(False, description="Also delete the comparisons over it"),
 ) -> Response:
     with services.db.session() as s:

@@ -5,18 +5,23 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import Depends, Query, Request
+from fastapi import Depends, Path, Query, Request
 
 from app.orm import Comparison, Job, Training
 from app.problems import ProblemError
+from app.schemas import ID_MAX
 from app.security import require_read, require_write
 from app.services import Services
 
 __all__ = [
     "READ",
     "WRITE",
+    "ComparisonId",
+    "DatasetId",
     "Limit",
+    "ModelId",
     "Offset",
+    "TrainingId",
     "comparison_view",
     "get_services",
     "job_fields",
@@ -33,6 +38,12 @@ def get_services(request: Request) -> Services:
 Svc = Annotated[Services, Depends(get_services)]
 Limit = Annotated[int, Query(ge=1, le=500, description="Page size")]
 Offset = Annotated[int, Query(ge=0, le=2**31 - 1, description="Items to skip")]
+# Ids are 32-bit INTEGER keys: anything outside 1..ID_MAX is refused (422, naming the
+# parameter) before it reaches the database, where it would overflow the column type.
+ModelId = Annotated[int, Path(ge=1, le=ID_MAX, description="Model id")]
+DatasetId = Annotated[int, Path(ge=1, le=ID_MAX, description="Dataset id")]
+ComparisonId = Annotated[int, Path(ge=1, le=ID_MAX, description="Comparison id")]
+TrainingId = Annotated[int, Path(ge=1, le=ID_MAX, description="Training id")]
 READ: dict[str, Any] = {"dependencies": [Depends(require_read)]}
 WRITE: dict[str, Any] = {"dependencies": [Depends(require_write)]}
 

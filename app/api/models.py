@@ -12,10 +12,10 @@ from fastapi import APIRouter, File, Form, Query, Response, UploadFile, status
 from fastapi.responses import FileResponse
 
 from app import repository
-from app.api.deps import READ, WRITE, Limit, Offset, Svc, not_found
+from app.api.deps import READ, WRITE, Limit, ModelId, Offset, Svc, not_found
 from app.orm import Model
 from app.problems import PROBLEM_RESPONSES, ProblemError
-from app.schemas import ModelOut, Page
+from app.schemas import NO_NUL, ModelOut, Page
 from app.trainer import register_checkpoint
 
 __all__ = ["router"]
@@ -34,7 +34,7 @@ def _config(raw: str | None) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(raw)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # RecursionError: nesting too deep
         raise ProblemError(
             422, "validation_error", "config is not valid JSON", field="config"
         ) from None
@@ -55,12 +55,14 @@ def upload_model(
     response: Response,
     weights: Annotated[UploadFile, File(description="safetensors weights")],
     sidecar: Annotated[UploadFile | None, File(description="JSON sidecar from models.save")] = None,
-    timm_name: Annotated[str | None, Form(max_length=200, description="timm model name")] = None,
+    timm_name: Annotated[
+        str | None, Form(max_length=200, description="timm model name"), NO_NUL
+    ] = None,
     config: Annotated[
         str | None,
         Form(max_length=10_000, description='timm kwargs as JSON, e.g. {"num_classes": 10}'),
     ] = None,
-    name: Annotated[str | None, Form(max_length=200)] = None,
+    name: Annotated[str | None, Form(max_length=200), NO_NUL] = None,
 ) -> Model:
     """Register a checkpoint: safetensors weights with their sidecar, or a timm name + weights.
 
@@ -96,9 +98,11 @@ def list_models(
     services: Svc,
     limit: Limit = 50,
     offset: Offset = 0,
-    arch: str | None = Query(None, max_length=200),
-    source: str | None = Query(None, max_length=20),
-    q: str | None = Query(None, max_length=200, description="Substring of the name"),
+    arch: Annotated[str | None, Query(max_length=200), NO_NUL] = None,
+    source: Annotated[str | None, Query(max_length=20), NO_NUL] = None,
+    q: Annotated[
+        str | None, Query(max_length=200, description="Substring of the name"), NO_NUL
+    ] = None,
 ) -> dict[str, Any]:
     with services.db.session(readonly=True) as s:
         items, total = repository.list_models(
@@ -116,7 +120,7 @@ def _get(services: Svc, model_id: int) -> Model:
 
 
 @router.get("/{model_id}", response_model=ModelOut, **READ)
-def get_model(services: Svc, model_id: int) -> Model:
+def get_model(services: Svc, model_id: ModelId) -> Model:
     return _get(services, model_id)
 
 
@@ -126,7 +130,7 @@ def get_model(services: Svc, model_id: int) -> Model:
     responses={200: {"content": {"application/octet-stream": {}}}},
     **READ,
 )
-def download_weights(services: Svc, model_id: int) -> FileResponse:
+def download_weights(services: Svc, model_id: ModelId) -> FileResponse:
     row = _get(services, model_id)
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", row.name)[:100] or "model"
     return FileResponse(
@@ -137,14 +141,14 @@ def download_weights(services: Svc, model_id: int) -> FileResponse:
 
 
 @router.get("/{model_id}/sidecar", **READ)
-def download_sidecar(services: Svc, model_id: int) -> dict[str, Any]:
+def download_sidecar(services: Svc, model_id: ModelId) -> dict[str, Any]:
     return _get(services, model_id).sidecar
 
 
 @router.delete("/{model_id}", status_code=status.HTTP_204_NO_CONTENT, **WRITE)
 def delete_model(
     services: Svc,
-    model_id: int,
+    model_id: ModelId,
     force: bool = Query(False, description="Also delete the comparisons that use it"),
 ) -> Response:
     with services.db.session() as s:

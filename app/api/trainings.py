@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Response, status
 
 from app import jobs, repository
-from app.api.deps import READ, WRITE, Limit, Offset, Svc, not_found, training_view
+from app.api.deps import READ, WRITE, Limit, Offset, Svc, TrainingId, not_found, training_view
 from app.orm import Training
 from app.problems import PROBLEM_RESPONSES
 from app.schemas import Page, TrainingIn, TrainingOut
@@ -50,12 +50,12 @@ def list_trainings(
 
 
 @router.get("/{training_id}", response_model=TrainingOut, **READ)
-def get_training(services: Svc, training_id: int) -> dict[str, Any]:
+def get_training(services: Svc, training_id: TrainingId) -> dict[str, Any]:
     return _view(services, training_id)
 
 
 @router.post("/{training_id}/cancel", response_model=TrainingOut, **WRITE)
-def cancel_training(services: Svc, training_id: int) -> dict[str, Any]:
+def cancel_training(services: Svc, training_id: TrainingId) -> dict[str, Any]:
     """Cancel a queued training now; a running one stops when its training step returns."""
     with services.db.session() as s:
         tr = s.get(Training, training_id)

@@ -13,7 +13,16 @@ from app import repository
 from app.api.deps import comparison_view
 from app.orm import Dataset, Model
 from app.web.auth import AuthState, page_reader
-from app.web.common import PAGE_SIZE, Pager, as_int, not_found_page, render, services_of
+from app.web.common import (
+    PAGE_SIZE,
+    Pager,
+    as_int,
+    as_text,
+    is_id,
+    not_found_page,
+    render,
+    services_of,
+)
 from app.web.samples import render_sample
 
 __all__ = ["SAMPLES", "model_facts", "router", "sample_indices"]
@@ -52,7 +61,7 @@ def models_page(
     request: Request, auth: Auth, q: str | None = None, page: str | None = None
 ) -> Response:
     number = as_int(page, minimum=1) or 1
-    query = (q or "").strip()[:200] or None
+    query = as_text(q)
     with services_of(request).db.session(readonly=True) as s:
         rows, total = repository.list_models(
             s, limit=PAGE_SIZE, offset=(number - 1) * PAGE_SIZE, q=query
@@ -70,6 +79,8 @@ def models_page(
 
 @router.get("/models/{model_id}")
 def model_page(request: Request, auth: Auth, model_id: int) -> Response:
+    if not is_id(model_id):
+        return not_found_page(request, auth, f"Model {model_id}")
     with services_of(request).db.session(readonly=True) as s:
         row = s.get(Model, model_id)
         if row is None:
@@ -131,6 +142,8 @@ def sample_indices(labels: np.ndarray | None, n: int, count: int = SAMPLES) -> l
 
 @router.get("/datasets/{dataset_id}")
 def dataset_page(request: Request, auth: Auth, dataset_id: int) -> Response:
+    if not is_id(dataset_id):
+        return not_found_page(request, auth, f"Dataset {dataset_id}")
     with services_of(request).db.session(readonly=True) as s:
         row = s.get(Dataset, dataset_id)
         if row is None:
@@ -162,6 +175,8 @@ def dataset_page(request: Request, auth: Auth, dataset_id: int) -> Response:
 @router.get("/datasets/{dataset_id}/samples/{index}.png")
 def dataset_sample(request: Request, auth: Auth, dataset_id: int, index: int) -> Response:
     """One image of the dataset as PNG; immutable for a given dataset content hash."""
+    if not is_id(dataset_id):
+        return Response(status_code=404)
     with services_of(request).db.session(readonly=True) as s:
         row = s.get(Dataset, dataset_id)
     if row is None:

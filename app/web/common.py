@@ -9,11 +9,21 @@ from urllib.parse import urlencode
 from fastapi import Request
 from fastapi.responses import Response
 
+from app.schemas import ID_MAX
 from app.services import Services
 from app.web.auth import AuthState
 from app.web.templating import templates
 
-__all__ = ["PAGE_SIZE", "Pager", "as_int", "not_found_page", "render", "services_of"]
+__all__ = [
+    "PAGE_SIZE",
+    "Pager",
+    "as_int",
+    "as_text",
+    "is_id",
+    "not_found_page",
+    "render",
+    "services_of",
+]
 
 PAGE_SIZE = 20
 
@@ -32,15 +42,26 @@ def services_of(request: Request) -> Services:
     return services
 
 
-def as_int(value: str | None, *, minimum: int = 0) -> int | None:
-    """A query value as an int, or None when absent or malformed (pages never 422)."""
+def as_int(value: str | None, *, minimum: int = 0, maximum: int = ID_MAX) -> int | None:
+    """A query value as an int, or None when absent, malformed or out of range (pages never
+    422; the range keeps ids and offsets inside the database's integer columns)."""
     if value is None or not value.strip():
         return None
     try:
         number = int(value)
     except ValueError:
         return None
-    return number if number >= minimum else None
+    return number if minimum <= number <= maximum else None
+
+
+def as_text(value: str | None, limit: int = 200) -> str | None:
+    """A query string as a filter, or None: NULs dropped (PostgreSQL cannot compare them)."""
+    return (value or "").replace("\x00", "").strip()[:limit] or None
+
+
+def is_id(value: int) -> bool:
+    """Whether a path id can name a row (ids are 32-bit integer keys)."""
+    return 1 <= value <= ID_MAX
 
 
 def render(

@@ -12,7 +12,16 @@ from app import repository
 from app.api.deps import comparison_view
 from app.orm import JOB_STATES, Comparison, Dataset, Model
 from app.web.auth import AuthState, page_reader
-from app.web.common import PAGE_SIZE, Pager, as_int, not_found_page, render, services_of
+from app.web.common import (
+    PAGE_SIZE,
+    Pager,
+    as_int,
+    as_text,
+    is_id,
+    not_found_page,
+    render,
+    services_of,
+)
 
 __all__ = ["atlas_payload", "router"]
 
@@ -43,7 +52,7 @@ def comparisons_page(
     """Newest comparisons first, filtered by model, dataset, status and kernel."""
     model_id, dataset_id = as_int(model, minimum=1), as_int(dataset, minimum=1)
     status = status if status in JOB_STATES else None
-    kernel = (kernel or "").strip()[:40] or None
+    kernel = as_text(kernel, 40)
     filters = {"model": model_id, "dataset": dataset_id, "status": status, "kernel": kernel}
     number = as_int(page, minimum=1) or 1
     models, datasets, kernels = _catalog(request)
@@ -112,6 +121,8 @@ def atlas_payload(result: dict[str, Any]) -> dict[str, Any]:
 @router.get("/comparisons/{comparison_id}")
 def comparison_page(request: Request, auth: Auth, comparison_id: int) -> Response:
     """The atlas: heatmaps of every model pair, or a live progress bar while it runs."""
+    if not is_id(comparison_id):
+        return not_found_page(request, auth, f"Comparison {comparison_id}")
     with services_of(request).db.session(readonly=True) as s:
         cmp = s.get(Comparison, comparison_id)
         if cmp is None:

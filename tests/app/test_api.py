@@ -13,19 +13,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from tests.app.conftest import digits_id, register, upload, wait
-
-PROBLEM_KEYS = {"type", "title", "status", "detail", "code", "field"}
-
-
-def assert_problem(r: object, status: int, code: str, field: str | None = None) -> dict:
-    assert r.status_code == status, r.text  # type: ignore[attr-defined]
-    assert r.headers["content-type"] == "application/problem+json"  # type: ignore[attr-defined]
-    body = r.json()  # type: ignore[attr-defined]
-    assert set(body) >= PROBLEM_KEYS
-    assert body["status"] == status and body["code"] == code
-    if field is not None:
-        assert body["field"] == field
-    return body
+from tests.app.payloads import assert_problem
 
 
 def test_builtin_digits_and_architectures(client: TestClient) -> None:
@@ -113,6 +101,31 @@ def test_problem_json_for_bad_input(
     )
     bad = client.post("/v1/datasets", files={"file": ("x.npz", b"not an archive")})
     assert bad.status_code == 422 and bad.headers["content-type"] == "application/problem+json"
+
+
+def test_model_options_that_fetch_weights_are_refused(
+    client: TestClient, zoo: dict[str, Path]
+) -> None:
+    # timm would download from a URL / the hub, or open a server-side path, for these.
+    side = json.loads(zoo["mixer_digits"].with_suffix(".json").read_text())
+    weights = zoo["mixer_digits"].read_bytes()
+    for extra in (
+        {"pretrained": True, "pretrained_cfg_overlay": {"url": "http://127.0.0.1:9/w.pth"}},
+        {"checkpoint_path": "/etc/hostname"},
+        {"cache_dir": "/tmp"},
+    ):
+        bad = side | {"config": side["config"] | extra}
+        files = {"weights": ("w.safetensors", weights), "sidecar": ("s.json", json.dumps(bad))}
+        body = assert_problem(
+            client.post("/v1/models", files=files), 422, "invalid_checkpoint", "sidecar"
+        )
+        assert sorted(extra)[0] in body["detail"]
+    files = {"weights": ("w.safetensors", weights)}
+    data = {"timm_name": "mixer_s16_224", "config": json.dumps({"checkpoint_path": "/x"})}
+    assert_problem(
+        client.post("/v1/models", files=files, data=data), 422, "invalid_checkpoint", "config"
+    )
+    assert client.get("/v1/models").json()["total"] == 0
 
 
 def test_delete_refused_while_used_unless_forced(client: TestClient, zoo: dict[str, Path]) -> None:
