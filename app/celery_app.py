@@ -4,13 +4,18 @@ The task only carries a job id and calls the same :func:`app.runner.execute` as 
 embedded worker; the database row decides whether the job still needs running, so a
 redelivered or duplicated message is harmless. ``acks_late`` with ``prefetch 1`` means a
 worker killed mid-job leaves its message unacknowledged and Redis redelivers it after the
-visibility timeout, which is set above the longest job; on start, a worker also re-queues
-stale jobs and re-sends every queued job so nothing waits for that timeout.
+visibility timeout, which is set above the longest job (a shorter one would hand a healthy
+long job to a second worker). Nothing waits for that timeout, though: on start a worker
+re-queues stale jobs and re-sends every queued job, and while it runs a reaper thread
+re-queues and re-sends, every ``stale_after_s / 4`` seconds, each running job whose
+heartbeat is older than ``stale_after_s`` (its worker was killed, or its host went down).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from functools import cache
 from typing import Any
 
@@ -54,10 +59,20 @@ def _services() -> Any:
 
 
 def _run_job_task(job_id: int) -> None:
-    from app.runner import execute
+    from app.db import retry
+    from app.runner import run_claimed
 
     services = _services()
-    execute(services, _worker_id(), int(job_id))
+    worker_id = _worker_id()
+    # The message is acknowledged when this returns or raises, so a database that is away
+    # at delivery is waited for (with backoff) rather than losing the job's only message.
+    job = retry(
+        lambda: jobs.claim(services.db, worker_id, int(job_id)),
+        timeout=max(services.settings.stale_after_s, 10.0),
+        what=f"claiming job {job_id}",
+    )
+    if job is not None:  # None: already taken, finished or cancelled (a duplicate message)
+        run_claimed(services, job, worker_id)
 
 
 @cache
@@ -80,7 +95,9 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
     jobs.requeue_stale(services.db, settings.stale_after_s)
     for job_id in jobs.queued_ids(services.db, limit=10_000):
         send_job(celery, job_id)
-    services.close()
+    threading.Thread(
+        target=_reap_forever, args=(services, celery), name="stale-reaper", daemon=True
+    ).start()
     celery.worker_main(
         [
             "worker",
@@ -93,3 +110,15 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
             "--without-mingle",
         ]
     )
+
+
+def _reap_forever(services: Any, celery: Celery) -> None:
+    """Re-queue and re-send jobs whose worker stopped heartbeating (runs in a daemon thread)."""
+    stale_after = services.settings.stale_after_s
+    while True:
+        time.sleep(max(stale_after / 4, 0.5))
+        try:
+            for job_id in jobs.requeue_stale(services.db, stale_after):
+                send_job(celery, job_id)
+        except Exception as exc:  # database or broker briefly away: the next round retries
+            log.warning("could not re-queue stale jobs (%s)", type(exc).__name__)

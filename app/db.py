@@ -8,10 +8,12 @@ automatically; a database at an older revision is refused with the command to ru
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -19,6 +21,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = [
@@ -28,9 +31,14 @@ __all__ = [
     "current_revision",
     "ensure_schema",
     "head_revision",
+    "is_transient",
     "make_engine",
+    "retry",
     "upgrade",
 ]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class SchemaError(RuntimeError):
@@ -71,7 +79,47 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
-    return create_engine(parsed, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    # pool_pre_ping replaces connections a server restart killed; connect_timeout bounds a
+    # connect to a host that does not answer, so callers' retries keep their pace.
+    return create_engine(
+        parsed,
+        pool_pre_ping=True,
+        pool_size=10,
+        max_overflow=20,
+        connect_args={"connect_timeout": 5},
+    )
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database being briefly away (restart, lost connection, lock)."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, InterfaceError):
+        return True
+    if isinstance(exc, OperationalError):
+        if type(exc.orig).__module__.startswith("sqlite3"):  # also "no such table" and the like
+            return any(word in str(exc.orig).lower() for word in ("locked", "busy"))
+        return True  # psycopg: connection refused, terminated by the administrator, ...
+    return False
+
+
+def retry(fn: Callable[[], T], *, timeout: float, what: str) -> T:
+    """Call ``fn`` until it returns, retrying transient database errors with backoff.
+
+    Anything else, and a transient error past ``timeout`` seconds, propagates.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.1
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not is_transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("%s failed (%s); retrying in %.1f s", what, first, delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 2.0)
 
 
 class Database:

@@ -1,11 +1,15 @@
 """The job state machine and its queries; ``jobs`` rows are the source of truth for work.
 
 States: ``queued -> running -> succeeded | failed | cancelled``, and ``running -> queued``
-when a worker's heartbeat goes stale. Every transition is a compare-and-set ``UPDATE``
-guarded by the expected state (and, once running, by the owning worker id), so two workers
-can never both run one job and a worker that lost its job cannot write a result: the
-result is written in the same transaction as the ``succeeded`` transition, and that
-transition only matches while this worker still owns the job.
+when a worker's heartbeat goes stale or its worker shuts down. Every transition is a
+compare-and-set ``UPDATE`` guarded by the expected state (and, once running, by the owning
+worker id), so two workers can never both run one job and a worker that lost its job
+cannot write a result: the result is written in the same transaction as the ``succeeded``
+transition, and that transition only matches while this worker still owns the job.
+
+The database may go away for a while (a restart, a lost connection): heartbeats then fail
+and are tried again at the next beat, and the end-of-job writes are retried with backoff
+(:func:`app.db.retry`), so a finished result is not lost and is written once.
 """
 
 from __future__ import annotations
@@ -22,19 +26,21 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from app.db import Database
+from app.db import Database, retry
 from app.orm import Job, utcnow
 
 __all__ = [
     "JobControl",
     "LostJob",
     "claim",
+    "commit_result",
     "complete",
     "enqueue",
     "fail",
     "mark_cancelled",
     "new_worker_id",
     "queued_ids",
+    "release",
     "request_cancel",
     "requeue_stale",
 ]
@@ -124,23 +130,80 @@ def complete(session: Session, job_id: int, worker_id: str) -> None:
         raise LostJob(f"job {job_id} is no longer owned by {worker_id}; result discarded")
 
 
-def _finish(db: Database, job_id: int, worker_id: str, **values: Any) -> bool:
-    with db.session() as s:
-        res = s.execute(
-            update(Job)
-            .where(_owned(job_id, worker_id))
-            .values(finished_at=utcnow(), **values)
-            .execution_options(synchronize_session=False)
-        )
-        return res.rowcount == 1  # type: ignore[attr-defined]
+def commit_result(
+    db: Database,
+    job_id: int,
+    worker_id: str,
+    write: Callable[[Session], None],
+    *,
+    timeout: float,
+) -> None:
+    """Mark the job succeeded and ``write`` its result in one transaction, retried.
+
+    A retry after a commit whose acknowledgement was lost finds the job already succeeded by
+    this worker and stops there, so the result is written exactly once. Raises
+    :class:`LostJob` when the job is no longer this worker's.
+    """
+    attempts = 0
+
+    def once() -> None:
+        nonlocal attempts
+        attempts += 1
+        with db.session() as s:
+            if attempts > 1:
+                row = s.execute(select(Job.status, Job.worker_id).where(Job.id == job_id)).first()
+                if row is not None and tuple(row) == ("succeeded", worker_id):
+                    return
+            complete(s, job_id, worker_id)
+            write(s)
+
+    retry(once, timeout=timeout, what=f"writing the result of job {job_id}")
 
 
-def fail(db: Database, job_id: int, worker_id: str, error: str, code: str) -> bool:
-    return _finish(db, job_id, worker_id, status="failed", error=error[:4000], error_code=code)
+def _set(db: Database, job_id: int, owner: str, timeout: float, **values: Any) -> bool:
+    def once() -> bool:
+        with db.session() as s:
+            res = s.execute(
+                update(Job)
+                .where(_owned(job_id, owner))
+                .values(**values)
+                .execution_options(synchronize_session=False)
+            )
+            return res.rowcount == 1  # type: ignore[attr-defined]
+
+    return retry(once, timeout=timeout, what=f"recording the outcome of job {job_id}")
 
 
-def mark_cancelled(db: Database, job_id: int, worker_id: str) -> bool:
-    return _finish(db, job_id, worker_id, status="cancelled", error_code="cancelled")
+def fail(
+    db: Database, job_id: int, worker_id: str, error: str, code: str, timeout: float = 60.0
+) -> bool:
+    return _set(
+        db,
+        job_id,
+        worker_id,
+        timeout,
+        status="failed",
+        error=error[:4000],
+        error_code=code,
+        finished_at=utcnow(),
+    )
+
+
+def mark_cancelled(db: Database, job_id: int, worker_id: str, timeout: float = 60.0) -> bool:
+    return _set(
+        db,
+        job_id,
+        worker_id,
+        timeout,
+        status="cancelled",
+        error_code="cancelled",
+        finished_at=utcnow(),
+    )
+
+
+def release(db: Database, job_id: int, worker_id: str, timeout: float = 10.0) -> bool:
+    """Give a running job back to the queue (its worker is shutting down)."""
+    return _set(db, job_id, worker_id, timeout, status="queued", worker_id=None, progress=0.0)
 
 
 def request_cancel(session: Session, job_id: int) -> None:
@@ -185,10 +248,20 @@ class JobControl:
     """What a running job sees: report progress, learn about cancellation, keep alive.
 
     A daemon thread writes the heartbeat and the latest progress every ``interval`` seconds,
-    so a long batch never makes the job look stale, and reads the cancel flag back.
+    so a long batch never makes the job look stale, and reads the cancel flag back. A failed
+    beat (the database away) is logged in one line and tried again at the next one; it never
+    stops the job. ``shutdown`` is the worker's stop event: when set, the job stops at its
+    next batch so the worker can give it back to the queue.
     """
 
-    def __init__(self, db: Database, job_id: int, worker_id: str, interval: float) -> None:
+    def __init__(
+        self,
+        db: Database,
+        job_id: int,
+        worker_id: str,
+        interval: float,
+        shutdown: threading.Event | None = None,
+    ) -> None:
         self.db = db
         self.job_id = job_id
         self.worker_id = worker_id
@@ -196,6 +269,8 @@ class JobControl:
         self.progress = 0.0
         self.cancel_requested = False
         self.lost = False
+        self.shutdown = shutdown or threading.Event()
+        self._failing = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
 
@@ -217,13 +292,20 @@ class JobControl:
             self.cancel_requested = heartbeat(self.db, self.job_id, self.worker_id, self.progress)
         except LostJob:
             self.lost = True
-        except Exception:  # a database hiccup must not kill the job; the next beat retries
-            log.warning("heartbeat of job %s failed", self.job_id, exc_info=True)
+        except Exception as exc:  # a database hiccup must not kill the job; the next beat retries
+            if not self._failing:  # one line per outage, not one traceback per beat
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                log.warning("heartbeat of job %s failed (%s); retrying", self.job_id, first)
+            self._failing = True
+        else:
+            if self._failing:
+                log.info("heartbeat of job %s is back", self.job_id)
+            self._failing = False
 
     def on_batch(self, done: int, total: int) -> bool:
         """The ``on_batch`` callback for :func:`analysis.compare`; False stops the job."""
         self.progress = done / total if total else 1.0
-        return not (self.cancel_requested or self.lost)
+        return not (self.should_stop or self.shutdown.is_set())
 
     @property
     def should_stop(self) -> bool:

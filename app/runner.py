@@ -4,6 +4,11 @@ A comparison job loads every checkpoint once (the process LRU), streams the data
 :func:`analysis.compare` with the Gram cache under ``DATA_DIR/grams`` (so a model already
 computed on the same dataset and batch plan is not run again), and writes the atlas,
 diagnostics and provenance in the same transaction that marks the job succeeded.
+
+How a job ends: succeeded (result written once, retried across a database restart),
+failed (an English sentence in ``jobs.error``: bad input, the artifact store read-only or
+full, ...), cancelled, or given back to the queue when its worker shuts down or the
+database is unreachable — never left half-written.
 """
 
 from __future__ import annotations
@@ -12,9 +17,14 @@ import hashlib
 import json
 import logging
 import platform
+import threading
 from importlib import metadata
 
+from sqlalchemy.orm import Session
+
 from app import jobs, repository
+from app.artifacts import StoreError, StoreGramCache
+from app.db import is_transient
 from app.logs import job_context
 from app.orm import Comparison, Dataset, Job, Model
 from app.services import Services
@@ -49,7 +59,7 @@ def _compare(services: Services, cmp: Comparison, ds: Dataset, control: jobs.Job
         raise analysis.AnalysisError(f"models {missing} were deleted before the job ran")
     shas = {label: row.sha256 for label, row in members}  # type: ignore[union-attr]
     data = services.datasets.get(dataset_key(ds))
-    cache = analysis.DirectoryGramCache(services.store.grams)
+    cache = StoreGramCache(services.store)
     with services.models.lease(list(shas.values())) as loaded:
         nets = {label: loaded[sha] for label, sha in shas.items()}
         atlas = analysis.compare(
@@ -82,8 +92,8 @@ def _compare(services: Services, cmp: Comparison, ds: Dataset, control: jobs.Job
         "accumulator": "float64",
         "worker": control.worker_id,
     }
-    with services.db.session() as s:
-        jobs.complete(s, control.job_id, control.worker_id)
+
+    def write(s: Session) -> None:
         row = s.get(Comparison, cmp.id)
         if row is None:
             raise jobs.LostJob(f"comparison {cmp.id} was deleted while running")
@@ -91,6 +101,19 @@ def _compare(services: Services, cmp: Comparison, ds: Dataset, control: jobs.Job
         row.result_sha256 = hashlib.sha256(blob).hexdigest()
         row.diagnostics = diagnostics
         row.provenance = provenance
+
+    jobs.commit_result(
+        services.db, control.job_id, control.worker_id, write, timeout=retry_s(services)
+    )
+
+
+def retry_s(services: Services) -> float:
+    """How long a finished job keeps retrying its final write while the database is away.
+
+    Past the stale horizon another worker may have re-queued the job, and the write would be
+    refused anyway.
+    """
+    return max(services.settings.stale_after_s, 10.0)
 
 
 def _torch_version() -> str:
@@ -122,14 +145,19 @@ def _run(services: Services, job: Job, control: jobs.JobControl) -> None:
 def _error_code(exc: BaseException) -> str:
     from app.problems import _library_code
 
-    if isinstance(exc, OSError):
+    if isinstance(exc, StoreError | OSError):
         return "storage_error"
     if isinstance(exc, ValueError):
         return _library_code(exc)
     return "internal_error"
 
 
-def execute(services: Services, worker_id: str, job_id: int | None = None) -> Job | None:
+def execute(
+    services: Services,
+    worker_id: str,
+    job_id: int | None = None,
+    shutdown: threading.Event | None = None,
+) -> Job | None:
     """Claim ``job_id`` (or the oldest queued job), run it, record the outcome.
 
     Returns the claimed job, or None when there was nothing to claim (already taken,
@@ -138,38 +166,71 @@ def execute(services: Services, worker_id: str, job_id: int | None = None) -> Jo
     job = jobs.claim(services.db, worker_id, job_id)
     if job is None:
         return None
-    run_claimed(services, job, worker_id)
+    run_claimed(services, job, worker_id, shutdown)
     return job
 
 
-def run_claimed(services: Services, job: Job, worker_id: str) -> None:
-    """Run a job this worker has claimed and record how it ended."""
-    import analysis
+def run_claimed(
+    services: Services, job: Job, worker_id: str, shutdown: threading.Event | None = None
+) -> None:
+    """Run a job this worker has claimed and record how it ended.
 
+    ``shutdown`` set while the job runs stops it at its next batch and puts it back in the
+    queue for the next worker.
+    """
     interval = min(services.settings.heartbeat_s, 1.0)
     with (
         job_context(job.id, job.kind),  # every log record of this job carries its id
-        jobs.JobControl(services.db, job.id, worker_id, interval) as control,
+        jobs.JobControl(services.db, job.id, worker_id, interval, shutdown) as control,
     ):
         log.info("job %s (%s) started on %s", job.id, job.kind, worker_id)
         try:
             _run(services, job, control)
             log.info("job %s succeeded", job.id)
-        except analysis.Cancelled:
-            jobs.mark_cancelled(services.db, job.id, worker_id)
-            log.info("job %s cancelled", job.id)
-        except jobs.LostJob as exc:
-            log.warning("job %s: %s", job.id, exc)
         except Exception as exc:
-            if control.lost:
-                log.warning("job %s lost while failing: %s", job.id, exc)
-            else:
-                code = _error_code(exc)
-                if code == "internal_error":
-                    log.exception("job %s failed", job.id)
-                    message = f"{type(exc).__name__}: {exc}"
-                elif code == "storage_error":
-                    message = f"the artifact store could not be written: {exc}"
-                else:
-                    message = str(exc)
-                jobs.fail(services.db, job.id, worker_id, message, code)
+            try:
+                _record_end(services, control, exc)
+            except Exception as again:  # the database is still away: the job goes stale
+                log.error(
+                    "job %s: could not record how it ended (%s); it is re-queued once its "
+                    "heartbeat is %s s old",
+                    job.id,
+                    str(again).strip().splitlines()[0] if str(again).strip() else again,
+                    services.settings.stale_after_s,
+                )
+
+
+def _record_end(services: Services, control: jobs.JobControl, exc: Exception) -> None:
+    import analysis
+
+    db, job_id, worker_id = services.db, control.job_id, control.worker_id
+    if isinstance(exc, jobs.LostJob):
+        log.warning("job %s: %s", job_id, exc)
+    elif control.lost:
+        log.warning("job %s lost while failing: %s", job_id, exc)
+    elif isinstance(exc, analysis.Cancelled) and control.cancel_requested:
+        jobs.mark_cancelled(db, job_id, worker_id)
+        log.info("job %s cancelled", job_id)
+    elif isinstance(exc, analysis.Cancelled) and control.shutdown.is_set():
+        jobs.release(db, job_id, worker_id, timeout=10.0)
+        log.info("job %s put back in the queue: its worker is stopping", job_id)
+    elif isinstance(exc, analysis.Cancelled):
+        jobs.mark_cancelled(db, job_id, worker_id)
+        log.info("job %s cancelled", job_id)
+    elif is_transient(exc):
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.warning("job %s interrupted by the database (%s); re-queued", job_id, first)
+        jobs.release(db, job_id, worker_id, timeout=retry_s(services))
+    else:
+        code = _error_code(exc)
+        if code == "internal_error":
+            log.exception("job %s failed", job_id, exc_info=exc)
+            message = f"{type(exc).__name__}: {exc}"
+        elif isinstance(exc, StoreError):
+            message = str(exc)
+        elif code == "storage_error":
+            message = f"the artifact store could not be written: {exc}"
+        else:
+            message = str(exc)
+        log.warning("job %s failed: %s", job_id, message)
+        jobs.fail(db, job_id, worker_id, message, code, timeout=retry_s(services))

@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from app import jobs, repository
 from app.artifacts import ArtifactStore
 from app.orm import Dataset, Job, Model, Training
+from app.schemas import clean_name
 from app.services import Services
 
 __all__ = ["register_checkpoint", "run_training"]
@@ -52,11 +55,11 @@ def repository_sidecar(store: ArtifactStore, sha: str) -> dict[str, Any]:
 
 def _default_name(meta: dict[str, Any], arch: str) -> str:
     name = meta.get("name")
-    return str(name) if isinstance(name, str) and name else arch
+    return (clean_name(name) if isinstance(name, str) else "") or arch
 
 
 def run_training(services: Services, job: Job, control: jobs.JobControl) -> None:
-    from app.runner import dataset_key
+    from app.runner import dataset_key, retry_s
     from models.training import train
 
     with services.db.session(readonly=True) as s:
@@ -68,19 +71,20 @@ def run_training(services: Services, job: Job, control: jobs.JobControl) -> None
     data: Any = ds.spec if ds.builtin else services.datasets.get(dataset_key(ds))
     p = tr.params
     with services.store.scratch() as tmp:
-        path = Path(
-            train(
-                tr.arch,
-                data,
-                epochs=p["epochs"],
-                seed=p["seed"],
-                out_dir=Path(tmp),
-                batch_size=p["batch_size"],
-                lr=p["lr"],
-                progress=False,
-                name=p.get("name") or tr.arch,
+        with services.store.writing():  # a full or read-only store fails with a sentence
+            path = Path(
+                train(
+                    tr.arch,
+                    data,
+                    epochs=p["epochs"],
+                    seed=p["seed"],
+                    out_dir=Path(tmp),
+                    batch_size=p["batch_size"],
+                    lr=p["lr"],
+                    progress=False,
+                    name=p.get("name") or tr.arch,
+                )
             )
-        )
         if control.should_stop:
             from analysis import Cancelled
 
@@ -88,9 +92,13 @@ def run_training(services: Services, job: Job, control: jobs.JobControl) -> None
         model, _ = register_checkpoint(
             services, path, path.with_suffix(".json"), name=p.get("name"), source="training"
         )
-    with services.db.session() as s:
-        jobs.complete(s, control.job_id, control.worker_id)
+
+    def write(s: Session) -> None:
         row = s.get(Training, tr.id)
         if row is None:
             raise jobs.LostJob(f"training {tr.id} was deleted while running")
         row.model_id = model.id
+
+    jobs.commit_result(
+        services.db, control.job_id, control.worker_id, write, timeout=retry_s(services)
+    )

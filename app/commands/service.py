@@ -77,7 +77,12 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def _embedded_forever(settings: Any, threads: int | None) -> None:
-    """Without a broker, poll the database for queued jobs in this process."""
+    """Without a broker, poll the database for queued jobs in this process.
+
+    SIGTERM (``docker stop``, systemd) and Ctrl-C stop it cleanly: a running job stops at its
+    next batch and goes back to the queue for the next worker.
+    """
+    import signal
     import threading
 
     from app.db import ensure_schema
@@ -89,8 +94,11 @@ def _embedded_forever(settings: Any, threads: int | None) -> None:
     worker = EmbeddedWorker(services, threads=threads or max(settings.worker_threads, 1))
     worker.start()
     print(f"cka-atlas: worker polling {services.db.engine.url!r}", file=sys.stderr)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        threading.Event().wait()
+        while not stop.wait(1.0):
+            pass
     finally:
         worker.stop()
 

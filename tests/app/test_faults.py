@@ -1,0 +1,388 @@
+"""Faults, each against real processes and services (issue 6, part 2).
+
+1. a Celery worker SIGKILLed mid-comparison: the job is re-queued and finishes once;
+2. ``cka-atlas serve`` stopped (SIGTERM) and killed (SIGKILL) while jobs run: all finish;
+3. PostgreSQL restarted during a job: the job rides it out and writes its result once;
+4. the artifact store read-only, and full: the job fails with a sentence, nothing half
+   written, and succeeds once the fault is cleared;
+5. 20 concurrent identical requests: one job, held by the database's unique constraint.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from safetensors.numpy import load_file
+from sqlalchemy import func, inspect, select
+from sqlalchemy.exc import IntegrityError
+
+from app.db import Database
+from app.main import create_app
+from app.orm import Comparison, Job
+from app.services import Services
+from app.settings import Settings
+from app.worker_embedded import EmbeddedWorker
+from tests.app.conftest import FINAL, digits_id, make_settings, register, wait
+from tests.app.fault_tools import (
+    CIFAR,
+    Proc,
+    assert_consistent,
+    chmod_dirs,
+    fill,
+    free_port,
+    job_of,
+    pg_ctl,
+    pg_ready,
+    pg_restored,
+    poll,
+    remount,
+    service_env,
+    slow_npz,
+    try_mount_tmpfs,
+    umount,
+    unprivileged_worker,
+    upload_dataset,
+)
+
+REDIS = "redis://127.0.0.1:6379/9"
+SLOW_N = 600  # images in the slow dataset: 24 batches of 25, a few seconds per comparison
+
+
+@pytest.fixture(scope="module")
+def cifar_zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two 32x32 presets, heavy enough that a comparison lasts a few seconds on a CPU."""
+    import torch
+
+    import models
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("cifar-zoo")
+    return {name: models.save(models.create(name), out / f"{name}.safetensors") for name in CIFAR}
+
+
+@pytest.fixture(scope="module")
+def slow_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return slow_npz(tmp_path_factory.mktemp("slow") / "slow.npz", SLOW_N)
+
+
+def running(db: Database, comparison_id: int) -> Job | None:
+    """The comparison's job once it runs and has made progress; fails if it already ended."""
+    job = job_of(db, comparison_id)
+    if job.status in FINAL:
+        raise AssertionError(f"job {job.id} ended ({job.status}: {job.error}) before the fault")
+    return job if job.status == "running" and job.progress > 0 else None
+
+
+# 1. Celery worker killed ------------------------------------------------------------------
+
+
+@pytest.fixture
+def broker(settings: Settings) -> Iterator[Settings]:
+    import redis
+
+    client = redis.Redis.from_url(REDIS)
+    try:
+        client.ping()
+    except redis.RedisError as exc:  # fail, never skip
+        pytest.fail(f"Redis at {REDIS} is unreachable ({exc}); the Celery fault test needs it")
+    queue = f"cka-faults-{uuid.uuid4().hex[:10]}"
+    yield settings.model_copy(update={"broker_url": REDIS, "celery_queue": queue})
+    client.delete(queue, f"{queue}\x06\x161", f"{queue}\x06\x162")
+    for tag, message in client.hgetall("unacked").items():  # the killed worker's delivery
+        if queue.encode() in message:
+            client.hdel("unacked", tag)
+            client.zrem("unacked_index", tag)
+    client.close()
+
+
+def test_celery_worker_sigkilled_midway_job_is_requeued_and_finishes_once(
+    broker: Settings, cifar_zoo: dict[str, Path], slow_data: Path, tmp_path: Path
+) -> None:
+    env = service_env(broker.resolved_database_url, broker.data_dir)
+    env |= {"CKA_BROKER_URL": REDIS, "CKA_CELERY_QUEUE": broker.celery_queue}
+    with TestClient(create_app(broker)) as client:  # with a broker the API only enqueues
+        db: Database = client.app.state.services.db  # type: ignore[attr-defined]
+        ids = register(client, cifar_zoo, *CIFAR)
+        body = {"model_ids": ids, "dataset_id": upload_dataset(client, slow_data), "batch_size": 25}
+        r = client.post("/v1/comparisons", json=body)
+        assert r.status_code == 202, r.text
+        cid = r.json()["id"]
+        # Two workers start together (their start-up is most of this test's time); the one
+        # that takes the job is SIGKILLed, the other must re-queue and finish it.
+        workers = [Proc(["worker"], env, tmp_path / f"worker-{i}.log") for i in (1, 2)]
+        try:
+            job = poll(lambda: running(db, cid), 90, "a worker started the job", tuple(workers))
+            pid = int(str(job.worker_id).split(":")[2])  # celery:<host>:<pid>:<nonce>
+            victim = next(w for w in workers if w.popen.pid == pid)
+            survivor = next(w for w in workers if w is not victim)
+            victim.stop(signal.SIGKILL)
+            assert job_of(db, cid).status == "running", "the kill did not land midway"
+            done = wait(client, r.headers["location"], timeout=90, alive=survivor.popen)
+        finally:
+            for w in workers:
+                w.stop(timeout=5)
+        assert done["status"] == "succeeded", (done, survivor.output())
+        assert done["attempts"] == 2 and done["provenance"]["worker"] != job.worker_id
+        assert "re-queued stale jobs" in survivor.output()
+        counts = assert_consistent(db)
+        assert counts == {"comparisons": 1, "succeeded": 1, "failed": 0, "unfinished": 0}
+        # The kill left no half-written Gram under a final name (the re-run read them back).
+        stored = list((broker.data_dir / "grams").rglob("*.safetensors"))
+        assert stored and all(load_file(p)["grams"].size for p in stored)
+
+
+# 2. The API (embedded worker) restarted ----------------------------------------------------
+
+
+def test_api_restarted_while_jobs_run_loses_and_duplicates_nothing(
+    db_url: str, cifar_zoo: dict[str, Path], slow_data: Path, tmp_path: Path
+) -> None:
+    env = service_env(db_url, tmp_path / "data", CKA_WORKER_THREADS="1")
+    db = Database(db_url)
+    servers: list[Proc] = []
+    clients: list[httpx.Client] = []
+
+    def serve() -> httpx.Client:
+        port = free_port()
+        proc = Proc(["serve", "--port", str(port)], env, tmp_path / f"serve-{len(servers)}.log")
+        servers.append(proc)
+        http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+        clients.append(http)
+
+        def up() -> bool:
+            try:
+                return http.get("/healthz").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        poll(up, 60, "cka-atlas serve answered /healthz", (proc,))
+        return http
+
+    try:
+        http = serve()
+        ids = register(http, cifar_zoo, *CIFAR)  # type: ignore[arg-type]
+        ds = upload_dataset(http, slow_data)
+        cids = []
+        for models, batch in ((ids, 25), (ids[:1], 25), (ids[1:], 50)):
+            r = http.post(
+                "/v1/comparisons", json={"model_ids": models, "dataset_id": ds, "batch_size": batch}
+            )
+            assert r.status_code == 202, r.text
+            cids.append(r.json()["id"])
+
+        # SIGTERM: the server stops its worker, which gives the running job back at once.
+        poll(lambda: running(db, cids[0]), 60, "the first job started", (servers[-1],))
+        assert servers[-1].stop(signal.SIGTERM) in (0, -signal.SIGTERM)  # uvicorn re-raises it
+        assert "put back in the queue" in servers[-1].output(), servers[-1].output()
+        assert job_of(db, cids[0]).status == "queued", servers[-1].output()
+
+        # SIGKILL: the job is left running; the next server re-queues it once it is stale.
+        http = serve()
+        busy = poll(
+            lambda: next((c for c in cids if running(db, c)), None),
+            60,
+            "a job started after the restart",
+            (servers[-1],),
+        )
+        servers[-1].stop(signal.SIGKILL)
+        assert job_of(db, busy).status == "running", "the kill did not land midway"
+
+        http = serve()
+        poll(
+            lambda: all(job_of(db, c).status in FINAL for c in cids),
+            120,
+            "every job finished after the second restart",
+            (servers[-1],),
+        )
+        jobs = {c: job_of(db, c) for c in cids}
+        assert all(j.status == "succeeded" for j in jobs.values()), {
+            c: (j.status, j.error) for c, j in jobs.items()
+        }
+        assert jobs[busy].attempts >= 2 and jobs[cids[0]].attempts >= 2
+        assert assert_consistent(db)["succeeded"] == 3
+    finally:
+        for http in clients:
+            http.close()
+        for proc in servers:
+            proc.stop(signal.SIGKILL)
+        db.dispose()
+
+
+# 3. PostgreSQL restarted ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_postgres_restart_during_a_job_is_ridden_out(
+    settings: Settings,
+    pg_engine: Any,
+    cifar_zoo: dict[str, Path],
+    slow_data: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="app")
+    with TestClient(create_app(settings)) as client:
+        db: Database = client.app.state.services.db  # type: ignore[attr-defined]
+        ids = register(client, cifar_zoo, *CIFAR)
+        body = {"model_ids": ids, "dataset_id": upload_dataset(client, slow_data), "batch_size": 25}
+        r = client.post("/v1/comparisons", json=body)
+        assert r.status_code == 202, r.text
+        cid = r.json()["id"]
+        job_id = poll(lambda: running(db, cid), 60, "the job started").id
+        retrying = f"writing the result of job {job_id} failed"
+        with pg_restored():  # always running again afterwards: the rest of the suite needs it
+            pg_ctl("stop")
+            # The job keeps computing while its heartbeats fail, then retries its final write.
+            poll(
+                lambda: retrying in caplog.text or f"job {job_id} succeeded" in caplog.text,
+                60,
+                "the job finished computing while PostgreSQL was down",
+            )
+            assert retrying in caplog.text, "the job ended before PostgreSQL went down"
+            pg_ctl("start")
+            poll(pg_ready, 60, "PostgreSQL accepted connections again")
+        pg_engine.dispose()  # its pooled connections died with the server
+        done = wait(client, r.headers["location"], timeout=60)
+        assert done["status"] == "succeeded", (done, caplog.text[-3000:])
+        assert done["attempts"] == 1  # ridden out, not re-queued and run again
+        assert "heartbeat of job" in caplog.text
+        counts = assert_consistent(db)
+        assert counts == {"comparisons": 1, "succeeded": 1, "failed": 0, "unfinished": 0}
+
+
+# 4. The artifact store read-only, and full ------------------------------------------------
+
+ERRORS = {  # the mounted store's errno, or the unprivileged worker's (EACCES, EFBIG)
+    "read-only": r"the artifact store at \S+ is not writable \((read-only file sys|permission)",
+    "full": r"(no space left on the artifact store at|the artifact store at \S+ refused to grow)",
+}
+
+
+@pytest.mark.parametrize("fault", ["read-only", "full"])
+def test_artifact_store_read_only_or_full_fails_the_job_with_a_sentence(
+    fault: str, db_url: str, zoo: dict[str, Path], tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    mounted = try_mount_tmpfs(store)  # else: a worker process that cannot write or grow files
+    try:
+        settings = make_settings(db_url, store, worker_threads=0)
+        with TestClient(create_app(settings)) as client:
+            services: Services = client.app.state.services  # type: ignore[attr-defined]
+            ids = register(client, zoo, "mixer_digits", "gmlp_digits")
+            # One batch of 450: its stored Grams (5.7 MB for the Mixer) exceed FSIZE_LIMIT.
+            body = {"model_ids": ids, "dataset_id": digits_id(client), "batch_size": 450}
+            r = client.post("/v1/comparisons", json=body)
+            assert r.status_code == 202, r.text
+            if mounted:
+                filler = fill(store) if fault == "full" else None
+                if fault == "read-only":
+                    remount(store, "ro")
+                worker = EmbeddedWorker(services, threads=1)
+                worker.start()
+                try:
+                    failed = wait(client, r.headers["location"], timeout=60)
+                finally:
+                    worker.stop()
+                if filler is not None:
+                    filler.unlink()
+                else:
+                    remount(store, "rw")
+            else:
+                chmod_dirs(store, 0o555 if fault == "read-only" else 0o755)
+                env = service_env(db_url, store)
+                proc = unprivileged_worker(fault, env, tmp_path / "worker.log")
+                try:
+                    failed = wait(client, r.headers["location"], timeout=60, alive=proc.popen)
+                finally:
+                    proc.stop()
+                    chmod_dirs(store, 0o755)
+            assert failed["status"] == "failed", failed
+            assert failed["error_code"] == "storage_error", failed
+            error = failed["error"]
+            assert re.match(ERRORS[fault], error) and "\n" not in error, error
+            assert "Traceback" not in error and "Errno" not in error, error
+            assert not [p for p in store.rglob("*") if p.suffix in (".tmp", ".part")]
+            assert assert_consistent(services.db) == {
+                "comparisons": 1,
+                "succeeded": 0,
+                "failed": 1,
+                "unfinished": 0,
+            }
+            # The fault cleared, the same request runs again and succeeds.
+            again = client.post("/v1/comparisons", json=body)
+            assert again.status_code == 202 and again.json()["id"] != failed["id"], again.text
+            worker = EmbeddedWorker(services, threads=1)
+            worker.start()
+            try:
+                done = wait(client, again.headers["location"], timeout=60)
+            finally:
+                worker.stop()
+            assert done["status"] == "succeeded", done
+            assert assert_consistent(services.db) == {
+                "comparisons": 2,
+                "succeeded": 1,
+                "failed": 1,
+                "unfinished": 0,
+            }
+    finally:
+        if mounted:
+            umount(store)
+
+
+# 5. Twenty concurrent identical requests --------------------------------------------------
+
+
+def test_twenty_concurrent_identical_requests_make_one_job(
+    idle_client: TestClient, zoo: dict[str, Path]
+) -> None:
+    """Fired together from 20 threads; the unique request_hash, not Python, decides."""
+    client = idle_client
+    ids = register(client, zoo, "mixer_digits", "sw_mlp_digits")
+    body = {"model_ids": ids, "dataset_id": digits_id(client), "batch_size": 150}
+    start = threading.Barrier(20)
+
+    def fire(_: int) -> Any:
+        start.wait(timeout=30)  # all 20 requests leave at once
+        return client.post("/v1/comparisons", json=body)
+
+    with ThreadPoolExecutor(20) as pool:
+        responses = list(pool.map(fire, range(20)))
+    assert all(r.status_code in (200, 202) for r in responses), [r.text for r in responses]
+    assert len({r.headers["location"] for r in responses}) == 1
+    assert sum(r.status_code == 202 for r in responses) == 1
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+    with services.db.session() as s:
+        assert s.scalar(select(func.count()).select_from(Job)) == 1
+        assert s.scalar(select(func.count()).select_from(Comparison)) == 1
+    # The guarantee lives in the schema: a second row with the same hash is refused.
+    unique = inspect(services.db.engine).get_unique_constraints("comparisons")
+    indexes = inspect(services.db.engine).get_indexes("comparisons")
+    assert any(c["column_names"] == ["request_hash"] for c in unique) or any(
+        i["unique"] and i["column_names"] == ["request_hash"] for i in indexes
+    )
+    with pytest.raises(IntegrityError), services.db.session() as s:
+        first = s.scalars(select(Comparison)).one()
+        job = Job(kind="comparison", status="queued", progress=0.0, attempts=0)
+        s.add(job)
+        s.flush()
+        s.add(
+            Comparison(
+                request_hash=first.request_hash,
+                params=first.params,
+                dataset_id=first.dataset_id,
+                job_id=job.id,
+                kernel=first.kernel,
+            )
+        )
+        s.flush()
