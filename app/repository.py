@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Select, delete, exists, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from app.orm import Comparison, ComparisonModel, Dataset, Job, Model, Training
 
@@ -98,7 +98,13 @@ def list_comparisons(
     status: str | None = None,
     kernel: str | None = None,
 ) -> tuple[list[Comparison], int]:
-    stmt = select(Comparison).join(Job, Comparison.job_id == Job.id).order_by(Comparison.id.desc())
+    # Lists never show the atlas itself: leave the (large) result column unloaded.
+    stmt = (
+        select(Comparison)
+        .join(Job, Comparison.job_id == Job.id)
+        .options(defer(Comparison.result))
+        .order_by(Comparison.id.desc())
+    )
     if model_id is not None:
         stmt = stmt.where(
             exists().where(

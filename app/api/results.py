@@ -1,14 +1,24 @@
-"""Results of a finished comparison: the full atlas, one matrix, and rendered heatmaps."""
+"""Results of a finished comparison: the full atlas, one matrix, and rendered heatmaps.
+
+The matrix and the heatmaps are what clients read most, so they avoid decoding the stored
+atlas per request: the row is read without its ``result`` column, a decoded atlas is kept
+per ``result_sha256`` in a small in-process LRU (a result never changes once written), and
+a heatmap is rendered once and then read from the artifact store. Both carry an ETag derived
+from ``result_sha256`` and answer ``If-None-Match`` with 304.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import math
+import threading
+from collections import OrderedDict
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
+from sqlalchemy.orm import defer
 
-from app.api.deps import READ, Svc, not_found
+from app.api.deps import READ, ComparisonId, Svc, not_found
 from app.orm import Comparison
 from app.problems import PROBLEM_RESPONSES, ProblemError
 from app.schemas import MatrixOut
@@ -17,6 +27,9 @@ __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/comparisons", tags=["comparisons"], responses=PROBLEM_RESPONSES)
 MEDIA = {"png": "image/png", "svg": "image/svg+xml"}
+ATLAS_CACHE_SIZE = 16
+_atlases: OrderedDict[str, Any] = OrderedDict()
+_atlases_lock = threading.Lock()
 
 
 def _atlas(cmp: Comparison) -> Any:
@@ -26,12 +39,47 @@ def _atlas(cmp: Comparison) -> Any:
     return Atlas.from_dict(cmp.result)
 
 
-def _finished(services: Svc, comparison_id: int) -> Comparison:
+def _cached_atlas(services: Svc, cmp: Comparison) -> Any:
+    """The decoded atlas of a finished comparison, from the LRU keyed by its result's sha256."""
+    key = cmp.result_sha256
+    assert key is not None
+    with _atlases_lock:
+        if key in _atlases:
+            _atlases.move_to_end(key)
+            return _atlases[key]
+    atlas = _atlas(_finished(services, cmp.id))
+    with _atlases_lock:
+        _atlases[key] = atlas
+        while len(_atlases) > ATLAS_CACHE_SIZE:
+            _atlases.popitem(last=False)
+    return atlas
+
+
+def _not_modified(request: Request, etag: str) -> bool:
+    inm = request.headers.get("if-none-match", "")
+    return etag in [t.strip() for t in inm.split(",")] or inm.strip() == "*"
+
+
+def _cache_headers(services: Svc, etag: str) -> dict[str, str]:
+    # Revalidate every time (the ETag makes that cheap). "private" when reads need a token,
+    # so that a shared cache never keeps a copy of a response that needed authorisation.
+    settings = services.settings
+    scope = "private" if settings.read_requires_token and settings.tokens else "public"
+    return {"ETag": etag, "Cache-Control": f"{scope}, max-age=0, must-revalidate"}
+
+
+def _finished(services: Svc, comparison_id: int, *, load_result: bool = True) -> Comparison:
+    """The comparison row if it has a result (404/409 otherwise).
+
+    ``load_result=False`` leaves the (large) ``result`` column unloaded; ``result_sha256``,
+    which is written in the same transaction, tells whether there is one.
+    """
+    options = [] if load_result else [defer(Comparison.result)]
     with services.db.session(readonly=True) as s:
-        cmp = s.get(Comparison, comparison_id)
+        cmp = s.get(Comparison, comparison_id, options=options)
         if cmp is None:
             raise not_found("comparison", comparison_id)
-        if cmp.result is None:
+        if (cmp.result if load_result else cmp.result_sha256) is None:
             raise ProblemError(
                 409,
                 "not_finished",
@@ -41,7 +89,7 @@ def _finished(services: Svc, comparison_id: int) -> Comparison:
 
 
 @router.get("/{comparison_id}/result", **READ)
-def get_result(services: Svc, comparison_id: int) -> dict[str, Any]:
+def get_result(services: Svc, comparison_id: ComparisonId) -> dict[str, Any]:
     """The whole atlas as stored (``analysis.Atlas.to_dict``), with diagnostics and provenance."""
     cmp = _finished(services, comparison_id)
     return {
@@ -71,18 +119,30 @@ def _cell(v: float) -> float | None:
     return None if math.isnan(v) else float(v)
 
 
-@router.get("/{comparison_id}/matrix", response_model=MatrixOut, **READ)
+@router.get(
+    "/{comparison_id}/matrix",
+    response_model=MatrixOut,
+    responses={304: {"description": "Not modified (If-None-Match matched the ETag)"}},
+    **READ,
+)
 def get_matrix(
     services: Svc,
-    comparison_id: int,
+    request: Request,
+    response: Response,
+    comparison_id: ComparisonId,
     a: str | None = Query(None, max_length=220, description="Model label or id (default: first)"),
     b: str | None = Query(None, max_length=220, description="Model label or id (default: a)"),
-) -> dict[str, Any]:
+) -> dict[str, Any] | Response:
     """CKA between every layer of model ``a`` (rows) and every layer of model ``b`` (columns)."""
-    cmp = _finished(services, comparison_id)
+    cmp = _finished(services, comparison_id, load_result=False)
     la = _pick(cmp, a, "a") if a is not None else cmp.members[0].label
     lb = _pick(cmp, b, "b") if b is not None else la
-    atlas = _atlas(cmp)
+    key = hashlib.sha256(f"matrix-v1:{cmp.result_sha256}:{la}:{lb}".encode()).hexdigest()
+    headers = _cache_headers(services, f'"{key}"')
+    if _not_modified(request, headers["ETag"]):
+        return Response(status_code=304, headers=headers)
+    response.headers.update(headers)
+    atlas = _cached_atlas(services, cmp)
     m = atlas.matrix(la, lb)
     return {
         "comparison_id": cmp.id,
@@ -104,15 +164,13 @@ def get_matrix(
     **READ,
 )
 def get_heatmap(
-    services: Svc, request: Request, comparison_id: int, fmt: Literal["png", "svg"]
+    services: Svc, request: Request, comparison_id: ComparisonId, fmt: Literal["png", "svg"]
 ) -> Response:
     """The atlas heatmap grid, rendered once and cached in the artifact store; has an ETag."""
-    cmp = _finished(services, comparison_id)
+    cmp = _finished(services, comparison_id, load_result=False)
     key = hashlib.sha256(f"heatmap-v1:{cmp.result_sha256}:{fmt}".encode()).hexdigest()
-    etag = f'"{key}"'
-    headers = {"ETag": etag, "Cache-Control": "public, max-age=0, must-revalidate"}
-    inm = request.headers.get("if-none-match", "")
-    if etag in [t.strip() for t in inm.split(",")] or inm.strip() == "*":
+    headers = _cache_headers(services, f'"{key}"')
+    if _not_modified(request, headers["ETag"]):
         return Response(status_code=304, headers=headers)
     suffix = f".{fmt}"
     path = services.store.path(key, suffix)
@@ -121,6 +179,6 @@ def get_heatmap(
     else:
         from analysis.plot import render_atlas
 
-        data = render_atlas(_atlas(cmp), fmt=fmt)
+        data = render_atlas(_cached_atlas(services, cmp), fmt=fmt)
         services.store.put_as(data, key, suffix)
     return Response(content=data, media_type=MEDIA[fmt], headers=headers)
