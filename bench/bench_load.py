@@ -145,14 +145,17 @@ class Server:
 
 
 @contextlib.contextmanager
-def serve(data_dir: Path, db_url: str | None, token: str, device: str) -> Iterator[Server]:
+def serve(
+    data_dir: Path, db_url: str | None, token: str, device: str, worker: str
+) -> Iterator[Server]:
+    """The API (with the in-process worker, or beside a ``cka-atlas worker`` process)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKA_")}
     env.update(
         CKA_DATA_DIR=str(data_dir),
         CKA_API_TOKENS=token,
         CKA_DEVICE=device,
-        CKA_WORKER_THREADS="1",
+        CKA_WORKER_THREADS="1" if worker == "thread" else "0",
         CKA_HOST="127.0.0.1",
         CKA_PORT=str(port),
     )
@@ -169,6 +172,7 @@ def serve(data_dir: Path, db_url: str | None, token: str, device: str) -> Iterat
             start_new_session=True,
         )
     server = Server(proc, f"http://127.0.0.1:{port}", log)
+    poller: subprocess.Popen[bytes] | None = None
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -182,8 +186,25 @@ def serve(data_dir: Path, db_url: str | None, token: str, device: str) -> Iterat
             if time.monotonic() > deadline:
                 raise SetupError(f"the server was not ready within 180 s:\n{server.tail()}")
             time.sleep(0.25)
+        if worker == "process":  # the API only enqueues; this process polls the database
+            with (data_dir.parent / "worker.log").open("wb") as out:
+                poller = subprocess.Popen(
+                    [sys.executable, "-m", "app.cli", "worker", "--threads", "1"],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         yield server
     finally:
+        if poller is not None and poller.poll() is None:
+            poller.terminate()  # SIGTERM: a running job goes back to the queue
+            try:
+                poller.wait(45)
+            except subprocess.TimeoutExpired:
+                poller.kill()
+                poller.wait()
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # uvicorn's graceful shutdown runs the lifespan
             try:
@@ -301,6 +322,8 @@ async def client_loop(
 ) -> None:
     rng = random.Random(seed)
     i = seed
+    if think > 0:  # users arrive spread over one think time, not all in the same millisecond
+        await asyncio.sleep(rng.uniform(0, think))
     while time.perf_counter() < stop_at:
         group, url, headers, ctype = plan.pick(rng, i)
         i += 1
@@ -347,7 +370,12 @@ async def run_load(
     base: str, plan: Plan, clients: int, duration: float, think: float
 ) -> tuple[Stats, Watch, float]:
     stats, watch = Stats(), Watch()
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    # Idle connections are dropped after 2 s, before uvicorn's own 5 s keep-alive timeout: with
+    # equal timeouts (httpx's default is also 5 s) the server may close a connection at the
+    # instant the client reuses it, a race that browsers hide by retrying and httpx does not.
+    limits = httpx.Limits(
+        max_connections=clients, max_keepalive_connections=clients, keepalive_expiry=2.0
+    )
     async with (
         httpx.AsyncClient(base_url=base, limits=limits, timeout=30.0) as client,
         httpx.AsyncClient(base_url=base, timeout=30.0) as monitor,
@@ -447,6 +475,13 @@ def main() -> int:
     ap.add_argument(
         "--think-ms", type=float, default=0.0, help="mean think time between a client's requests"
     )
+    ap.add_argument(
+        "--worker",
+        choices=("thread", "process"),
+        default="thread",
+        help="run jobs in the API process (thread, the laptop default) or in a separate "
+        "`cka-atlas worker` process polling the database (process, as on a GPU host)",
+    )
     ap.add_argument("--device", default="cpu", help="CKA_DEVICE of the server (default cpu)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
@@ -479,7 +514,7 @@ def run(args: argparse.Namespace, tmp: Path, token: str) -> int:
     zoo = make_checkpoints(tmp / "zoo")
     with (
         database(args.db, args.pg_url) as db_url,
-        serve(tmp / "data", db_url, token, args.device) as server,
+        serve(tmp / "data", db_url, token, args.device, args.worker) as server,
         httpx.Client(
             base_url=server.base, headers={"Authorization": f"Bearer {token}"}, timeout=120
         ) as api,
