@@ -92,7 +92,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
     services = Services(settings)
     ensure_schema(services.db.engine)
     celery = make_celery(settings)
-    jobs.requeue_stale(services.db, settings.stale_after_s)
+    jobs.requeue_stale(services.db, settings.stale_after_s, settings.max_attempts)
     for job_id in jobs.queued_ids(services.db, limit=10_000):
         send_job(celery, job_id)
     threading.Thread(
@@ -118,7 +118,9 @@ def _reap_forever(services: Any, celery: Celery) -> None:
     while True:
         time.sleep(max(stale_after / 4, 0.5))
         try:
-            for job_id in jobs.requeue_stale(services.db, stale_after):
+            for job_id in jobs.requeue_stale(
+                services.db, stale_after, services.settings.max_attempts
+            ):
                 send_job(celery, job_id)
         except Exception as exc:  # database or broker briefly away: the next round retries
             log.warning("could not re-queue stale jobs (%s)", type(exc).__name__)

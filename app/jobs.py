@@ -224,23 +224,45 @@ def request_cancel(session: Session, job_id: int) -> None:
     session.expire_all()
 
 
-def requeue_stale(db: Database, stale_after_s: float) -> list[int]:
-    """Put running jobs whose heartbeat is older than ``stale_after_s`` back in the queue."""
+def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> list[int]:
+    """Put running jobs whose heartbeat is older than ``stale_after_s`` back in the queue.
+
+    A stale job already started ``max_attempts`` times is failed instead: its worker keeps
+    dying on it (killed for memory, say), and running it again would kill the next one.
+    Returns the ids put back in the queue.
+    """
     cutoff = utcnow() - timedelta(seconds=stale_after_s)
     requeued: list[int] = []
+    given_up: list[int] = []
     with db.session() as s:
-        stmt = select(Job.id).where(Job.status == "running", Job.heartbeat_at < cutoff)
-        for jid in list(s.scalars(stmt)):
+        stmt = select(Job.id, Job.attempts).where(
+            Job.status == "running", Job.heartbeat_at < cutoff
+        )
+        for jid, attempts in list(s.execute(stmt)):
+            stale = (Job.id == jid, Job.status == "running", Job.heartbeat_at < cutoff)
+            if attempts >= max_attempts:
+                values: dict[str, Any] = {
+                    "status": "failed",
+                    "error": f"the worker running this job stopped responding {attempts} "
+                    "times (killed, perhaps for lack of memory); it is not retried again — "
+                    "try a smaller batch size or fewer models, then submit it with force",
+                    "error_code": "worker_lost",
+                    "finished_at": utcnow(),
+                }
+            else:
+                values = {"status": "queued", "worker_id": None, "progress": 0.0}
             res = s.execute(
                 update(Job)
-                .where(Job.id == jid, Job.status == "running", Job.heartbeat_at < cutoff)
-                .values(status="queued", worker_id=None, progress=0.0)
+                .where(*stale)
+                .values(**values)
                 .execution_options(synchronize_session=False)
             )
             if res.rowcount == 1:  # type: ignore[attr-defined]
-                requeued.append(jid)
+                (given_up if attempts >= max_attempts else requeued).append(jid)
     if requeued:
         log.warning("re-queued stale jobs %s", requeued)
+    if given_up:
+        log.error("failed stale jobs %s after %d attempts each", given_up, max_attempts)
     return requeued
 
 

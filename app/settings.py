@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     stale_after_s: float = Field(
         default=120.0, gt=0, description="A running job without heartbeat this long is re-queued."
     )
+    max_attempts: int = Field(
+        default=5,
+        ge=1,
+        description="A stale job that has already been started this many times is failed "
+        "instead of re-queued (its worker keeps dying: out of memory, say).",
+    )
     job_timeout_s: int = Field(
         default=6 * 3600,
         gt=0,

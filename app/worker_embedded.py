@@ -63,7 +63,7 @@ class EmbeddedWorker:
                 return
             self._next_reap = now + max(stale_after / 4, 0.5)
         try:
-            jobs.requeue_stale(self.services.db, stale_after)
+            jobs.requeue_stale(self.services.db, stale_after, self.services.settings.max_attempts)
         except Exception as exc:  # the database may be briefly away; the next round retries
             log.warning("could not look for stale jobs (%s)", type(exc).__name__)
 

@@ -37,7 +37,7 @@ def upload_dataset(
     """Register a dataset. The same images (by content hash) return the existing one, 200."""
     with services.store.scratch() as tmp:
         path = Path(tmp) / "upload.bin"
-        with path.open("wb") as f:
+        with services.store.writing(), path.open("wb") as f:  # a full store: 507, not 500
             shutil.copyfileobj(file.file, f, 1 << 20)
         try:
             row, created = register_dataset_file(services, path, filename=file.filename, name=name)

@@ -13,6 +13,7 @@ from fastapi.responses import FileResponse
 
 from app import repository
 from app.api.deps import READ, WRITE, Limit, ModelId, Offset, Svc, not_found
+from app.artifacts import ArtifactStore
 from app.orm import Model
 from app.problems import PROBLEM_RESPONSES, ProblemError
 from app.schemas import NO_NUL, ModelOut, Page
@@ -23,8 +24,8 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=PROBLEM_RESPONSES)
 
 
-def _save(upload: UploadFile, dest: Path) -> Path:
-    with dest.open("wb") as f:
+def _save(upload: UploadFile, dest: Path, store: ArtifactStore) -> Path:
+    with store.writing(), dest.open("wb") as f:  # a full store is a 507, not a traceback
         shutil.copyfileobj(upload.file, f, 1 << 20)
     return dest
 
@@ -76,11 +77,10 @@ def upload_model(
     from app.checkpoints import timm_checkpoint
 
     with services.store.scratch() as tmp:
-        w = _save(weights, Path(tmp) / "weights.safetensors")
+        w = _save(weights, Path(tmp) / "weights.safetensors", services.store)
         if sidecar is not None:
-            row, created = register_checkpoint(
-                services, w, _save(sidecar, Path(tmp) / "sidecar.json"), name=name, source="upload"
-            )
+            side = _save(sidecar, Path(tmp) / "sidecar.json", services.store)
+            row, created = register_checkpoint(services, w, side, name=name, source="upload")
         else:
             assert timm_name is not None
             _sha, _size, _ = timm_checkpoint(services.store, timm_name, w, _config(config))

@@ -133,6 +133,30 @@ def test_stale_job_is_requeued_and_killed_worker_writes_nothing(
         assert s.scalar(select(func.count()).select_from(Comparison)) == 1
 
 
+def test_a_job_that_keeps_killing_its_worker_is_failed_not_requeued(
+    idle_client: TestClient, zoo: dict[str, Path]
+) -> None:
+    client = idle_client
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+    url = submit(client, register(client, zoo, "mlp_digits")).headers["location"]
+    limit = services.settings.max_attempts
+    for attempt in range(1, limit + 1):
+        job = jobs.claim(services.db, f"doomed-{attempt}")
+        assert job is not None, f"attempt {attempt}: the job was not back in the queue"
+        with services.db.session() as s:
+            s.execute(
+                update(Job)
+                .values(heartbeat_at=utcnow() - timedelta(seconds=600))
+                .where(Job.id == job.id)
+            )
+        requeued = jobs.requeue_stale(services.db, 60, limit)
+        assert requeued == ([job.id] if attempt < limit else [])
+    body = client.get(url).json()
+    assert body["status"] == "failed" and body["attempts"] == limit
+    assert body["error_code"] == "worker_lost" and "stopped responding" in body["error"]
+    assert jobs.claim(services.db, "another") is None
+
+
 def test_stored_grams_skip_forward_of_known_models(
     client: TestClient, zoo: dict[str, Path]
 ) -> None:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import signal
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from safetensors.numpy import load_file
@@ -288,6 +290,10 @@ def test_artifact_store_read_only_or_full_fails_the_job_with_a_sentence(
                 filler = fill(store) if fault == "full" else None
                 if fault == "read-only":
                     remount(store, "ro")
+                # an upload into the faulty store is refused with the same sentence, not a 500
+                up = client.post("/v1/datasets", files={"file": ("x.npz", npz_bytes(64))})
+                assert up.status_code == (507 if fault == "full" else 503), up.text
+                assert up.json()["code"] == "storage_error", up.text
                 worker = EmbeddedWorker(services, threads=1)
                 worker.start()
                 try:
@@ -338,6 +344,14 @@ def test_artifact_store_read_only_or_full_fails_the_job_with_a_sentence(
     finally:
         if mounted:
             umount(store)
+
+
+def npz_bytes(n: int) -> bytes:
+    """A valid .npz of ``n`` random 8×8 grey images, large enough to need a data block."""
+    buf = io.BytesIO()
+    x = np.random.default_rng(0).random((n, 1, 8, 8), dtype=np.float32)
+    np.savez(buf, x=x)
+    return buf.getvalue()
 
 
 # 5. Twenty concurrent identical requests --------------------------------------------------
