@@ -74,6 +74,9 @@ def test_finished_comparison_page(client: TestClient, zoo: dict[str, Path]) -> N
         assert f'href="/v1/comparisons/{cid}{link}"' in page.text
     # Provenance and diagnostics are shown.
     assert stored["config"]["dataset"][:16] in page.text
+    cache = stored["diagnostics"]["gram_cache"]
+    blocks = f"HSIC blocks {cache['blocks_reused']} reused, {cache['blocks_computed']} computed"
+    assert blocks in page.text
 
 
 def test_scripts_and_styles_are_vendored(client: TestClient) -> None:
