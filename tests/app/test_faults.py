@@ -78,6 +78,16 @@ def slow_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return slow_npz(tmp_path_factory.mktemp("slow") / "slow.npz", SLOW_N)
 
 
+def submit_slow(client: TestClient, zoo: dict[str, Path], data: Path) -> tuple[Database, int]:
+    """The cifar models over the slow dataset in batches of 25: a job of many batches."""
+    db: Database = client.app.state.services.db  # type: ignore[attr-defined]
+    ids = register(client, zoo, *CIFAR)
+    body = {"model_ids": ids, "dataset_id": upload_dataset(client, data), "batch_size": 25}
+    r = client.post("/v1/comparisons", json=body)
+    assert r.status_code == 202, r.text
+    return db, int(r.json()["id"])
+
+
 def running(db: Database, comparison_id: int) -> Job | None:
     """The comparison's job once it runs and has made progress; fails if it already ended."""
     job = job_of(db, comparison_id)
@@ -114,12 +124,7 @@ def test_celery_worker_sigkilled_midway_job_is_requeued_and_finishes_once(
     env = service_env(broker.resolved_database_url, broker.data_dir)
     env |= {"CKA_BROKER_URL": REDIS, "CKA_CELERY_QUEUE": broker.celery_queue}
     with TestClient(create_app(broker)) as client:  # with a broker the API only enqueues
-        db: Database = client.app.state.services.db  # type: ignore[attr-defined]
-        ids = register(client, cifar_zoo, *CIFAR)
-        body = {"model_ids": ids, "dataset_id": upload_dataset(client, slow_data), "batch_size": 25}
-        r = client.post("/v1/comparisons", json=body)
-        assert r.status_code == 202, r.text
-        cid = r.json()["id"]
+        db, cid = submit_slow(client, cifar_zoo, slow_data)
         # Two workers start together (their start-up is most of this test's time); the one
         # that takes the job is SIGKILLed, the other must re-queue and finish it.
         workers = [Proc(["worker"], env, tmp_path / f"worker-{i}.log") for i in (1, 2)]
@@ -130,7 +135,7 @@ def test_celery_worker_sigkilled_midway_job_is_requeued_and_finishes_once(
             survivor = next(w for w in workers if w is not victim)
             victim.stop(signal.SIGKILL)
             assert job_of(db, cid).status == "running", "the kill did not land midway"
-            done = wait(client, r.headers["location"], timeout=90, alive=survivor.popen)
+            done = wait(client, f"/v1/comparisons/{cid}", timeout=90, alive=survivor.popen)
         finally:
             for w in workers:
                 w.stop(timeout=5)
@@ -234,12 +239,7 @@ def test_postgres_restart_during_a_job_is_ridden_out(
 ) -> None:
     caplog.set_level(logging.INFO, logger="app")
     with TestClient(create_app(settings)) as client:
-        db: Database = client.app.state.services.db  # type: ignore[attr-defined]
-        ids = register(client, cifar_zoo, *CIFAR)
-        body = {"model_ids": ids, "dataset_id": upload_dataset(client, slow_data), "batch_size": 25}
-        r = client.post("/v1/comparisons", json=body)
-        assert r.status_code == 202, r.text
-        cid = r.json()["id"]
+        db, cid = submit_slow(client, cifar_zoo, slow_data)
         job_id = poll(lambda: running(db, cid), 60, "the job started").id
         retrying = f"writing the result of job {job_id} failed"
         with pg_restored():  # always running again afterwards: the rest of the suite needs it
@@ -254,7 +254,7 @@ def test_postgres_restart_during_a_job_is_ridden_out(
             pg_ctl("start")
             poll(pg_ready, 60, "PostgreSQL accepted connections again")
         pg_engine.dispose()  # its pooled connections died with the server
-        done = wait(client, r.headers["location"], timeout=60)
+        done = wait(client, f"/v1/comparisons/{cid}", timeout=60)
         assert done["status"] == "succeeded", (done, caplog.text[-3000:])
         assert done["attempts"] == 1  # ridden out, not re-queued and run again
         assert "heartbeat of job" in caplog.text
