@@ -2,9 +2,10 @@
 
 :func:`compare` validates its arguments, resolves every model's layers before any forward
 pass, and hands the loop to :class:`analysis.streaming.StreamingRun`. Per batch, every
-selected layer of every model becomes a raw Gram (fp32, or float64 for a float64 model); the
-centred Grams give the (L_total, L_total) HSIC terms of the batch, one matrix product per pair
-of models, and the only host transfer of the batch is that small float64 matrix. Terms are
+selected layer of every model becomes a raw Gram (fp32, or float64 for a float64 model); one
+matrix product over the stacked centred Grams gives the (L_total, L_total) HSIC terms of the
+batch (with the Gram store, one product per pair of models, so stored pairs are reused), and
+the only host transfer of the batch is that small float64 matrix. Terms are
 summed over batches in float64, so memory does not grow with n (``bootstrap`` keeps the
 per-batch terms: ``batches × L_total²`` floats).
 

@@ -1,15 +1,18 @@
-"""The loop over batches behind :func:`analysis.compare`: Grams, HSIC blocks, accumulation.
+"""The loop over batches behind :func:`analysis.compare`: Grams, HSIC terms, accumulation.
 
-Per batch, each model either runs once (its selected layers become raw Grams) or, when the
-Gram store has them, is read back without running. The batch's HSIC matrix is then built
-from one block per pair of models, ``hsic_block(rows_a, rows_b)`` over the centred Grams.
-Blocks are what makes stored Grams cheap: a block whose two models' Grams were both stored
-was itself stored, so adding a model to a stored atlas costs its forward pass, its Grams and
-its own blocks — not the whole atlas again. With the store on, the pairs of a batch are taken
-in the order of the models' Gram keys, whatever the order of the models, so a stored block is
-bit for bit the one a run would compute; without it, in the models' order (the two can differ
-in the last bit). The only device-to-host transfer of a batch is the assembled float64
-matrix.
+Without the Gram store, every model runs once per batch, every selected layer becomes a raw
+Gram written into one (L_total, b, b) stack, and all layer pairs of the batch come from one
+matrix product over the stacked centred Grams (:func:`analysis.hsic.hsic_from_grams`).
+
+With the store, each model either runs or, when the store has its Grams, is read back
+without running, and the batch's HSIC matrix is built from one block per pair of models,
+``hsic_block(rows_a, rows_b)``. Blocks are what makes stored Grams cheap: a block whose two
+models' Grams were both stored was itself stored, so adding a model to a stored atlas costs
+its forward pass, its Grams and its own blocks — not the whole atlas again. The pairs of a
+batch are taken in the order of the models' Gram keys, whatever the order of the models, so
+a stored block is bit for bit the one any run with the store would compute; a run without the
+store (one product) can differ from it in the last bit. In both cases the only device-to-host
+transfer of a batch is the assembled float64 matrix.
 """
 
 from __future__ import annotations
@@ -123,7 +126,7 @@ class StreamingRun:
             keys = {}
         with torch.inference_mode():
             for i, x in self._loop(src):
-                h = self._batch(i, x, cache, keys, parts or {})
+                h = self._batch_stored(i, x, cache, keys, parts or {}) if keys else self._batch(x)
                 acc += h
                 if bootstrap:
                     per_batch.append(h)
@@ -133,7 +136,17 @@ class StreamingRun:
             raise EstimatorError("no batch was large enough for the estimator; use more data")
         return acc, per_batch
 
-    def _batch(
+    def _batch(self, x: torch.Tensor) -> np.ndarray:
+        """The HSIC matrix of a batch without the store: one product over the stacked Grams."""
+        xd = x.to(self.dev, non_blocking=True)
+        b = int(x.shape[0])
+        stack = torch.empty(self.total_layers, b, b, dtype=self.gdtype, device=self.dev)
+        for m in self.names:
+            for j, f in enumerate(self._features(m, xd)):
+                gram(f, self.kern, out=stack[self.slices[m].start + j])
+        return hsic_from_grams(stack, self.estimator).cpu().numpy()  # the batch's one transfer
+
+    def _batch_stored(
         self,
         i: int,
         x: torch.Tensor,
