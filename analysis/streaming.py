@@ -85,10 +85,11 @@ class StreamingRun:
         self.forwards[m] += 1
         return [f.to(self.gdtype) for f in feats]
 
-    def _grams(self, m: str, x: torch.Tensor) -> torch.Tensor:
-        """Run model ``m`` on the batch: the raw Grams (L_m, b, b) of its selected layers."""
+    def _grams(self, m: str, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Run model ``m`` on the batch: the raw Grams (L_m, b, b) of its layers, into ``out``."""
         b = x.shape[0]
-        out = torch.empty(len(self.selected[m]), b, b, dtype=self.gdtype, device=self.dev)
+        if out is None:
+            out = torch.empty(len(self.selected[m]), b, b, dtype=self.gdtype, device=self.dev)
         for j, f in enumerate(self._features(m, x)):
             gram(f, self.kern, out=out[j])
         return out
@@ -142,8 +143,7 @@ class StreamingRun:
         b = int(x.shape[0])
         stack = torch.empty(self.total_layers, b, b, dtype=self.gdtype, device=self.dev)
         for m in self.names:
-            for j, f in enumerate(self._features(m, xd)):
-                gram(f, self.kern, out=stack[self.slices[m].start + j])
+            self._grams(m, xd, out=stack[self.slices[m]])
         return hsic_from_grams(stack, self.estimator).cpu().numpy()  # the batch's one transfer
 
     def _batch_stored(

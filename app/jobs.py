@@ -239,8 +239,8 @@ def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> 
             Job.status == "running", Job.heartbeat_at < cutoff
         )
         for jid, attempts in list(s.execute(stmt)):
-            stale = (Job.id == jid, Job.status == "running", Job.heartbeat_at < cutoff)
-            if attempts >= max_attempts:
+            give_up = attempts >= max_attempts
+            if give_up:
                 values: dict[str, Any] = {
                     "status": "failed",
                     "error": f"the worker running this job stopped responding {attempts} "
@@ -253,12 +253,12 @@ def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> 
                 values = {"status": "queued", "worker_id": None, "progress": 0.0}
             res = s.execute(
                 update(Job)
-                .where(*stale)
+                .where(Job.id == jid, Job.status == "running", Job.heartbeat_at < cutoff)
                 .values(**values)
                 .execution_options(synchronize_session=False)
             )
             if res.rowcount == 1:  # type: ignore[attr-defined]
-                (given_up if attempts >= max_attempts else requeued).append(jid)
+                (given_up if give_up else requeued).append(jid)
     if requeued:
         log.warning("re-queued stale jobs %s", requeued)
     if given_up:
