@@ -14,7 +14,7 @@ import math
 import stat
 import warnings
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -92,11 +92,6 @@ class ImageDataset:
     def tensor(self) -> torch.Tensor:
         """The images as a CPU tensor sharing memory with ``x``."""
         return torch.from_numpy(self.x)
-
-    def batches(self, batch_size: int) -> Iterator[torch.Tensor]:
-        """Fixed consecutive batches in dataset order; the last one may be smaller."""
-        for start in range(0, len(self), batch_size):
-            yield torch.from_numpy(self.x[start : start + batch_size])
 
 
 def content_sha256(x: np.ndarray, y: np.ndarray | None) -> str:

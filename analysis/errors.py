@@ -2,23 +2,37 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = ["AnalysisError", "Cancelled", "DatasetError", "EstimatorError", "LayerError"]
 
 
 class AnalysisError(ValueError):
-    """Base of every user-facing error raised by :mod:`analysis`."""
+    """Base of every user-facing error raised by :mod:`analysis`.
+
+    ``code`` and ``status`` say how a service reports it (a stable problem code, HTTP 422).
+    """
+
+    code: ClassVar[str] = "invalid_input"
+    status: ClassVar[int] = 422
 
 
 class DatasetError(AnalysisError):
     """A dataset could not be read or does not hold images of the expected form."""
 
+    code = "invalid_dataset"
+
 
 class LayerError(AnalysisError):
     """A layer selection matched nothing, or a layer cannot be read from a model."""
 
+    code = "invalid_layers"
+
 
 class EstimatorError(AnalysisError):
     """An estimator, kernel or batch plan that cannot give a defined CKA."""
+
+    code = "invalid_estimator"
 
 
 class Cancelled(Exception):

@@ -1,1 +1,11 @@
-"""The cka-atlas service: CLI, settings, database, jobs, REST API and web page."""
+"""The cka-atlas service, in layers whose imports point down only::
+
+    cli   the ``cka-atlas`` command line            may import http, jobs, store
+    http  FastAPI app, REST routers, web pages      may import jobs, store
+    jobs  state machine, submission, handlers       may import store
+    store settings, database, ORM, artifacts        imports no other layer
+
+:mod:`app.errors` (exceptions that carry their problem code) and :mod:`app.logs` (structured
+logs) sit beneath all four and import nothing from :mod:`app`. The libraries :mod:`models` and
+:mod:`analysis` never import :mod:`app`; ``tests/test_layers.py`` enforces all of this.
+"""

@@ -1,1 +1,1 @@
-"""Alembic migrations for the cka-atlas database, run from code (see app.db)."""
+"""Alembic migrations for the cka-atlas database, run from code (see app.store.db)."""

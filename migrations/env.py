@@ -1,12 +1,12 @@
-"""Alembic environment: runs on the connection handed over by :func:`app.db.upgrade`."""
+"""Alembic environment: runs on the connection handed over by :func:`app.store.db.upgrade`."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from app.db import make_engine
-from app.orm import Base
-from app.settings import Settings
+from app.store.db import make_engine
+from app.store.orm import Base
+from app.store.settings import Settings
 
 target_metadata = Base.metadata
 

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = ["CheckpointError", "ConfigError", "ModelError"]
 
 
 class ModelError(ValueError):
-    """Base of every user-facing error raised by :mod:`models`."""
+    """Base of every user-facing error raised by :mod:`models`.
+
+    ``code`` and ``status`` say how a service reports it (a stable problem code, HTTP 422).
+    """
+
+    code: ClassVar[str] = "invalid_input"
+    status: ClassVar[int] = 422
 
 
 class ConfigError(ModelError):
     """An unknown architecture, an unknown option, or options that do not fit together."""
 
+    code = "invalid_config"
+
 
 class CheckpointError(ModelError):
     """A checkpoint that cannot be read, does not match its sidecar, or does not fit its model."""
+
+    code = "invalid_checkpoint"

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from app.cli import build_parser
-from app.settings import Settings
+from app.store.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
@@ -96,7 +96,7 @@ def test_ports_agree() -> None:
 def test_healthcheck_hits_a_real_route() -> None:
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from app.http.main import create_app
 
     # Without the lifespan nothing touches a database: /healthz must answer all the same.
     client = TestClient(create_app(start_worker=False))

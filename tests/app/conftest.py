@@ -19,8 +19,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from app.main import create_app
-from app.settings import Settings
+from app.http.main import create_app
+from app.store.settings import Settings
 
 PG_ADMIN = os.environ.get(
     "CKA_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

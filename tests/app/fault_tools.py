@@ -24,8 +24,8 @@ import numpy as np
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.pool import NullPool
 
-from app.db import Database
-from app.orm import Comparison, ComparisonModel, Job
+from app.store.db import Database
+from app.store.orm import Comparison, ComparisonModel, Job
 from tests.app.conftest import FINAL, PG_ADMIN
 
 CIFAR = ("mixer_cifar", "gmlp_cifar")

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
+from app.http.main import create_app
+from app.store.settings import Settings
 from tests.app.conftest import digits_id, register, upload, wait
 from tests.app.payloads import assert_problem
 

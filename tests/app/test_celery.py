@@ -15,11 +15,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from app import jobs
-from app.main import create_app
-from app.orm import Comparison, Job, utcnow
-from app.services import Services
-from app.settings import Settings
+from app.http.main import create_app
+from app.jobs import states as jobs
+from app.store.orm import Comparison, Job, utcnow
+from app.store.services import Services
+from app.store.settings import Settings
 from tests.app.conftest import digits_id, register, wait
 
 REDIS = os.environ.get("CKA_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")

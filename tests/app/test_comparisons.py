@@ -10,11 +10,11 @@ import numpy as np
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
-from app import jobs
-from app.orm import Comparison, Job, utcnow
-from app.runner import run_claimed
-from app.services import Services
-from app.worker_embedded import EmbeddedWorker
+from app.jobs import states as jobs
+from app.jobs.embedded import EmbeddedWorker
+from app.jobs.run import run_claimed
+from app.store.orm import Comparison, Job, utcnow
+from app.store.services import Services
 from tests.app.conftest import digits_id, register, wait
 
 BATCH = 150  # digits test split: 450 images -> 3 batches

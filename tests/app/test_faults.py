@@ -29,12 +29,12 @@ from safetensors.numpy import load_file
 from sqlalchemy import func, inspect, select
 from sqlalchemy.exc import IntegrityError
 
-from app.db import Database
-from app.main import create_app
-from app.orm import Comparison, Job
-from app.services import Services
-from app.settings import Settings
-from app.worker_embedded import EmbeddedWorker
+from app.http.main import create_app
+from app.jobs.embedded import EmbeddedWorker
+from app.store.db import Database
+from app.store.orm import Comparison, Job
+from app.store.services import Services
+from app.store.settings import Settings
 from tests.app.conftest import FINAL, digits_id, make_settings, register, wait
 from tests.app.fault_tools import (
     CIFAR,

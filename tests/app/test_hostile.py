@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 
 from analysis import DatasetError
 from analysis.datasets import load_image_folder, load_npz
-from app.main import create_app
+from app.http.main import create_app
 from tests.app.conftest import digits_id, make_settings, upload
 from tests.app.payloads import (
     WritesMarker,
@@ -396,12 +396,12 @@ def test_huge_lists_and_numbers_in_a_comparison(api: TestClient, mixer: int) -> 
 def test_comparisons_too_large_for_a_worker(
     api: TestClient, mixer: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.submit
+    import app.jobs.submit
 
-    monkeypatch.setattr(app.submit, "MAX_TOTAL_LAYERS", 10)
+    monkeypatch.setattr(app.jobs.submit, "MAX_TOTAL_LAYERS", 10)
     r = post_comparison(api, model_ids=[mixer], layers="**")
     assert_problem(r, 422, "too_many_layers", "layers")
-    monkeypatch.setattr(app.submit, "MEMORY_BUDGET_BYTES", 1 << 20)
+    monkeypatch.setattr(app.jobs.submit, "MEMORY_BUDGET_BYTES", 1 << 20)
     r = post_comparison(api, model_ids=[mixer], batch_size=450)
     assert_problem(r, 422, "batch_too_large", "batch_size")
     r = post_comparison(api, model_ids=[mixer], mode="full", batch_size=16)

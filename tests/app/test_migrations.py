@@ -9,8 +9,15 @@ from fastapi.testclient import TestClient
 from sqlalchemy import inspect, text
 
 from app.cli import main
-from app.db import Database, SchemaError, current_revision, ensure_schema, head_revision, upgrade
-from app.main import create_app
+from app.http.main import create_app
+from app.store.db import (
+    Database,
+    SchemaError,
+    current_revision,
+    ensure_schema,
+    head_revision,
+    upgrade,
+)
 from tests.app.conftest import make_settings
 
 TABLES = {"models", "datasets", "jobs", "comparisons", "comparison_models", "trainings"}
@@ -61,7 +68,7 @@ def test_db_cli(
 
 def test_script_location_is_the_installed_package() -> None:
     import migrations
-    from app.db import alembic_config
+    from app.store.db import alembic_config
 
     location = alembic_config().get_main_option("script_location")
     assert location == str(Path(migrations.__file__).parent)

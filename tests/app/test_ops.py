@@ -15,10 +15,10 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
+from app.http.main import create_app
+from app.http.ops import _duration_histogram, check_broker, check_device
 from app.logs import JsonFormatter, job_context, uvicorn_log_config
-from app.main import create_app
-from app.ops import _duration_histogram, check_broker, check_device
-from app.settings import Settings
+from app.store.settings import Settings
 from tests.app.conftest import digits_id, make_settings, register, wait
 
 
@@ -188,7 +188,7 @@ def test_job_logs_carry_the_job_id(client: TestClient, zoo: dict[str, Path]) -> 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
-    logger = logging.getLogger("app.runner")
+    logger = logging.getLogger("app.jobs.run")
     old_level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

@@ -27,7 +27,7 @@ from fastapi import FastAPI
 from schemathesis.config import SchemathesisConfig
 from schemathesis.python import asgi as schemathesis_asgi
 
-from app.main import create_app
+from app.http.main import create_app
 from tests.app.conftest import make_settings, upload
 
 TOKEN = "schemathesis-token"

@@ -14,9 +14,9 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from app.main import create_app
-from app.security import COOKIE_NAME
-from app.web.catalog import sample_indices
+from app.http.main import create_app
+from app.http.security import COOKIE_NAME
+from app.http.web.catalog import sample_indices
 from tests.app.conftest import digits_id, make_settings, register, upload, wait
 
 TOKEN = "page-token"
@@ -95,7 +95,7 @@ def test_scripts_and_styles_are_vendored(client: TestClient) -> None:
 def test_list_filters_and_pagination(
     idle_client: TestClient, zoo: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.web.comparisons as pages
+    import app.http.web.comparisons as pages
 
     monkeypatch.setattr(pages, "PAGE_SIZE", 2)
     c = idle_client

@@ -1,0 +1,55 @@
+"""The demo behind ``make run``: the model zoo registered and one atlas of it over digits.
+
+Idempotent: checkpoints that exist are not retrained, registered ones are found by sha256,
+and the atlas request hashes to the stored comparison, so running it again queues nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from app.jobs.requests import ComparisonIn
+from app.jobs.submit import submit_comparison
+from app.jobs.train import register_checkpoint
+from app.store.datasets import register_builtin_datasets
+from app.store.db import ensure_schema
+from app.store.services import Services
+from app.store.settings import Settings
+
+__all__ = ["DEMO_BATCH_SIZE", "setup_demo"]
+
+DEMO_BATCH_SIZE = 150
+
+
+def setup_demo(settings: Settings, zoo_dir: str | Path, *, progress: bool = True) -> int:
+    """Build/register the zoo and queue the atlas; returns the comparison id."""
+    from models.training import build_zoo
+
+    services = Services(settings)
+    try:
+        ensure_schema(services.db.engine)
+        digits = register_builtin_datasets(services)[0]
+        entries = build_zoo(zoo_dir, progress=progress)
+        ids = []
+        for entry in entries:
+            path = Path(entry.path)
+            row, created = register_checkpoint(
+                services, path, path.with_suffix(".json"), name=entry.name, source="zoo"
+            )
+            ids.append(row.id)
+            if progress:
+                print(
+                    f"{'registered' if created else 'found'} model {row.id}: {row.name}",
+                    file=sys.stderr,
+                )
+        body = ComparisonIn(model_ids=ids, dataset_id=digits.id, batch_size=DEMO_BATCH_SIZE)
+        cmp_id, created = submit_comparison(services, body)
+        print(
+            f"{'queued' if created else 'found'} comparison {cmp_id} "
+            f"(/v1/comparisons/{cmp_id}) of {len(ids)} models over digits",
+            file=sys.stderr,
+        )
+        return cmp_id
+    finally:
+        services.close()

@@ -1,0 +1,159 @@
+"""``cka-atlas serve | worker | db | demo``: running the service and managing its database."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from app.logs import configure_logging, uvicorn_log_config
+from app.store.db import SchemaError
+
+__all__ = ["register"]
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from app.store.settings import Settings
+
+    overrides = {
+        k: v
+        for k, v in (("host", getattr(args, "host", None)), ("port", getattr(args, "port", None)))
+        if v is not None
+    }
+    return Settings(**overrides)
+
+
+def _refuse(exc: SchemaError) -> int:
+    print(f"error: {exc}", file=sys.stderr)
+    return 2
+
+
+def _logging(settings: Any) -> None:
+    configure_logging(settings.log_level, fmt=settings.log_format)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.http.main import create_app
+    from app.store.db import Database, ensure_schema
+
+    settings = _settings(args)
+    _logging(settings)
+    db = Database(settings.resolved_database_url)
+    try:
+        ensure_schema(db.engine)  # refuse here, with the command, not in a lifespan traceback
+    except SchemaError as exc:
+        return _refuse(exc)
+    finally:
+        db.dispose()
+    print(f"cka-atlas: serving on http://{settings.host}:{settings.port}", file=sys.stderr)
+    log_config = uvicorn_log_config(settings.log_level) if settings.log_format == "json" else None
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=log_config,
+    )
+    return 0
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    from app.store.settings import Settings
+
+    settings = Settings()
+    _logging(settings)
+    try:
+        if settings.broker_url:
+            from app.jobs.celery_app import run_worker as celery_worker
+
+            celery_worker(settings, loglevel=settings.log_level.upper())
+        else:
+            _embedded_forever(settings, args.threads)
+    except SchemaError as exc:
+        return _refuse(exc)
+    return 0
+
+
+def _embedded_forever(settings: Any, threads: int | None) -> None:
+    """Without a broker, poll the database for queued jobs in this process.
+
+    SIGTERM (``docker stop``, systemd) and Ctrl-C stop it cleanly: a running job stops at its
+    next batch and goes back to the queue for the next worker.
+    """
+    import signal
+    import threading
+
+    from app.jobs.embedded import EmbeddedWorker
+    from app.store.db import ensure_schema
+    from app.store.services import Services
+
+    services = Services(settings)
+    ensure_schema(services.db.engine)
+    worker = EmbeddedWorker(services, threads=threads or max(settings.worker_threads, 1))
+    worker.start()
+    print(f"cka-atlas: worker polling {services.db.engine.url!r}", file=sys.stderr)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        worker.stop()
+
+
+def run_db(args: argparse.Namespace) -> int:
+    from app.store.db import Database, current_revision, head_revision, upgrade
+
+    settings = _settings(args)
+    db = Database(settings.resolved_database_url)
+    try:
+        if args.db_command == "upgrade":
+            upgrade(db.engine)
+            print(f"database at {head_revision()} (head)")
+            return 0
+        current, head = current_revision(db.engine), head_revision()
+        state = "up to date" if current == head else "outdated: run `cka-atlas db upgrade`"
+        print(f"current: {current or 'none'}\nhead: {head}\n{state}")
+        return 0 if current == head else 1
+    finally:
+        db.dispose()
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from app.cli.demo import setup_demo
+
+    settings = _settings(args)
+    _logging(settings)
+    try:
+        setup_demo(settings, args.zoo, progress=not args.quiet)
+    except SchemaError as exc:
+        return _refuse(exc)
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("serve", help="Run the REST API (and the in-process worker).")
+    p.add_argument("--host", default=None, help="Bind address (default CKA_HOST, 127.0.0.1).")
+    p.add_argument("--port", type=int, default=None, help="Port (default CKA_PORT, 8000).")
+    p.set_defaults(func=run_serve)
+
+    p = subparsers.add_parser(
+        "worker",
+        help="Run jobs: a Celery worker when CKA_BROKER_URL is set, else a database poller.",
+    )
+    p.add_argument("--threads", type=int, default=None, help="Poller threads (no broker).")
+    p.set_defaults(func=run_worker)
+
+    p = subparsers.add_parser("db", help="Database schema: upgrade or show the revision.")
+    p.add_argument("db_command", choices=("upgrade", "current"))
+    p.set_defaults(func=run_db)
+
+    p = subparsers.add_parser(
+        "demo",
+        help="Register the demo zoo (training it if missing) and queue its atlas over digits.",
+    )
+    p.add_argument("--zoo", default="zoo", help="Zoo directory (default ./zoo).")
+    p.add_argument("--quiet", action="store_true", help="No progress bars.")
+    p.set_defaults(func=run_demo)

@@ -1,1 +1,0 @@
-"""Subcommands of the ``cka-atlas`` CLI, one module each; each exposes ``register``."""

@@ -1,0 +1,179 @@
+"""Results of a finished comparison: the full atlas, one matrix, and rendered heatmaps.
+
+The matrix and the heatmaps are what clients read most, so they avoid decoding the stored
+atlas per request: the row is read without its ``result`` column, a decoded atlas is kept
+per ``result_sha256`` in a small in-process LRU (a result never changes once written), and
+a heatmap is rendered once and then read from the artifact store. Both carry an ETag derived
+from ``result_sha256`` and answer ``If-None-Match`` with 304.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+from typing import Any, Literal
+
+from cachetools import LRUCache
+from fastapi import APIRouter, Query, Request, Response
+from sqlalchemy.orm import defer
+
+from analysis import Atlas
+from analysis.plot import render_atlas
+from app.http.api.deps import READ, ComparisonId, Svc, not_found
+from app.http.problems import PROBLEM_RESPONSES, ProblemError
+from app.http.schemas import MatrixOut
+from app.store.orm import Comparison
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/comparisons", tags=["comparisons"], responses=PROBLEM_RESPONSES)
+MEDIA = {"png": "image/png", "svg": "image/svg+xml"}
+ATLAS_CACHE_SIZE = 16
+_atlases: LRUCache[str, Any] = LRUCache(maxsize=ATLAS_CACHE_SIZE)
+_atlases_lock = threading.Lock()
+
+
+def _atlas(cmp: Comparison) -> Any:
+    assert cmp.result is not None
+    return Atlas.from_dict(cmp.result)
+
+
+def _cached_atlas(services: Svc, cmp: Comparison) -> Any:
+    """The decoded atlas of a finished comparison, from the LRU keyed by its result's sha256."""
+    key = cmp.result_sha256
+    assert key is not None
+    with _atlases_lock:
+        atlas = _atlases.get(key)
+    if atlas is None:  # decoded outside the lock: a large atlas takes a while
+        atlas = _atlas(_finished(services, cmp.id))
+        with _atlases_lock:
+            _atlases[key] = atlas
+    return atlas
+
+
+def _not_modified(request: Request, etag: str) -> bool:
+    inm = request.headers.get("if-none-match", "")
+    return etag in [t.strip() for t in inm.split(",")] or inm.strip() == "*"
+
+
+def _cache_headers(services: Svc, etag: str) -> dict[str, str]:
+    # Revalidate every time (the ETag makes that cheap). "private" when reads need a token,
+    # so that a shared cache never keeps a copy of a response that needed authorisation.
+    settings = services.settings
+    scope = "private" if settings.read_requires_token and settings.tokens else "public"
+    return {"ETag": etag, "Cache-Control": f"{scope}, max-age=0, must-revalidate"}
+
+
+def _finished(services: Svc, comparison_id: int, *, load_result: bool = True) -> Comparison:
+    """The comparison row if it has a result (404/409 otherwise).
+
+    ``load_result=False`` leaves the (large) ``result`` column unloaded; ``result_sha256``,
+    which is written in the same transaction, tells whether there is one.
+    """
+    options = [] if load_result else [defer(Comparison.result)]
+    with services.db.session(readonly=True) as s:
+        cmp = s.get(Comparison, comparison_id, options=options)
+        if cmp is None:
+            raise not_found("comparison", comparison_id)
+        if (cmp.result if load_result else cmp.result_sha256) is None:
+            raise ProblemError(
+                409,
+                "not_finished",
+                f"comparison {comparison_id} is {cmp.job.status}; it has no result yet",
+            )
+        return cmp
+
+
+@router.get("/{comparison_id}/result", **READ)
+def get_result(services: Svc, comparison_id: ComparisonId) -> dict[str, Any]:
+    """The whole atlas as stored (``analysis.Atlas.to_dict``), with diagnostics and provenance."""
+    cmp = _finished(services, comparison_id)
+    return {
+        "comparison_id": cmp.id,
+        "atlas": cmp.result,
+        "diagnostics": cmp.diagnostics,
+        "provenance": cmp.provenance,
+    }
+
+
+def _pick(cmp: Comparison, key: str, field: str) -> str:
+    labels = [m.label for m in cmp.members]
+    if key in labels:
+        return key
+    for m in cmp.members:
+        if key == str(m.model_id):
+            return m.label
+    raise ProblemError(
+        422,
+        "unknown_model",
+        f"{key!r} is not one of this comparison's models {labels}",
+        field=field,
+    )
+
+
+def _cell(v: float) -> float | None:
+    return None if math.isnan(v) else float(v)
+
+
+@router.get(
+    "/{comparison_id}/matrix",
+    response_model=MatrixOut,
+    responses={304: {"description": "Not modified (If-None-Match matched the ETag)"}},
+    **READ,
+)
+def get_matrix(
+    services: Svc,
+    request: Request,
+    response: Response,
+    comparison_id: ComparisonId,
+    a: str | None = Query(None, max_length=220, description="Model label or id (default: first)"),
+    b: str | None = Query(None, max_length=220, description="Model label or id (default: a)"),
+) -> dict[str, Any] | Response:
+    """CKA between every layer of model ``a`` (rows) and every layer of model ``b`` (columns)."""
+    cmp = _finished(services, comparison_id, load_result=False)
+    la = _pick(cmp, a, "a") if a is not None else cmp.members[0].label
+    lb = _pick(cmp, b, "b") if b is not None else la
+    key = hashlib.sha256(f"matrix-v1:{cmp.result_sha256}:{la}:{lb}".encode()).hexdigest()
+    headers = _cache_headers(services, f'"{key}"')
+    if _not_modified(request, headers["ETag"]):
+        return Response(status_code=304, headers=headers)
+    response.headers.update(headers)
+    atlas = _cached_atlas(services, cmp)
+    m = atlas.matrix(la, lb)
+    return {
+        "comparison_id": cmp.id,
+        "a": la,
+        "b": lb,
+        "rows": list(atlas.layers[la]),
+        "cols": list(atlas.layers[lb]),
+        "values": [[_cell(v) for v in row] for row in m.tolist()],
+    }
+
+
+@router.get(
+    "/{comparison_id}/heatmap.{fmt}",
+    response_class=Response,
+    responses={
+        200: {"content": {"image/png": {}, "image/svg+xml": {}}},
+        304: {"description": "Not modified (If-None-Match matched the ETag)"},
+    },
+    **READ,
+)
+def get_heatmap(
+    services: Svc, request: Request, comparison_id: ComparisonId, fmt: Literal["png", "svg"]
+) -> Response:
+    """The atlas heatmap grid, rendered once and cached in the artifact store; has an ETag."""
+    cmp = _finished(services, comparison_id, load_result=False)
+    key = hashlib.sha256(f"heatmap-v1:{cmp.result_sha256}:{fmt}".encode()).hexdigest()
+    headers = _cache_headers(services, f'"{key}"')
+    if _not_modified(request, headers["ETag"]):
+        return Response(status_code=304, headers=headers)
+    suffix = f".{fmt}"
+    path = services.store.path(key, suffix)
+    if path.is_file():
+        data = path.read_bytes()
+    else:
+        data = render_atlas(_cached_atlas(services, cmp), fmt=fmt)
+        services.store.put_as(data, key, suffix)
+    return Response(content=data, media_type=MEDIA[fmt], headers=headers)

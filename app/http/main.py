@@ -1,0 +1,96 @@
+"""The FastAPI application: ``create_app(settings)``.
+
+On start-up (lifespan) the schema is checked — an empty database is migrated, an outdated
+one refused — the built-in datasets are registered, and jobs get a worker: the in-process
+thread pool, or, with ``CKA_BROKER_URL``, Celery (the API then only enqueues).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from app.http.api import architectures, comparisons, datasets, models, results, trainings
+from app.http.ops import install_ops
+from app.http.problems import install_problem_handlers
+from app.http.security import BodyLimitMiddleware
+from app.http.web import install_web
+from app.jobs.celery_app import make_celery, send_job
+from app.jobs.compare import code_version
+from app.jobs.embedded import EmbeddedWorker
+from app.store.datasets import register_builtin_datasets
+from app.store.db import ensure_schema
+from app.store.services import Services
+from app.store.settings import Settings
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """
+Layer-by-layer CKA between neural networks. Upload checkpoints and datasets, queue a
+comparison, poll it, and read its matrices and heatmaps. Errors are
+`application/problem+json` with a stable `code` and the offending `field`; every list is
+paginated with `limit` and `offset`. Writes need `Authorization: Bearer <token>` when
+`CKA_API_TOKENS` is set.
+"""
+
+
+def _attach_worker(app: FastAPI, services: Services, start_worker: bool) -> Any:
+    settings = services.settings
+    if settings.broker_url:
+        celery = make_celery(settings)
+        services.dispatch = lambda job_id: send_job(celery, job_id)
+        return None
+    if not start_worker or settings.worker_threads == 0:
+        return None
+
+    worker = EmbeddedWorker(services)
+    services.dispatch = worker.notify
+    worker.start()
+    return worker
+
+
+def create_app(settings: Settings | None = None, *, start_worker: bool = True) -> FastAPI:
+    """Build the app; nothing touches the database until the lifespan starts."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services = Services(settings)
+        worker = None
+        try:
+            if ensure_schema(services.db.engine) == "created":
+                log.info("created the database schema at %s", services.db.engine.url)
+            register_builtin_datasets(services)
+            app.state.services = services
+            worker = _attach_worker(app, services, start_worker)
+            yield
+        finally:
+            if worker is not None:
+                worker.stop()
+            services.close()
+
+    app = FastAPI(
+        title="cka-atlas",
+        version=_version(),
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    install_problem_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes)
+
+    for module in (architectures, models, datasets, trainings, comparisons, results):
+        app.include_router(module.router)
+
+    install_ops(app)  # /healthz, /readyz, /metrics and the request timer (outermost)
+    install_web(app)  # the pages at /, /static
+    return app
+
+
+def _version() -> str:
+    return code_version()

@@ -1,0 +1,157 @@
+"""RFC 9457 ``application/problem+json`` errors with a stable ``code`` and offending ``field``.
+
+Every error the API returns goes through here, including FastAPI's validation errors and
+Starlette's 404/405, so a client only ever parses one error shape. Every error a user can
+cause carries its own code and status (:mod:`app.errors`), so one handler maps them by class.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.errors import ProblemError, problem_of
+
+__all__ = [
+    "PROBLEM_RESPONSES",
+    "Problem",
+    "ProblemError",
+    "install_problem_handlers",
+    "problem_response",
+]
+
+log = logging.getLogger(__name__)
+MEDIA_TYPE = "application/problem+json"
+
+_STATUS_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    429: "too_many_requests",
+    500: "internal_error",
+    503: "unavailable",
+}
+
+
+class Problem(BaseModel):
+    """The body of every error response."""
+
+    type: str = Field("about:blank", examples=["about:blank"])
+    title: str = Field(examples=["Not Found"])
+    status: int = Field(examples=[404])
+    detail: str = Field(examples=["model 42 does not exist"])
+    code: str = Field(description="Stable machine-readable error code.", examples=["not_found"])
+    field: str | None = Field(None, description="The offending input field, dotted.")
+    errors: list[dict[str, Any]] | None = Field(None, description="Every validation error.")
+
+
+def _title(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def problem_response(
+    status: int,
+    code: str,
+    detail: str,
+    *,
+    field: str | None = None,
+    errors: list[dict[str, Any]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": "about:blank",
+        "title": _title(status),
+        "status": status,
+        "detail": detail,
+        "code": code,
+        "field": field,
+    }
+    if errors is not None:
+        body["errors"] = errors
+    return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
+
+
+def _loc_field(loc: tuple[Any, ...] | list[Any]) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header", "form")]
+    return ".".join(parts) or None
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    return str(value)
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Route every error, ours and the framework's, through :func:`problem_response`."""
+
+    @app.exception_handler(ProblemError)
+    async def _problem(_: Request, exc: ProblemError) -> JSONResponse:
+        return problem_response(
+            exc.status, exc.code, exc.detail, field=exc.field, headers=exc.headers
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"field": _loc_field(e.get("loc", ())), "message": e.get("msg", ""), "type": e["type"]}
+            for e in exc.errors()
+        ]
+        first = errors[0] if errors else {"field": None, "message": "invalid request"}
+        message = str(first["message"])
+        detail = f"{first['field']}: {message}" if first["field"] else message
+        return problem_response(
+            422, "validation_error", detail, field=first["field"], errors=_json_safe(errors)
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _STATUS_CODES.get(exc.status_code, "error")
+        return problem_response(
+            exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None)
+        )
+
+    @app.exception_handler(Exception)
+    async def _any(_: Request, exc: Exception) -> JSONResponse:
+        # Our errors and the libraries' carry their code and status (app.errors); the rest
+        # is a bug, logged with its traceback and answered without one.
+        known = problem_of(exc)
+        if known is not None:
+            return problem_response(known[0], known[1], str(exc))
+        log.exception("unhandled error", exc_info=exc)
+        return problem_response(500, "internal_error", "internal error; see the server log")
+
+
+def _problem_doc(description: str) -> dict[str, Any]:
+    return {"model": Problem, "description": description, "content": {MEDIA_TYPE: {}}}
+
+
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _problem_doc("The request body cannot be parsed (e.g. JSON that is not UTF-8)."),
+    401: _problem_doc("Missing or wrong bearer token."),
+    404: _problem_doc("No such resource."),
+    409: _problem_doc("The request conflicts with the current state."),
+    413: _problem_doc("The upload exceeds CKA_MAX_UPLOAD_BYTES."),
+    422: _problem_doc("Invalid input; `field` names the offending field."),
+}

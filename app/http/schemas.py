@@ -1,0 +1,146 @@
+"""Request and response bodies of the REST API, with the examples shown in OpenAPI."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.jobs.requests import (
+    ComparisonIn,
+    Estimator,
+    Feature,
+    Kernel,
+    Mode,
+    TrainingIn,
+)
+from app.store.orm import JobState
+from app.store.values import ID_MAX, NO_NUL, clean_name
+
+__all__ = [
+    "ID_MAX",
+    "NO_NUL",
+    "ArchitectureOut",
+    "ComparisonIn",
+    "ComparisonOut",
+    "DatasetOut",
+    "Estimator",
+    "Feature",
+    "Kernel",
+    "MatrixOut",
+    "Mode",
+    "ModelOut",
+    "Page",
+    "TrainingIn",
+    "TrainingOut",
+    "clean_name",
+]
+
+T = TypeVar("T")
+
+
+class Page(BaseModel, Generic[T]):
+    """One page of a list; ask for the next with ``offset=offset+limit`` while < total."""
+
+    items: list[T]
+    total: int = Field(examples=[42])
+    limit: int = Field(examples=[50])
+    offset: int = Field(examples=[0])
+
+
+class ArchitectureOut(BaseModel):
+    name: str = Field(examples=["mixer_digits"])
+    family: Literal["preset", "timm"] = Field(examples=["preset"])
+    input_shape: list[int] | None = Field(default=None, examples=[[1, 8, 8]])
+    num_classes: int | None = Field(default=None, examples=[10])
+    default_layers: list[str] | None = Field(
+        default=None, examples=[["blocks.0", "blocks.1", "norm"]]
+    )
+
+
+class ModelOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int = Field(examples=[1])
+    name: str = Field(examples=["mixer_digits"])
+    arch: str = Field(examples=["mixer_digits"])
+    source: str = Field(examples=["upload"], description="upload, timm, training or zoo")
+    sha256: str = Field(examples=["9f2c…"], description="sha256 of the safetensors file")
+    size_bytes: int = Field(examples=[81234])
+    config: dict[str, Any] = Field(examples=[{"depth": 4, "hidden_dim": 32}])
+    input_shape: list[int] = Field(examples=[[1, 8, 8]])
+    num_classes: int | None = Field(default=None, examples=[10])
+    parameters: int = Field(examples=[20330])
+    connections: int | None = Field(
+        default=None, description="Ω, weights in the token/channel maps"
+    )
+    default_layers: list[str] = Field(examples=[["blocks.0", "blocks.1", "norm"]])
+    sidecar: dict[str, Any] = Field(description="The checkpoint's JSON sidecar (metrics, data)")
+    created_at: datetime
+
+
+class DatasetOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int = Field(examples=[1])
+    name: str = Field(examples=["digits"])
+    builtin: bool = Field(examples=[True])
+    split: str = Field(examples=["test"])
+    sha256: str = Field(description="Content hash of the decoded images and labels")
+    n: int = Field(examples=[360])
+    shape: list[int] = Field(examples=[[1, 8, 8]], description="(C, H, W)")
+    classes: list[str] | None = Field(default=None, examples=[["0", "1", "2"]])
+    size_bytes: int = Field(examples=[0])
+    created_at: datetime
+
+
+class JobFields(BaseModel):
+    status: JobState = Field(examples=["running"])
+    progress: float = Field(ge=0, le=1, examples=[0.4])
+    eta_s: float | None = Field(default=None, description="Seconds left, from the rate so far")
+    error: str | None = Field(default=None, examples=[None])
+    error_code: str | None = Field(default=None, examples=[None])
+    attempts: int = Field(examples=[1])
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class TrainingOut(JobFields):
+    id: int = Field(examples=[1])
+    arch: str = Field(examples=["mixer_digits"])
+    dataset_id: int = Field(examples=[1])
+    params: dict[str, Any]
+    model_id: int | None = Field(default=None, description="The registered model once succeeded")
+    created_at: datetime
+
+
+class ComparisonModelOut(BaseModel):
+    id: int
+    label: str
+
+
+class ComparisonOut(JobFields):
+    id: int = Field(examples=[7])
+    dataset_id: int = Field(examples=[1])
+    models: list[ComparisonModelOut]
+    params: dict[str, Any]
+    diagnostics: dict[str, Any] | None = None
+    provenance: dict[str, Any] | None = None
+    created_at: datetime
+    links: dict[str, str] = Field(
+        examples=[
+            {"matrix": "/v1/comparisons/7/matrix", "heatmap_png": "/v1/comparisons/7/heatmap.png"}
+        ]
+    )
+
+
+class MatrixOut(BaseModel):
+    comparison_id: int = Field(examples=[7])
+    a: str = Field(examples=["mixer_digits"])
+    b: str = Field(examples=["sw_mlp_digits"])
+    rows: list[str] = Field(description="Layers of model a", examples=[["blocks.0", "norm"]])
+    cols: list[str] = Field(description="Layers of model b", examples=[["blocks.0", "norm"]])
+    values: list[list[float | None]] = Field(
+        description="CKA, rows × cols; null where undefined", examples=[[[0.98, 0.5], [0.4, 0.9]]]
+    )

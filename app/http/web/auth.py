@@ -1,0 +1,126 @@
+"""How the page gets the token: a login field, an HttpOnly cookie, never the URL.
+
+``POST /login`` checks the token typed into the login field against ``CKA_API_TOKENS`` and
+stores it in an ``HttpOnly``, ``SameSite=Strict`` cookie (``Secure`` over HTTPS); page
+scripts never see it. :mod:`app.http.security` accepts that cookie for reads, and for writes
+only together with the ``X-CKA-CSRF`` header that the page's scripts add (a cross-site form
+cannot). Pages that need a token for reading show the login form with 401 instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import RedirectResponse, Response
+
+from app.http.security import COOKIE_NAME, token_valid
+from app.http.web.templating import templates
+
+__all__ = ["AuthState", "LoginRequired", "auth_state", "login_page", "page_reader", "router"]
+
+router = APIRouter(include_in_schema=False)
+COOKIE_MAX_AGE = 12 * 3600
+
+
+@dataclass(frozen=True)
+class AuthState:
+    """What the page needs to know about access, for the header and the forms."""
+
+    tokens_configured: bool
+    read_requires_token: bool
+    signed_in: bool
+
+    @property
+    def can_write(self) -> bool:
+        return self.signed_in or not self.tokens_configured
+
+    @property
+    def can_read(self) -> bool:
+        return self.signed_in or not (self.read_requires_token and self.tokens_configured)
+
+
+class LoginRequired(Exception):
+    """Raised by :func:`page_reader`; answered with the login form and 401."""
+
+    def __init__(self, next_path: str) -> None:
+        super().__init__(next_path)
+        self.next_path = next_path
+
+
+def auth_state(request: Request) -> AuthState:
+    settings = request.app.state.services.settings
+    tokens: frozenset[str] = settings.tokens
+    return AuthState(
+        tokens_configured=bool(tokens),
+        read_requires_token=bool(settings.read_requires_token),
+        signed_in=bool(tokens) and token_valid(tokens, request.cookies.get(COOKIE_NAME, "")),
+    )
+
+
+def page_reader(request: Request) -> AuthState:
+    """Dependency of every page: the auth state, or LoginRequired if reads need a token."""
+    state = auth_state(request)
+    if not state.can_read:
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        raise LoginRequired(path)
+    return state
+
+
+def _safe_next(value: str | None) -> str:
+    """Only local absolute paths: never ``//host`` or ``https://host`` (open redirect)."""
+    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return "/"
+    return value
+
+
+def login_page(
+    request: Request, *, next_path: str = "/", error: str | None = None, status: int = 200
+) -> Response:
+    context: dict[str, Any] = {
+        "auth": auth_state(request),
+        "next": _safe_next(next_path),
+        "error": error,
+        "title": "Sign in",
+    }
+    return templates.TemplateResponse(request, "login.html", context, status_code=status)
+
+
+@router.get("/login")
+def get_login(request: Request, next: str = "/") -> Response:
+    return login_page(request, next_path=next)
+
+
+@router.post("/login")
+def post_login(
+    request: Request,
+    token: Annotated[str, Form(max_length=1000)] = "",
+    next: Annotated[str, Form(max_length=2000)] = "/",
+) -> Response:
+    """Check the token and keep it in the HttpOnly cookie; 401 with the form again if wrong."""
+    tokens: frozenset[str] = request.app.state.services.settings.tokens
+    token = token.strip()
+    if tokens and not token_valid(tokens, token):
+        return login_page(
+            request, next_path=next, error="That token is not accepted here.", status=401
+        )
+    response = RedirectResponse(_safe_next(next), status_code=303)
+    if tokens:
+        response.set_cookie(
+            COOKIE_NAME,
+            token,
+            max_age=COOKIE_MAX_AGE,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            path="/",
+        )
+    return response
+
+
+@router.post("/logout")
+def post_logout() -> Response:
+    response = RedirectResponse("/", status_code=303)
+    response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict")
+    return response

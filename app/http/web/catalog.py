@@ -1,0 +1,190 @@
+"""Model and dataset pages, and the dataset sample images they show."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from app.http.api.deps import comparison_view
+from app.http.web.auth import AuthState, page_reader
+from app.http.web.common import (
+    PAGE_SIZE,
+    Pager,
+    as_int,
+    as_text,
+    is_id,
+    not_found_page,
+    render,
+    services_of,
+)
+from app.http.web.samples import render_sample
+from app.store import repository
+from app.store.datasets import dataset_key
+from app.store.orm import Dataset, Model
+
+__all__ = ["SAMPLES", "model_facts", "router", "sample_indices"]
+
+router = APIRouter(include_in_schema=False)
+Auth = Annotated[AuthState, Depends(page_reader)]
+SAMPLES = 12
+
+
+def _metric(sidecar: dict[str, Any], split: str, key: str) -> Any:
+    metrics = sidecar.get("metrics") or {}
+    part = metrics.get(split) if isinstance(metrics, dict) else None
+    return part.get(key) if isinstance(part, dict) else None
+
+
+def model_facts(row: Model) -> dict[str, Any]:
+    """What a researcher wants first about a checkpoint, from its row and sidecar."""
+    side = row.sidecar or {}
+    training = side.get("training") if isinstance(side.get("training"), dict) else {}
+    trained_on = side.get("dataset") if isinstance(side.get("dataset"), dict) else {}
+    return {
+        "test_accuracy": _metric(side, "test", "accuracy"),
+        "train_accuracy": _metric(side, "train", "accuracy"),
+        "test_loss": _metric(side, "test", "loss"),
+        "free_parameters": side.get("free_parameters"),
+        "effective_width": side.get("effective_width"),
+        "family": side.get("family"),
+        "seed": side.get("seed"),
+        "training": training,
+        "trained_on": trained_on,
+    }
+
+
+@router.get("/models")
+def models_page(
+    request: Request, auth: Auth, q: str | None = None, page: str | None = None
+) -> Response:
+    number = as_int(page, minimum=1) or 1
+    query = as_text(q)
+    with services_of(request).db.session(readonly=True) as s:
+        rows, total = repository.list_models(
+            s, limit=PAGE_SIZE, offset=(number - 1) * PAGE_SIZE, q=query
+        )
+    return render(
+        request,
+        "models.html",
+        auth,
+        title="Models",
+        rows=[(r, model_facts(r)) for r in rows],
+        q=query or "",
+        pager=Pager(number, total, PAGE_SIZE, "/models", {"q": query}),
+    )
+
+
+@router.get("/models/{model_id}")
+def model_page(request: Request, auth: Auth, model_id: int) -> Response:
+    if not is_id(model_id):
+        return not_found_page(request, auth, f"Model {model_id}")
+    with services_of(request).db.session(readonly=True) as s:
+        row = s.get(Model, model_id)
+        if row is None:
+            return not_found_page(request, auth, f"Model {model_id}")
+        items, total = repository.list_comparisons(s, limit=50, offset=0, model_id=model_id)
+        comparisons = [comparison_view(c) for c in items]
+        datasets = {d.id: d for d in repository.list_datasets(s, limit=500, offset=0)[0]}
+    return render(
+        request,
+        "model.html",
+        auth,
+        title=row.name,
+        model=row,
+        facts=model_facts(row),
+        comparisons=comparisons,
+        comparisons_total=total,
+        datasets=datasets,
+    )
+
+
+@router.get("/datasets")
+def datasets_page(request: Request, auth: Auth, page: str | None = None) -> Response:
+    number = as_int(page, minimum=1) or 1
+    with services_of(request).db.session(readonly=True) as s:
+        rows, total = repository.list_datasets(s, limit=PAGE_SIZE, offset=(number - 1) * PAGE_SIZE)
+    return render(
+        request,
+        "datasets.html",
+        auth,
+        title="Datasets",
+        rows=rows,
+        pager=Pager(number, total, PAGE_SIZE, "/datasets", {}),
+    )
+
+
+def _load(request: Request, row: Dataset) -> Any:
+    return services_of(request).datasets.get(dataset_key(row))
+
+
+def sample_indices(labels: np.ndarray | None, n: int, count: int = SAMPLES) -> list[int]:
+    """The first image of each class in turn (so every class shows), else the first images."""
+    if labels is None or len(labels) == 0:
+        return list(range(min(n, count)))
+    chosen: list[int] = []
+    seen_per_class: dict[int, list[int]] = {}
+    for i, y in enumerate(labels.tolist()):
+        seen_per_class.setdefault(int(y), []).append(i)
+    rounds = max(len(v) for v in seen_per_class.values())
+    for r in range(rounds):
+        for cls in sorted(seen_per_class):
+            if r < len(seen_per_class[cls]):
+                chosen.append(seen_per_class[cls][r])
+                if len(chosen) == min(count, n):
+                    return chosen
+    return chosen
+
+
+@router.get("/datasets/{dataset_id}")
+def dataset_page(request: Request, auth: Auth, dataset_id: int) -> Response:
+    if not is_id(dataset_id):
+        return not_found_page(request, auth, f"Dataset {dataset_id}")
+    with services_of(request).db.session(readonly=True) as s:
+        row = s.get(Dataset, dataset_id)
+        if row is None:
+            return not_found_page(request, auth, f"Dataset {dataset_id}")
+        items, total = repository.list_comparisons(s, limit=50, offset=0, dataset_id=dataset_id)
+        comparisons = [comparison_view(c) for c in items]
+    data = _load(request, row)
+    indices = sample_indices(data.y, len(data))
+    classes = list(data.classes) if data.classes is not None else None
+    samples = []
+    for i in indices:
+        label = None
+        if data.y is not None:
+            y = int(data.y[i])
+            label = classes[y] if classes is not None and 0 <= y < len(classes) else str(y)
+        samples.append({"index": i, "label": label})
+    return render(
+        request,
+        "dataset.html",
+        auth,
+        title=row.name,
+        dataset=row,
+        samples=samples,
+        comparisons=comparisons,
+        comparisons_total=total,
+    )
+
+
+@router.get("/datasets/{dataset_id}/samples/{index}.png")
+def dataset_sample(request: Request, auth: Auth, dataset_id: int, index: int) -> Response:
+    """One image of the dataset as PNG; immutable for a given dataset content hash."""
+    if not is_id(dataset_id):
+        return Response(status_code=404)
+    with services_of(request).db.session(readonly=True) as s:
+        row = s.get(Dataset, dataset_id)
+    if row is None:
+        return Response(status_code=404)
+    data = _load(request, row)
+    if not 0 <= index < len(data):
+        return Response(status_code=404)
+    etag = '"' + hashlib.sha256(f"sample-v1:{row.sha256}:{index}".encode()).hexdigest()[:32] + '"'
+    headers = {"ETag": etag, "Cache-Control": "private, max-age=86400"}
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers=headers)
+    return Response(render_sample(data.x[index]), media_type="image/png", headers=headers)

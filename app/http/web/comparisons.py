@@ -1,0 +1,138 @@
+"""Comparison pages: the filtered list (the home page), one atlas, and the new-atlas form."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from sqlalchemy import select
+
+from app.http.api.deps import comparison_view
+from app.http.web.auth import AuthState, page_reader
+from app.http.web.common import (
+    PAGE_SIZE,
+    Pager,
+    as_int,
+    as_text,
+    is_id,
+    not_found_page,
+    render,
+    services_of,
+)
+from app.store import repository
+from app.store.orm import JOB_STATES, Comparison, Dataset, Model
+
+__all__ = ["atlas_payload", "router"]
+
+router = APIRouter(include_in_schema=False)
+Auth = Annotated[AuthState, Depends(page_reader)]
+KERNEL_CHOICES = ("linear", "rbf")
+
+
+def _catalog(request: Request) -> tuple[list[Model], list[Dataset], list[str]]:
+    """All models and datasets (for filters and the form), and the kernels in use."""
+    with services_of(request).db.session(readonly=True) as s:
+        models, _ = repository.list_models(s, limit=500, offset=0)
+        datasets, _ = repository.list_datasets(s, limit=500, offset=0)
+        kernels = sorted(set(s.scalars(select(Comparison.kernel).distinct())) | set(KERNEL_CHOICES))
+    return models, datasets, kernels
+
+
+@router.get("/")
+def comparisons_page(
+    request: Request,
+    auth: Auth,
+    model: str | None = None,
+    dataset: str | None = None,
+    status: str | None = None,
+    kernel: str | None = None,
+    page: str | None = None,
+) -> Response:
+    """Newest comparisons first, filtered by model, dataset, status and kernel."""
+    model_id, dataset_id = as_int(model, minimum=1), as_int(dataset, minimum=1)
+    status = status if status in JOB_STATES else None
+    kernel = as_text(kernel, 40)
+    filters = {"model": model_id, "dataset": dataset_id, "status": status, "kernel": kernel}
+    number = as_int(page, minimum=1) or 1
+    models, datasets, kernels = _catalog(request)
+    with services_of(request).db.session(readonly=True) as s:
+        items, total = repository.list_comparisons(
+            s,
+            limit=PAGE_SIZE,
+            offset=(number - 1) * PAGE_SIZE,
+            model_id=model_id,
+            dataset_id=dataset_id,
+            status=status,
+            kernel=kernel,
+        )
+        rows = [comparison_view(c) for c in items]
+    pager = Pager(number, total, PAGE_SIZE, "/", filters)
+    return render(
+        request,
+        "comparisons.html",
+        auth,
+        title="Comparisons",
+        rows=rows,
+        pager=pager,
+        filters=filters,
+        models=models,
+        datasets={d.id: d for d in datasets},
+        kernels=kernels,
+        statuses=JOB_STATES,
+    )
+
+
+@router.get("/comparisons/new")
+def new_comparison_page(request: Request, auth: Auth) -> Response:
+    """The form that starts a comparison through ``POST /v1/comparisons``."""
+    models, datasets, _ = _catalog(request)
+    preselect = {
+        m for m in (as_int(v, minimum=1) for v in request.query_params.getlist("model")) if m
+    }
+    return render(
+        request,
+        "new.html",
+        auth,
+        title="New comparison",
+        models=models,
+        datasets=datasets,
+        preselect=preselect,
+    )
+
+
+def atlas_payload(result: dict[str, Any]) -> dict[str, Any]:
+    """What the heatmap script needs from a stored atlas: names, layers and CKA blocks."""
+    return {
+        "models": result.get("models", []),
+        "layers": result.get("layers", {}),
+        "n": result.get("n"),
+        "matrices": [
+            {"a": m["a"], "b": m["b"], "cka": m["cka"]} for m in result.get("matrices", [])
+        ],
+    }
+
+
+@router.get("/comparisons/{comparison_id}")
+def comparison_page(request: Request, auth: Auth, comparison_id: int) -> Response:
+    """The atlas: heatmaps of every model pair, or a live progress bar while it runs."""
+    if not is_id(comparison_id):
+        return not_found_page(request, auth, f"Comparison {comparison_id}")
+    with services_of(request).db.session(readonly=True) as s:
+        cmp = s.get(Comparison, comparison_id)
+        if cmp is None:
+            return not_found_page(request, auth, f"Comparison {comparison_id}")
+        view = comparison_view(cmp)
+        dataset = s.get(Dataset, cmp.dataset_id)
+        result = cmp.result
+    payload = atlas_payload(result) if result is not None else None
+    return render(
+        request,
+        "comparison.html",
+        auth,
+        title=f"Comparison {comparison_id}",
+        cmp=view,
+        dataset=dataset,
+        atlas=payload,
+        meta={"id": comparison_id, "status": view["status"], "progress": view["progress"]},
+    )

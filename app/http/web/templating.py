@@ -1,0 +1,96 @@
+"""The Jinja2 environment of the web page: templates, filters and cache-busted static URLs.
+
+Templates and static files ship inside the package (``app/web/templates``,
+``app/web/static``), so an installed wheel serves the page offline; nothing is loaded from
+a CDN. A static URL carries a hash of the file's content, so browsers may cache it forever.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from fastapi.templating import Jinja2Templates
+
+__all__ = ["STATIC_DIR", "TEMPLATE_DIR", "templates"]
+
+HERE = Path(__file__).parent
+TEMPLATE_DIR = HERE / "templates"
+STATIC_DIR = HERE / "static"
+
+
+@cache
+def _digest(name: str) -> str:
+    return hashlib.sha256((STATIC_DIR / name).read_bytes()).hexdigest()[:12]
+
+
+def static_url(name: str) -> str:
+    """``/static/<name>?v=<content hash>``."""
+    return f"/static/{name}?v={_digest(name)}"
+
+
+def fmt_number(value: Any) -> str:
+    """Thousands separators for integers, four significant decimals for floats."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return "—" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def fmt_percent(value: Any) -> str:
+    return "—" if value is None else f"{float(value):.1%}"
+
+
+def fmt_bytes(value: Any) -> str:
+    if value is None:
+        return "—"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"  # pragma: no cover - loop always returns
+
+
+def fmt_time(value: datetime | None) -> str:
+    """UTC, to the minute: ``2025-01-31 14:05 UTC``."""
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def _make() -> Jinja2Templates:
+    t = Jinja2Templates(directory=str(TEMPLATE_DIR))
+    env = t.env
+    env.trim_blocks = True
+    env.lstrip_blocks = True
+    env.globals["static_url"] = static_url
+    env.filters["num"] = fmt_number
+    env.filters["pct"] = fmt_percent
+    env.filters["bytes"] = fmt_bytes
+    env.filters["when"] = fmt_time
+    env.filters["duration"] = fmt_duration
+    return t
+
+
+templates = _make()

@@ -1,0 +1,84 @@
+"""The default worker: a pool of threads inside the API process.
+
+Each thread claims the oldest queued job, runs it, and repeats; when the queue is empty it
+sleeps until :meth:`notify` (called when the API enqueues) or the poll interval elapses, so
+jobs queued by another process (``cka-atlas demo``) are picked up too. On start, and then
+every ``stale_after_s / 4`` seconds, running jobs whose heartbeat is older than
+``stale_after_s`` are put back in the queue — so a job whose process was killed resumes even
+when the process is restarted before its heartbeat went stale. :meth:`stop` makes a running
+job stop at its next batch and gives it back to the queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from app.jobs import states as jobs
+from app.jobs.run import execute
+from app.store.db import is_transient
+from app.store.services import Services
+
+__all__ = ["EmbeddedWorker"]
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddedWorker:
+    def __init__(self, services: Services, threads: int | None = None) -> None:
+        self.services = services
+        self.threads = services.settings.worker_threads if threads is None else threads
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._pool: list[threading.Thread] = []
+        self._reap_lock = threading.Lock()
+        self._next_reap = 0.0
+
+    def start(self) -> None:
+        self._reap()
+        for i in range(self.threads):
+            worker_id = jobs.new_worker_id(f"embedded-{i}")
+            t = threading.Thread(target=self._loop, args=(worker_id,), name=worker_id, daemon=True)
+            t.start()
+            self._pool.append(t)
+
+    def notify(self, _job_id: int | None = None) -> None:
+        self._wake.set()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop taking jobs; a running job stops at its next batch and goes back to the queue."""
+        self._stop.set()
+        self._wake.set()
+        for t in self._pool:
+            t.join(timeout)
+        self._pool.clear()
+
+    def _reap(self) -> None:
+        """Re-queue stale jobs, at most once per ``stale_after_s / 4`` across the pool."""
+        stale_after = self.services.settings.stale_after_s
+        with self._reap_lock:
+            now = time.monotonic()
+            if now < self._next_reap:
+                return
+            self._next_reap = now + max(stale_after / 4, 0.5)
+        try:
+            jobs.requeue_stale(self.services.db, stale_after, self.services.settings.max_attempts)
+        except Exception as exc:  # the database may be briefly away; the next round retries
+            log.warning("could not look for stale jobs (%s)", type(exc).__name__)
+
+    def _loop(self, worker_id: str) -> None:
+        while not self._stop.is_set():
+            self._reap()
+            try:
+                job = execute(self.services, worker_id, shutdown=self._stop)
+            except Exception as exc:  # the database may be briefly away; keep the thread alive
+                if is_transient(exc):
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    log.warning("worker %s could not claim a job (%s)", worker_id, first)
+                else:
+                    log.exception("worker %s could not claim a job", worker_id)
+                job = None
+            if job is None:
+                self._wake.wait(self.services.settings.poll_s)
+                self._wake.clear()

@@ -1,0 +1,128 @@
+"""What a client asks a job to do: the bodies of a training and a comparison request.
+
+Validated here once, whether the request came over REST, from the CLI or from the web form;
+:mod:`app.jobs.submit` checks them against the database and queues the job.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
+
+from app.store.values import NO_NUL, Id, Text
+
+__all__ = [
+    "MAX_BATCH",
+    "MAX_LAYER_ITEMS",
+    "MAX_MODELS",
+    "ComparisonIn",
+    "Estimator",
+    "Feature",
+    "Kernel",
+    "Mode",
+    "TrainingIn",
+]
+
+
+# "linear", "rbf" (median heuristic) or "rbf:T" (bandwidth T × median distance).
+Kernel = Annotated[str, StringConstraints(pattern=r"^(linear|rbf(:[0-9.eE+-]{1,20})?)$")]
+Estimator = Literal["unbiased", "biased"]
+Mode = Literal["minibatch", "full"]
+Feature = Literal["flatten", "mean_tokens"]
+# A layer name or glob, or an index into the default layers (negative counts from the end);
+# an index is a JSON integer, never a boolean.
+LayerName = Annotated[str, StringConstraints(max_length=200), NO_NUL]
+LayerIndex = Annotated[int, Field(strict=True, ge=-10_000, le=10_000)]
+MAX_MODELS = 32
+MAX_BATCH = 8192
+MAX_LAYER_ITEMS = 200
+
+
+class TrainingIn(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"arch": "mixer_digits", "dataset_id": 1, "epochs": 5, "seed": 0}]
+        },
+    )
+
+    arch: Text = Field(min_length=1, description="A preset or timm name")
+    dataset_id: Id
+    epochs: int = Field(default=5, ge=1, le=1000)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    batch_size: int | None = Field(default=None, ge=1, le=8192, description="Default: the recipe's")
+    lr: float | None = Field(default=None, gt=0, le=10, description="Default: the recipe's")
+    name: Text | None = Field(default=None, description="Name of the resulting model")
+
+
+class ComparisonIn(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "model_ids": [1, 2],
+                    "dataset_id": 1,
+                    "layers": None,
+                    "kernel": "linear",
+                    "estimator": "unbiased",
+                    "mode": "minibatch",
+                    "batch_size": 128,
+                    "feature": "flatten",
+                    "bootstrap": 0,
+                }
+            ]
+        },
+    )
+
+    model_ids: list[Id] = Field(
+        min_length=1, max_length=MAX_MODELS, description="One or more models"
+    )
+    dataset_id: Id
+    # The length limits sit on each member of the union: a bare max_length on the field
+    # would also be applied to an integer selection and fail inside pydantic.
+    layers: (
+        LayerName
+        | LayerIndex
+        | Annotated[list[LayerName | LayerIndex], Field(max_length=MAX_LAYER_ITEMS)]
+        | None
+    ) = Field(
+        default=None,
+        description="Layer selection applied to every model: null for the default layers, "
+        "a name, a glob such as `blocks.*` (`**` crosses dots), an index into the default "
+        "layers (negative counts from the end), or a list of these.",
+        examples=[None, "blocks.*", ["blocks.0", "norm"]],
+    )
+    kernel: Kernel = Field(default="linear", description="`linear`, `rbf` or `rbf:T`")
+    estimator: Estimator = "unbiased"
+    mode: Mode = "minibatch"
+    batch_size: int = Field(
+        default=256, ge=2, le=MAX_BATCH, description="≥ 4 for the unbiased estimator"
+    )
+    feature: Feature = "flatten"
+    bootstrap: int = Field(default=0, ge=0, le=1000)
+    force: bool = Field(
+        default=False, description="Recompute even if an identical comparison exists"
+    )
+
+    @field_validator("layers", mode="wrap")
+    @classmethod
+    def _one_layers_error(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # A union reports one error per member, located at pydantic's internal member tags
+        # ("layers.constrained-str"); answer with one sentence located at "layers" instead.
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(
+                "layers must be null, a layer name or glob of at most 200 characters, an "
+                f"integer index, or a list of at most {MAX_LAYER_ITEMS} of these"
+            ) from None

@@ -1,0 +1,136 @@
+"""Running jobs: claim, dispatch by kind to its handler, record the outcome.
+
+How a job ends: succeeded (result written once, retried across a database restart),
+failed (an English sentence in ``jobs.error``: bad input, the artifact store read-only or
+full, ...), cancelled, or given back to the queue when its worker shuts down or the
+database is unreachable — never left half-written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import analysis
+from app.errors import problem_of
+from app.jobs import states as jobs
+from app.jobs.compare import run_comparison
+from app.jobs.train import run_training
+from app.logs import job_context
+from app.store.artifacts import StoreError
+from app.store.db import is_transient
+from app.store.orm import Job
+from app.store.services import Services
+
+__all__ = ["HANDLERS", "execute", "run_claimed"]
+
+log = logging.getLogger(__name__)
+
+
+# One handler per job kind: ``handler(services, job, control)`` does the work and writes the
+# result through :func:`app.jobs.states.commit_result`.
+HANDLERS: dict[str, Callable[[Services, Job, jobs.JobControl], None]] = {
+    "comparison": run_comparison,
+    "training": run_training,
+}
+
+
+def _run(services: Services, job: Job, control: jobs.JobControl) -> None:
+    handler = HANDLERS.get(job.kind)
+    if handler is None:
+        raise ValueError(f"unknown job kind {job.kind!r}")
+    handler(services, job, control)
+
+
+def _error_code(exc: BaseException) -> str:
+    known = problem_of(exc)
+    if known is not None:
+        return known[1]
+    if isinstance(exc, OSError):
+        return "storage_error"
+    if isinstance(exc, ValueError):
+        return "invalid_input"
+    return "internal_error"
+
+
+def execute(
+    services: Services,
+    worker_id: str,
+    job_id: int | None = None,
+    shutdown: threading.Event | None = None,
+) -> Job | None:
+    """Claim ``job_id`` (or the oldest queued job), run it, record the outcome.
+
+    Returns the claimed job, or None when there was nothing to claim (already taken,
+    finished or cancelled — so a duplicate Celery message is harmless).
+    """
+    job = jobs.claim(services.db, worker_id, job_id)
+    if job is None:
+        return None
+    run_claimed(services, job, worker_id, shutdown)
+    return job
+
+
+def run_claimed(
+    services: Services, job: Job, worker_id: str, shutdown: threading.Event | None = None
+) -> None:
+    """Run a job this worker has claimed and record how it ended.
+
+    ``shutdown`` set while the job runs stops it at its next batch and puts it back in the
+    queue for the next worker.
+    """
+    interval = min(services.settings.heartbeat_s, 1.0)
+    with (
+        job_context(job.id, job.kind),  # every log record of this job carries its id
+        jobs.JobControl(services.db, job.id, worker_id, interval, shutdown) as control,
+    ):
+        log.info("job %s (%s) started on %s", job.id, job.kind, worker_id)
+        try:
+            _run(services, job, control)
+            log.info("job %s succeeded", job.id)
+        except Exception as exc:
+            try:
+                _record_end(services, control, exc)
+            except Exception as again:  # the database is still away: the job goes stale
+                log.error(
+                    "job %s: could not record how it ended (%s); it is re-queued once its "
+                    "heartbeat is %s s old",
+                    job.id,
+                    str(again).strip().splitlines()[0] if str(again).strip() else again,
+                    services.settings.stale_after_s,
+                )
+
+
+def _record_end(services: Services, control: jobs.JobControl, exc: Exception) -> None:
+    db, job_id, worker_id = services.db, control.job_id, control.worker_id
+    if isinstance(exc, jobs.LostJob):
+        log.warning("job %s: %s", job_id, exc)
+    elif control.lost:
+        log.warning("job %s lost while failing: %s", job_id, exc)
+    elif isinstance(exc, analysis.Cancelled) and control.cancel_requested:
+        jobs.mark_cancelled(db, job_id, worker_id)
+        log.info("job %s cancelled", job_id)
+    elif isinstance(exc, analysis.Cancelled) and control.shutdown.is_set():
+        jobs.release(db, job_id, worker_id, timeout=10.0)
+        log.info("job %s put back in the queue: its worker is stopping", job_id)
+    elif isinstance(exc, analysis.Cancelled):
+        jobs.mark_cancelled(db, job_id, worker_id)
+        log.info("job %s cancelled", job_id)
+    elif is_transient(exc):
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.warning("job %s interrupted by the database (%s); re-queued", job_id, first)
+        jobs.release(db, job_id, worker_id, timeout=jobs.retry_s(services.settings))
+    else:
+        code = _error_code(exc)
+        if code == "internal_error":
+            log.exception("job %s failed", job_id, exc_info=exc)
+            message = f"{type(exc).__name__}: {exc}"
+        elif isinstance(exc, StoreError):
+            message = str(exc)
+        elif code == "storage_error":
+            message = f"the artifact store could not be written: {exc}"
+        else:
+            message = str(exc)
+        log.warning("job %s failed: %s", job_id, message)
+        jobs.fail(db, job_id, worker_id, message, code, timeout=jobs.retry_s(services.settings))

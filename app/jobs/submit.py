@@ -1,0 +1,243 @@
+"""Turning a request into a queued job: up-front validation and idempotent creation.
+
+Everything that can be wrong with a comparison is found here, before any work is queued:
+unknown models or dataset, a batch too small for the unbiased estimator, a dataset whose
+images do not fit a model, a layer selection that resolves to nothing. An identical request
+(same checkpoints, dataset content and options) returns the stored comparison; the unique
+``request_hash`` makes that hold under concurrent requests too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from typing import Any
+
+import torch
+from cachetools import LRUCache, cached
+from sqlalchemy.exc import IntegrityError
+
+import models
+from analysis import AnalysisError
+from analysis.kernels import parse_kernel
+from analysis.layers import resolve_layers
+from app.errors import ProblemError
+from app.jobs import states as jobs
+from app.jobs.requests import ComparisonIn, TrainingIn
+from app.store import repository
+from app.store.orm import Comparison, ComparisonModel, Dataset, JobState, Model, Training
+from app.store.services import Services
+
+__all__ = ["skeleton", "submit_comparison", "submit_training"]
+
+# Limits on what one comparison may ask of a worker, checked before anything is queued: the
+# per-batch Gram matrices (float64 worst case, all selected layers of all models at once), the
+# bootstrap's (replicates, L, L) arrays, and the number of selected layers (the result holds
+# L² cells). Past them a request is refused with the field to change, not left to exhaust the
+# worker's memory.
+MEMORY_BUDGET_BYTES = 4 << 30
+MAX_TOTAL_LAYERS = 1024
+
+
+def _skeleton_key(arch: str, config: dict[str, Any]) -> str:
+    return json.dumps([arch, config], sort_keys=True, default=str)
+
+
+@cached(LRUCache(maxsize=32), key=_skeleton_key, lock=threading.Lock())
+def skeleton(arch: str, config: dict[str, Any]) -> Any:
+    """A weightless instance of an architecture (meta device), for layer names and shapes."""
+    try:
+        with torch.device("meta"):
+            net = models.create(arch, **config)
+    except (NotImplementedError, RuntimeError):
+        net = models.create(arch, **config)
+    return net.eval()
+
+
+def _invalid(code: str, detail: str, field: str) -> ProblemError:
+    return ProblemError(422, code, detail, field=field)
+
+
+def _labels(rows: list[Model]) -> list[str]:
+    names = [m.name for m in rows]
+    return [m.name if names.count(m.name) == 1 else f"{m.name}#{m.id}" for m in rows]
+
+
+def _resolve(row: Model, selection: Any) -> list[str]:
+    net = skeleton(row.arch, row.config)
+    try:
+        return list(resolve_layers(net, selection, model_name=f"model {row.id} ({row.name})"))
+    except AnalysisError as exc:
+        raise _invalid("invalid_layers", str(exc), "layers") from None
+
+
+def validate_comparison(
+    services: Services, body: ComparisonIn
+) -> tuple[list[Model], Dataset, dict[str, Any]]:
+    """Check the request against the database; returns rows and the canonical params."""
+    if len(set(body.model_ids)) != len(body.model_ids):
+        raise _invalid("duplicate_model", "model_ids lists a model twice", "model_ids")
+    if body.estimator == "unbiased" and body.batch_size < 4:
+        raise _invalid(
+            "batch_too_small",
+            "the unbiased HSIC estimator needs batch_size >= 4",
+            "batch_size",
+        )
+    with services.db.session(readonly=True) as s:
+        found = repository.models_by_ids(s, body.model_ids)
+        ds = s.get(Dataset, body.dataset_id)
+    for i, mid in enumerate(body.model_ids):
+        if mid not in found:
+            raise _invalid("unknown_model", f"model {mid} does not exist", f"model_ids.{i}")
+    if ds is None:
+        raise _invalid("unknown_dataset", f"dataset {body.dataset_id} does not exist", "dataset_id")
+    rows = [found[mid] for mid in body.model_ids]
+    min_n = 4 if body.estimator == "unbiased" else 2
+    if ds.n < min_n:
+        raise _invalid("dataset_too_small", f"the dataset has {ds.n} images", "dataset_id")
+    for row in rows:
+        if list(row.input_shape) != list(ds.shape):
+            raise _invalid(
+                "shape_mismatch",
+                f"dataset {ds.id} has images of shape {tuple(ds.shape)} but model {row.id} "
+                f"({row.name}) takes {tuple(row.input_shape)}",
+                "dataset_id",
+            )
+
+    try:
+        kernel = parse_kernel(body.kernel).spec
+    except AnalysisError as exc:
+        raise _invalid("invalid_kernel", str(exc), "kernel") from None
+    labels = _labels(rows)
+    resolved = {label: _resolve(row, body.layers) for label, row in zip(labels, rows, strict=True)}
+    _check_size(body, ds, sum(len(names) for names in resolved.values()))
+    params = {
+        "model_ids": body.model_ids,
+        "labels": labels,
+        "dataset_id": ds.id,
+        "layers": body.layers,
+        "resolved_layers": resolved,
+        "kernel": kernel,
+        "estimator": body.estimator,
+        "mode": body.mode,
+        "batch_size": body.batch_size,
+        "feature": body.feature,
+        "bootstrap": body.bootstrap,
+    }
+    return rows, ds, params
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def _check_size(body: ComparisonIn, ds: Dataset, layers: int) -> None:
+    """Refuse a comparison whose Grams, bootstrap or result would not fit a worker."""
+    if layers > MAX_TOTAL_LAYERS:
+        raise _invalid(
+            "too_many_layers",
+            f"the selection picks {layers} layers over all models, more than the "
+            f"{MAX_TOTAL_LAYERS} allowed; select fewer layers or models",
+            "layers",
+        )
+    full = body.mode == "full"
+    b = ds.n if full else min(body.batch_size, ds.n)
+    grams = layers * b * b * 8
+    if grams > MEMORY_BUDGET_BYTES:
+        what = f"all {ds.n} images at once (mode full)" if full else f"batch_size {b}"
+        raise _invalid(
+            "batch_too_large",
+            f"{what} over {layers} layers needs about {_gib(grams)} of Gram matrices, more "
+            f"than the {_gib(MEMORY_BUDGET_BYTES)} allowed; "
+            + ("use mode minibatch" if full else "lower batch_size or select fewer layers"),
+            "mode" if full else "batch_size",
+        )
+    boot = body.bootstrap * layers * layers * 8 * 3
+    if boot > MEMORY_BUDGET_BYTES:
+        raise _invalid(
+            "bootstrap_too_large",
+            f"{body.bootstrap} bootstrap replicates over {layers} layers need about "
+            f"{_gib(boot)}, more than the {_gib(MEMORY_BUDGET_BYTES)} allowed; use fewer "
+            "replicates or select fewer layers",
+            "bootstrap",
+        )
+
+
+def request_hash(rows: list[Model], ds: Dataset, params: dict[str, Any]) -> str:
+    canonical = {
+        "checkpoints": [m.sha256 for m in rows],
+        "dataset": ds.sha256,
+        **{k: params[k] for k in ("resolved_layers", "kernel", "estimator", "mode")},
+        **{k: params[k] for k in ("batch_size", "feature", "bootstrap")},
+    }
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
+
+
+def submit_comparison(services: Services, body: ComparisonIn) -> tuple[int, bool]:
+    """Queue a comparison, or find the identical one. Returns (comparison id, created)."""
+    rows, ds, params = validate_comparison(services, body)
+    digest = request_hash(rows, ds, params)
+    try:
+        with services.db.session() as s:
+            existing = repository.find_comparison_by_hash(s, digest)
+            if existing is not None:
+                rerun = body.force or existing.job.status in (JobState.FAILED, JobState.CANCELLED)
+                if not rerun:
+                    return existing.id, False
+                existing.request_hash = None  # superseded; stays readable by id
+                s.flush()
+            job = jobs.enqueue(s, "comparison")
+            cmp = Comparison(
+                request_hash=digest,
+                params=params,
+                dataset_id=ds.id,
+                job_id=job.id,
+                kernel=params["kernel"],
+                members=[
+                    ComparisonModel(position=i, model_id=row.id, label=label)
+                    for i, (row, label) in enumerate(zip(rows, params["labels"], strict=True))
+                ],
+            )
+            s.add(cmp)
+            s.flush()
+            cmp_id, job_id = cmp.id, job.id
+    except IntegrityError:  # an identical request committed first
+        with services.db.session(readonly=True) as s:
+            found = repository.find_comparison_by_hash(s, digest)
+        if found is None:
+            raise
+        return found.id, False
+    services.dispatch(job_id)
+    return cmp_id, True
+
+
+def submit_training(services: Services, body: TrainingIn) -> int:
+    with services.db.session(readonly=True) as s:
+        ds = s.get(Dataset, body.dataset_id)
+    if ds is None:
+        raise _invalid("unknown_dataset", f"dataset {body.dataset_id} does not exist", "dataset_id")
+    try:
+        net = skeleton(body.arch, {})
+    except Exception as exc:
+        raise _invalid(
+            "invalid_architecture", f"cannot build {body.arch!r}: {exc}", "arch"
+        ) from None
+    spec = models.input_spec(net)
+    shape = [int(spec.channels), int(spec.height), int(spec.width)]
+    if shape != list(ds.shape):
+        raise _invalid(
+            "shape_mismatch",
+            f"{body.arch} takes images of shape {tuple(shape)}, dataset {ds.id} has "
+            f"{tuple(ds.shape)}",
+            "dataset_id",
+        )
+    params = body.model_dump(exclude={"arch", "dataset_id"})
+    with services.db.session() as s:
+        job = jobs.enqueue(s, "training")
+        tr = Training(arch=body.arch, dataset_id=ds.id, params=params, job_id=job.id)
+        s.add(tr)
+        s.flush()
+        tr_id, job_id = tr.id, job.id
+    services.dispatch(job_id)
+    return tr_id

@@ -1,0 +1,105 @@
+"""Training jobs: train an architecture on a registered dataset and register the model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from analysis import Cancelled
+from app.jobs import states as jobs
+from app.store import repository
+from app.store.artifacts import ArtifactStore
+from app.store.checkpoints import describe_model, store_checkpoint
+from app.store.datasets import dataset_key
+from app.store.orm import Dataset, Job, Model, Training
+from app.store.services import Services
+from app.store.values import clean_name
+from models.training import train
+
+__all__ = ["register_checkpoint", "run_training"]
+
+
+def register_checkpoint(
+    services: Services, weights: Path, sidecar: Path, *, name: str | None, source: str
+) -> tuple[Model, bool]:
+    """Store a checkpoint pair and add its model row; idempotent by weights sha256.
+
+    Returns (model row, created).
+    """
+    store: ArtifactStore = services.store
+    sha, size, model = store_checkpoint(store, weights, sidecar)
+    info = describe_model(model)
+    sidecar_meta: dict[str, Any] = repository_sidecar(store, sha)
+    with services.db.session() as s:
+        existing = repository.model_by_sha(s, sha)
+        if existing is not None:
+            return existing, False
+        row = Model(
+            name=(name or _default_name(sidecar_meta, info["arch"]))[:200],
+            source=source,
+            sha256=sha,
+            size_bytes=size,
+            sidecar=sidecar_meta,
+            **info,
+        )
+        s.add(row)
+        s.flush()
+        return row, True
+
+
+def repository_sidecar(store: ArtifactStore, sha: str) -> dict[str, Any]:
+    meta = json.loads(store.path(sha, ".json").read_text(encoding="utf-8"))
+    return meta if isinstance(meta, dict) else {}
+
+
+def _default_name(meta: dict[str, Any], arch: str) -> str:
+    name = meta.get("name")
+    return (clean_name(name) if isinstance(name, str) else "") or arch
+
+
+def run_training(services: Services, job: Job, control: jobs.JobControl) -> None:
+    with services.db.session(readonly=True) as s:
+        tr = repository.training_for_job(s, job.id)
+        ds = s.get(Dataset, tr.dataset_id) if tr else None
+    if tr is None or ds is None:
+        raise jobs.LostJob(f"job {job.id} has no training any more")
+    # The built-in digits train on their fixed train split (the row itself is the test split).
+    data: Any = ds.spec if ds.builtin else services.datasets.get(dataset_key(ds))
+    p = tr.params
+    with services.store.scratch() as tmp:
+        with services.store.writing():  # a full or read-only store fails with a sentence
+            path = Path(
+                train(
+                    tr.arch,
+                    data,
+                    epochs=p["epochs"],
+                    seed=p["seed"],
+                    out_dir=Path(tmp),
+                    batch_size=p["batch_size"],
+                    lr=p["lr"],
+                    progress=False,
+                    name=p.get("name") or tr.arch,
+                )
+            )
+        if control.should_stop:
+            raise Cancelled(f"training {tr.id} was cancelled")
+        model, _ = register_checkpoint(
+            services, path, path.with_suffix(".json"), name=p.get("name"), source="training"
+        )
+
+    def write(s: Session) -> None:
+        row = s.get(Training, tr.id)
+        if row is None:
+            raise jobs.LostJob(f"training {tr.id} was deleted while running")
+        row.model_id = model.id
+
+    jobs.commit_result(
+        services.db,
+        control.job_id,
+        control.worker_id,
+        write,
+        timeout=jobs.retry_s(services.settings),
+    )

@@ -1,0 +1,196 @@
+"""Checkpoints in the artifact store: validation of uploads, registration, loading.
+
+A checkpoint is stored as ``<sha>.safetensors`` with its sidecar at ``<sha>.json`` (same
+blob directory), which is exactly the pair :func:`models.load` reads. ``sha`` is the sha256
+of the weights file. Uploads are checked before any library sees them: the file must be a
+safetensors file with a sane header (never a pickle), and the weights must load strictly
+into the model the sidecar describes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import timm
+
+import models
+from analysis.layers import default_layers
+from app.errors import ProblemError
+from app.store.artifacts import ArtifactStore
+from models import ConfigError, ModelError
+
+__all__ = [
+    "LOADER_OPTIONS",
+    "MAX_HEADER_BYTES",
+    "check_safetensors",
+    "describe_model",
+    "load_checkpoint",
+    "refuse_loader_options",
+    "store_checkpoint",
+    "timm_checkpoint",
+]
+
+# timm.create_model keywords that load weights from somewhere other than the uploaded file
+# (a URL, the Hugging Face hub, a local path) or choose where downloads are written, and the
+# device, which the service chooses.
+LOADER_OPTIONS = frozenset(
+    {
+        "pretrained",
+        "pretrained_cfg",
+        "pretrained_cfg_overlay",
+        "pretrained_strict",
+        "checkpoint_path",
+        "cache_dir",
+        "device",
+    }
+)
+
+
+def refuse_loader_options(config: Any, field: str) -> None:
+    """422 if a model config names a loader option (see LOADER_OPTIONS)."""
+    if not isinstance(config, dict):
+        return
+    found = sorted(k for k in config if isinstance(k, str) and k in LOADER_OPTIONS)
+    if found:
+        raise ProblemError(
+            422,
+            "invalid_checkpoint",
+            f"the model options {found} are not accepted: the service builds the "
+            "architecture and loads only the uploaded weights",
+            field=field,
+        )
+
+
+MAX_HEADER_BYTES = 64 * 1024 * 1024
+MAX_SIDECAR_BYTES = 1024 * 1024  # models.save writes a few kilobytes
+
+
+def _bad(detail: str, field: str = "weights") -> ProblemError:
+    return ProblemError(422, "invalid_checkpoint", detail, field=field)
+
+
+def check_safetensors(path: Path) -> None:
+    """Refuse anything that is not a plausible safetensors file, without loading it."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise _bad("the weights file is too short to be a safetensors file")
+        if head[:2] == b"PK" or head[:1] == b"\x80":
+            raise _bad("the weights file is a pickle/torch.save archive; upload safetensors")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER_BYTES or n > size - 8:
+            raise _bad("the safetensors header length is larger than the file allows")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            raise _bad("the safetensors header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise _bad("the safetensors header is not a JSON object")
+    body = size - 8 - n
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= body
+        ):
+            raise _bad(f"tensor {name[:80]!r} lies outside the safetensors file")
+
+
+def describe_model(model: Any) -> dict[str, Any]:
+    """Facts about a built model that the database keeps: shapes, sizes, default layers."""
+    spec = models.input_spec(model)
+    try:
+        connections: int | None = int(models.connections(model))
+    except Exception:  # timm models outside our families may not define Ω
+        connections = None
+    cfg = getattr(model, "atlas_config", {}) or {}
+    return {
+        "arch": str(cfg.get("arch", type(model).__name__)),
+        "config": dict(cfg.get("config", {})),
+        "input_shape": [int(spec.channels), int(spec.height), int(spec.width)],
+        "num_classes": int(spec.num_classes) if spec.num_classes is not None else None,
+        "parameters": int(sum(p.numel() for p in model.parameters())),
+        "connections": connections,
+        "default_layers": list(default_layers(model)),
+    }
+
+
+def store_checkpoint(store: ArtifactStore, weights: Path, sidecar: Path) -> tuple[str, int, Any]:
+    """Validate the pair and copy it into the store. Returns (sha256, size, loaded model)."""
+    check_safetensors(weights)
+    if sidecar.stat().st_size > MAX_SIDECAR_BYTES:
+        raise _bad(f"the sidecar is larger than {MAX_SIDECAR_BYTES} bytes", field="sidecar")
+    try:
+        meta = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise _bad("the sidecar is not valid JSON", field="sidecar") from None
+    if not isinstance(meta, dict):
+        raise _bad("the sidecar must be a JSON object", field="sidecar")
+    refuse_loader_options(meta.get("config"), "sidecar")
+    try:
+        models.validate_metadata(meta, source="the sidecar")
+    except models.ModelError as exc:
+        raise _bad(str(exc), field="sidecar") from None
+    with store.scratch() as tmp:
+        w = Path(tmp) / "model.safetensors"
+        w.write_bytes(weights.read_bytes())
+        (Path(tmp) / "model.json").write_text(json.dumps(meta), encoding="utf-8")
+        model, _ = _load_upload(lambda: models.load(w), w, options_field="sidecar")
+        with weights.open("rb") as f:
+            sha, size = store.put_stream(f, ".safetensors")
+    store.put_as(json.dumps(meta, sort_keys=True).encode(), sha, ".json")
+    return sha, size, model
+
+
+def timm_checkpoint(
+    store: ArtifactStore, name: str, weights: Path, config: dict[str, Any]
+) -> tuple[str, int, Any]:
+    """Load weights as a plain state dict of timm model ``name``; store them with a sidecar."""
+    check_safetensors(weights)
+    refuse_loader_options(config, "config")
+    if not timm.is_model(name):  # presets are registered with timm by ``import models``
+        raise _bad(f"{name[:200]!r} is not a preset or timm model name", field="timm_name")
+    _model, meta = _load_upload(
+        lambda: models.load(weights, arch=name, **config), weights, options_field="config"
+    )
+    sidecar = weights.with_suffix(".json")
+    sidecar.write_text(json.dumps(meta), encoding="utf-8")
+    return store_checkpoint(store, weights, sidecar)
+
+
+def _load_upload(load: Any, path: Path, *, options_field: str) -> tuple[Any, dict[str, Any]]:
+    """Run ``models.load`` on an upload: every way it fails is the uploader's, so a 422.
+
+    A config that cannot build its architecture is blamed on ``options_field`` (the sidecar
+    or the config form field), anything else (unreadable tensors, missing or unexpected
+    keys, wrong shapes, a sha256 the sidecar does not record) on the weights. timm's
+    constructors raise whatever they raise on hostile options, hence the broad except.
+    Messages name "the uploaded weights", never the server's scratch path.
+    """
+    try:
+        result: tuple[Any, dict[str, Any]] = load()
+    except ModelError as exc:
+        blame = options_field if isinstance(exc.__cause__, ConfigError) else "weights"
+        raise _bad(str(exc).replace(str(path), "the uploaded weights"), field=blame) from None
+    except OSError:  # the server's own I/O (a full or unreadable store) is not the upload's fault
+        raise
+    except Exception as exc:
+        raise _bad(
+            f"the architecture cannot be built with these options ({type(exc).__name__}: "
+            f"{str(exc)[:300]})",
+            field=options_field,
+        ) from None
+    return result
+
+
+def load_checkpoint(store: ArtifactStore, sha: str) -> tuple[Any, dict[str, Any]]:
+    model, meta = models.load(store.path(sha, ".safetensors"))
+    return model, dict(meta)

@@ -1,0 +1,200 @@
+"""Engine factory, the one session context manager, and migrations run from code.
+
+SQLite connections get WAL, a busy timeout and foreign keys; PostgreSQL goes through
+psycopg 3. The schema is owned by alembic (package :mod:`migrations`, found through its
+import path so it works from an installed wheel). On start an *empty* database is upgraded
+automatically; a database at an older revision is refused with the command to run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+import migrations
+
+__all__ = [
+    "Database",
+    "SchemaError",
+    "alembic_config",
+    "current_revision",
+    "ensure_schema",
+    "head_revision",
+    "is_transient",
+    "make_engine",
+    "retry",
+    "upgrade",
+]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class SchemaError(RuntimeError):
+    """The database schema does not match this code and must be upgraded by hand."""
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # Let SQLAlchemy's "begin" event emit BEGIN itself (see _sqlite_begin).
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def _sqlite_begin(conn: Any) -> None:
+    # A deferred transaction that reads and then writes fails at once with "database is
+    # locked" when another writer committed in between; writers therefore take the write
+    # lock up front (BEGIN IMMEDIATE) and wait on the busy timeout. Read-only sessions
+    # (execution option cka_write=False) stay deferred so readers never queue behind writers.
+    write = conn.get_execution_options().get("cka_write", True)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; plain ``postgresql://`` is routed to psycopg 3."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            parsed, connect_args={"check_same_thread": False, "timeout": 30}, pool_pre_ping=True
+        )
+        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
+        return engine
+    # pool_pre_ping replaces connections a server restart killed; connect_timeout bounds a
+    # connect to a host that does not answer, so callers' retries keep their pace.
+    return create_engine(
+        parsed,
+        pool_pre_ping=True,
+        pool_size=10,
+        max_overflow=20,
+        connect_args={"connect_timeout": 5},
+    )
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database being briefly away (restart, lost connection, lock)."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, InterfaceError):
+        return True
+    if isinstance(exc, OperationalError):
+        if type(exc.orig).__module__.startswith("sqlite3"):  # also "no such table" and the like
+            return any(word in str(exc.orig).lower() for word in ("locked", "busy"))
+        return True  # psycopg: connection refused, terminated by the administrator, ...
+    return False
+
+
+def retry(fn: Callable[[], T], *, timeout: float, what: str) -> T:
+    """Call ``fn`` until it returns, retrying transient database errors with backoff.
+
+    Anything else, and a transient error past ``timeout`` seconds, propagates.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.1
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not is_transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("%s failed (%s); retrying in %.1f s", what, first, delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+class Database:
+    """An engine plus its session factory; :meth:`session` is the only way to get a session."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self._factory = sessionmaker(self.engine, expire_on_commit=False)
+        self._read_engine = self.engine.execution_options(cka_write=False)
+
+    @contextmanager
+    def session(self, *, readonly: bool = False) -> Iterator[Session]:
+        """A session committed on success and rolled back on any exception.
+
+        ``readonly=True`` is for sessions that only read; on SQLite they do not take the
+        write lock.
+        """
+        session = self._factory(bind=self._read_engine) if readonly else self._factory()
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.engine.dialect.name == "sqlite"
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def alembic_config() -> Config:
+    """Alembic configuration built in code, pointing at the installed ``migrations`` package."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    return cfg
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Apply migrations up to ``revision`` on ``engine``'s database."""
+    cfg = alembic_config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def ensure_schema(engine: Engine) -> str:
+    """Upgrade an empty database; refuse one at another revision. Returns the action taken."""
+    current = current_revision(engine)
+    head = head_revision()
+    if current == head:
+        return "current"
+    if current is None and not inspect(engine).get_table_names():
+        upgrade(engine)
+        return "created"
+    raise SchemaError(
+        f"the database is at schema revision {current or 'unknown (tables without alembic)'} "
+        f"but this code needs {head}; run `cka-atlas db upgrade` (with the same "
+        "CKA_DATABASE_URL) and start again"
+    )

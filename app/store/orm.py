@@ -1,0 +1,211 @@
+"""The database schema as SQLAlchemy 2 typed declarative models.
+
+The ``jobs`` table is the source of truth for work: a comparison or training points at the
+job that produces it, and its status, progress and error live on the job row only.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+__all__ = [
+    "FINAL_STATES",
+    "JOB_STATES",
+    "Base",
+    "Comparison",
+    "ComparisonModel",
+    "Dataset",
+    "Job",
+    "JobState",
+    "Model",
+    "Training",
+    "UTCDateTime",
+    "utcnow",
+]
+
+
+class JobState(StrEnum):
+    """Where a job is in its life: queued → running → succeeded | failed | cancelled.
+
+    A running job whose worker dies goes back to queued (see :mod:`app.jobs.states`).
+    """
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def live(self) -> bool:
+        """Whether the job may still change (queued or running)."""
+        return self in (JobState.QUEUED, JobState.RUNNING)
+
+
+JOB_STATES = tuple(JobState)
+FINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+# Row ids are 32-bit INTEGER keys (PostgreSQL ``integer``); see app.store.values.ID_MAX.
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every database.
+
+    PostgreSQL stores ``timestamptz``; SQLite keeps no zone and hands back naive values, which
+    are UTC because only UTC is ever written. Either way Python sees an aware UTC datetime.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError(f"naive datetime {value} cannot be stored; use UTC")
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dict[str, Any]: JSON,
+        list[Any]: JSON,
+        datetime: UTCDateTime(),
+    }
+
+
+class Model(Base):
+    """A registered checkpoint: weights and sidecar in the artifact store, keyed by sha256."""
+
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    arch: Mapped[str] = mapped_column(String(200), index=True)
+    source: Mapped[str] = mapped_column(String(20))  # upload | timm | training | zoo
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    sidecar: Mapped[dict[str, Any]] = mapped_column(JSON)
+    input_shape: Mapped[list[Any]] = mapped_column(JSON)
+    num_classes: Mapped[int | None] = mapped_column(Integer)
+    parameters: Mapped[int] = mapped_column(BigInteger)
+    connections: Mapped[int | None] = mapped_column(BigInteger)
+    default_layers: Mapped[list[Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Dataset(Base):
+    """An image dataset: the built-in ``digits`` or an uploaded ``.npz`` / ImageFolder zip."""
+
+    __tablename__ = "datasets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    builtin: Mapped[bool] = mapped_column(Boolean, default=False)
+    spec: Mapped[str | None] = mapped_column(String(100))  # built-in spec, e.g. "digits"
+    split: Mapped[str] = mapped_column(String(20), default="test")
+    file_sha256: Mapped[str | None] = mapped_column(String(64))
+    file_suffix: Mapped[str | None] = mapped_column(String(8))
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    n: Mapped[int] = mapped_column(Integer)
+    shape: Mapped[list[Any]] = mapped_column(JSON)
+    classes: Mapped[list[Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Job(Base):
+    """A unit of background work and its state machine (see :mod:`app.jobs.states`)."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(20))  # comparison | training
+    status: Mapped[str] = mapped_column(String(20), index=True, default=JobState.QUEUED)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    error_code: Mapped[str | None] = mapped_column(String(60))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column()
+    heartbeat_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+
+
+class ComparisonModel(Base):
+    """Which models a comparison covers, in request order."""
+
+    __tablename__ = "comparison_models"
+
+    comparison_id: Mapped[int] = mapped_column(
+        ForeignKey("comparisons.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"), index=True)
+    label: Mapped[str] = mapped_column(String(220))
+
+
+class Comparison(Base):
+    """A CKA atlas request and, once its job succeeded, its result and provenance."""
+
+    __tablename__ = "comparisons"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # Canonical hash of the request; NULL once superseded by a forced re-run.
+    request_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    kernel: Mapped[str] = mapped_column(String(20), index=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    result_sha256: Mapped[str | None] = mapped_column(String(64))
+    diagnostics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    provenance: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    job: Mapped[Job] = relationship(lazy="joined")
+    members: Mapped[list[ComparisonModel]] = relationship(
+        order_by=ComparisonModel.position, lazy="selectin", cascade="all, delete-orphan"
+    )
+
+
+class Training(Base):
+    """A training run through the job system; ``model_id`` is set when it succeeds."""
+
+    __tablename__ = "trainings"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    arch: Mapped[str] = mapped_column(String(200))
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    job: Mapped[Job] = relationship(lazy="joined")

@@ -1,0 +1,177 @@
+"""Every query of models, datasets, comparisons and trainings (jobs: :mod:`app.jobs.states`).
+
+Functions take the caller's session, so a request or a job decides the transaction; list
+functions return ``(items, total)`` for pagination.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Select, delete, exists, func, select
+from sqlalchemy.orm import Session, defer
+
+from app.store.orm import Comparison, ComparisonModel, Dataset, Job, Model, Training
+
+__all__ = [
+    "comparison_for_job",
+    "comparisons_using_dataset",
+    "comparisons_using_model",
+    "dataset_by_sha",
+    "delete_comparison",
+    "delete_trainings_of_dataset",
+    "find_comparison_by_hash",
+    "get",
+    "list_comparisons",
+    "list_datasets",
+    "list_models",
+    "list_trainings",
+    "model_by_sha",
+    "models_by_ids",
+    "page",
+    "training_for_job",
+    "trainings_using_dataset",
+]
+
+T = TypeVar("T")
+
+
+def page(session: Session, stmt: Select[Any], limit: int, offset: int) -> tuple[list[Any], int]:
+    """One page of ``stmt`` and the total number of rows it selects."""
+    total = session.scalar(select(func.count()).select_from(stmt.order_by(None).subquery())) or 0
+    items = list(session.scalars(stmt.limit(limit).offset(offset)).unique())
+    return items, int(total)
+
+
+def get(session: Session, cls: type[T], ident: int) -> T | None:
+    return session.get(cls, ident)
+
+
+def model_by_sha(session: Session, sha: str) -> Model | None:
+    return session.scalar(select(Model).where(Model.sha256 == sha))
+
+
+def dataset_by_sha(session: Session, sha: str) -> Dataset | None:
+    return session.scalar(select(Dataset).where(Dataset.sha256 == sha))
+
+
+def models_by_ids(session: Session, ids: Sequence[int]) -> dict[int, Model]:
+    return {m.id: m for m in session.scalars(select(Model).where(Model.id.in_(list(ids))))}
+
+
+def list_models(
+    session: Session,
+    *,
+    limit: int,
+    offset: int,
+    arch: str | None = None,
+    q: str | None = None,
+    source: str | None = None,
+) -> tuple[list[Model], int]:
+    stmt = select(Model).order_by(Model.id)
+    if arch:
+        stmt = stmt.where(Model.arch == arch)
+    if source:
+        stmt = stmt.where(Model.source == source)
+    if q:
+        stmt = stmt.where(Model.name.contains(q, autoescape=True))
+    return page(session, stmt, limit, offset)
+
+
+def list_datasets(
+    session: Session, *, limit: int, offset: int, q: str | None = None
+) -> tuple[list[Dataset], int]:
+    stmt = select(Dataset).order_by(Dataset.id)
+    if q:
+        stmt = stmt.where(Dataset.name.contains(q, autoescape=True))
+    return page(session, stmt, limit, offset)
+
+
+def list_comparisons(
+    session: Session,
+    *,
+    limit: int,
+    offset: int,
+    model_id: int | None = None,
+    dataset_id: int | None = None,
+    status: str | None = None,
+    kernel: str | None = None,
+) -> tuple[list[Comparison], int]:
+    # Lists never show the atlas itself: leave the (large) result column unloaded.
+    stmt = (
+        select(Comparison)
+        .join(Job, Comparison.job_id == Job.id)
+        .options(defer(Comparison.result))
+        .order_by(Comparison.id.desc())
+    )
+    if model_id is not None:
+        stmt = stmt.where(
+            exists().where(
+                ComparisonModel.comparison_id == Comparison.id,
+                ComparisonModel.model_id == model_id,
+            )
+        )
+    if dataset_id is not None:
+        stmt = stmt.where(Comparison.dataset_id == dataset_id)
+    if status:
+        stmt = stmt.where(Job.status == status)
+    if kernel:
+        stmt = stmt.where(Comparison.kernel == kernel)
+    return page(session, stmt, limit, offset)
+
+
+def list_trainings(
+    session: Session, *, limit: int, offset: int, status: str | None = None
+) -> tuple[list[Training], int]:
+    stmt = select(Training).join(Job, Training.job_id == Job.id).order_by(Training.id.desc())
+    if status:
+        stmt = stmt.where(Job.status == status)
+    return page(session, stmt, limit, offset)
+
+
+def find_comparison_by_hash(session: Session, request_hash: str) -> Comparison | None:
+    return session.scalar(select(Comparison).where(Comparison.request_hash == request_hash))
+
+
+def comparison_for_job(session: Session, job_id: int) -> Comparison | None:
+    return session.scalar(select(Comparison).where(Comparison.job_id == job_id))
+
+
+def training_for_job(session: Session, job_id: int) -> Training | None:
+    return session.scalar(select(Training).where(Training.job_id == job_id))
+
+
+def comparisons_using_model(session: Session, model_id: int) -> list[int]:
+    stmt = select(ComparisonModel.comparison_id).where(ComparisonModel.model_id == model_id)
+    return sorted(set(session.scalars(stmt)))
+
+
+def comparisons_using_dataset(session: Session, dataset_id: int) -> list[int]:
+    return list(session.scalars(select(Comparison.id).where(Comparison.dataset_id == dataset_id)))
+
+
+def delete_comparison(session: Session, comparison_id: int) -> None:
+    """Delete a comparison, its members and its job (a running job loses its owner row)."""
+    cmp = session.get(Comparison, comparison_id)
+    if cmp is None:
+        return
+    job_id = cmp.job_id
+    session.execute(delete(ComparisonModel).where(ComparisonModel.comparison_id == comparison_id))
+    session.execute(delete(Comparison).where(Comparison.id == comparison_id))
+    session.execute(delete(Job).where(Job.id == job_id))
+    session.expire_all()
+
+
+def trainings_using_dataset(session: Session, dataset_id: int) -> list[int]:
+    return list(session.scalars(select(Training.id).where(Training.dataset_id == dataset_id)))
+
+
+def delete_trainings_of_dataset(session: Session, dataset_id: int) -> None:
+    job_ids = list(
+        session.scalars(select(Training.job_id).where(Training.dataset_id == dataset_id))
+    )
+    session.execute(delete(Training).where(Training.dataset_id == dataset_id))
+    if job_ids:
+        session.execute(delete(Job).where(Job.id.in_(job_ids)))
+    session.expire_all()
