@@ -187,3 +187,26 @@ def test_training_registers_a_model(client: TestClient) -> None:
     assert model["source"] == "training" and model["arch"] == "mlp_digits"
     bad = client.post("/v1/trainings", json={"arch": "nope", "dataset_id": digits_id(client)})
     assert bad.status_code == 422 and bad.json()["field"] == "arch"
+
+
+def test_stored_matrix_equals_the_library(client: TestClient, zoo: dict[str, Path]) -> None:
+    """What the service stores and serves is what ``analysis.compare`` gives on the same
+    checkpoints, data and options: the job, the Gram store and JSON change nothing."""
+    import analysis
+    import models
+
+    names = ("mixer_digits", "gmlp_digits")
+    ids = register(client, zoo, *names)
+    r = submit(client, ids, layers="blocks.*", bootstrap=0)
+    assert r.status_code == 202
+    assert wait(client, r.headers["location"])["status"] == "succeeded"
+    served = client.get(f"{r.headers['location']}/matrix", params={"a": ids[0], "b": ids[1]})
+    got = np.array(served.json()["values"], dtype=float)
+
+    nets = {name: models.load(zoo[name])[0].eval() for name in names}
+    atlas = analysis.compare(
+        nets, analysis.load_dataset("digits"), layers="blocks.*", batch_size=BATCH
+    )
+    expected = atlas.matrix(*names)
+    assert expected.shape == got.shape and expected.size >= 4
+    np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)

@@ -128,7 +128,7 @@ def test_duration_histogram_buckets() -> None:
     spans = [
         ("comparison", "succeeded", t0, t0 + timedelta(seconds=0.3)),
         ("comparison", "succeeded", t0, t0 + timedelta(seconds=4)),
-        ("comparison", "succeeded", t0.replace(tzinfo=None), (t0 + timedelta(seconds=100))),
+        ("comparison", "succeeded", t0, t0 + timedelta(seconds=100)),
         ("training", "failed", t0, t0 + timedelta(seconds=7000)),
     ]
     family = _duration_histogram(spans)
