@@ -15,7 +15,7 @@ from app.orm import Comparison, Job, utcnow
 from app.runner import run_claimed
 from app.services import Services
 from app.worker_embedded import EmbeddedWorker
-from tests.app.conftest import digits_id, register, wait
+from tests.helpers import digits_id, register, wait
 
 BATCH = 150  # digits test split: 450 images -> 3 batches
 

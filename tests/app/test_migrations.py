@@ -11,7 +11,7 @@ from sqlalchemy import inspect, text
 from app.cli import main
 from app.db import Database, SchemaError, current_revision, ensure_schema, head_revision, upgrade
 from app.main import create_app
-from tests.app.conftest import make_settings
+from tests.helpers import make_settings
 
 TABLES = {"models", "datasets", "jobs", "comparisons", "comparison_models", "trainings"}
 
