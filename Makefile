@@ -4,8 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-# Below this line, `make test` fails; the full suite measures a few points more.
-COVERAGE_FLOOR ?= 80
+# Below this (percent of models, analysis and app lines run), `make test` fails. Estimated:
+# 78 % from five test files alone; the whole suite is expected a few points above the floor.
+COVERAGE_FLOOR ?= 85
 
 .PHONY: run test lint typecheck pytest chromium bench clean install lock
 
@@ -20,13 +21,14 @@ $(STAMP): requirements-dev.lock pyproject.toml
 
 install: $(STAMP)
 
-# Re-resolve the pins of pyproject.toml into the two lock files (runtime, and runtime + dev).
-LOCK_FLAGS := --quiet --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links
+# Re-resolve the pins of pyproject.toml into the two lock files (runtime, and runtime + dev),
+# for every platform, with the hashes of every file; uv is pinned in pyproject's `lock` extra.
+LOCK_FLAGS := --universal --python-version 3.11 --generate-hashes --quiet
 lock:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet "pip-tools==7.6.2"
-	$(VENV)/bin/pip-compile $(LOCK_FLAGS) -o requirements.lock pyproject.toml
-	$(VENV)/bin/pip-compile $(LOCK_FLAGS) --extra dev -o requirements-dev.lock pyproject.toml
+	$(PY) -m pip install --quiet "uv==0.13.8"
+	$(VENV)/bin/uv pip compile pyproject.toml $(LOCK_FLAGS) -o requirements.lock
+	$(VENV)/bin/uv pip compile pyproject.toml $(LOCK_FLAGS) --extra dev -o requirements-dev.lock
 
 # Train the demo zoo if missing, register it, queue one atlas of it over digits, then serve
 # http://127.0.0.1:8000 (the in-process worker computes the atlas). Idempotent.
