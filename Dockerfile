@@ -20,14 +20,17 @@ RUN useradd --create-home --uid 10001 atlas \
 WORKDIR /app
 USER atlas
 
-# Dependencies first, so that a code change does not reinstall torch.
+# Locked dependencies first (each file checked against its hash), then the source: a code
+# change reuses the cached layer with torch in it.
+COPY --chown=atlas:atlas requirements.lock ./
+RUN python3 -m venv .venv && .venv/bin/pip install --upgrade pip && .venv/bin/pip install --require-hashes -r requirements.lock
 COPY --chown=atlas:atlas pyproject.toml README.md ./
 COPY --chown=atlas:atlas models ./models
 COPY --chown=atlas:atlas analysis ./analysis
 COPY --chown=atlas:atlas app ./app
 COPY --chown=atlas:atlas migrations ./migrations
 # The same install commands as README's "Install without make".
-RUN python3 -m venv .venv && .venv/bin/pip install --upgrade pip && .venv/bin/pip install .
+RUN .venv/bin/pip install --no-deps .
 
 ENV PATH=/app/.venv/bin:$PATH \
     CKA_DATA_DIR=/data \

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from timm.layers import GatedMlp
+from timm.layers.mlp import GatedMlp
 from timm.models import MlpMixer, generate_default_cfgs, register_model
 from timm.models.mlp_mixer import SpatialGatingBlock
 from torch import nn

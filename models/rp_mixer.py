@@ -73,7 +73,7 @@ class RandomPermutedMixerBlock(MixerBlock):
         """Pᵀ (I ⊗ W) P x: permute, mix each group of ``len(perm) / groups`` entries, unpermute."""
         batch = x.shape[0]
         flat = x.reshape(batch, -1)[:, perm].reshape(batch, groups, -1)
-        mixed = mlp(flat).reshape(batch, -1)
+        mixed: torch.Tensor = mlp(flat).reshape(batch, -1)
         return mixed[:, torch.argsort(perm)].reshape(x.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, Mlp, PatchEmbed, lecun_normal_
+from timm.layers.drop import DropPath
+from timm.layers.mlp import Mlp
+from timm.layers.patch_embed import PatchEmbed
+from timm.layers.weight_init import lecun_normal_
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torch import nn
@@ -174,7 +177,8 @@ class SparseMlpBlock(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.drop_path(self.mlp(self.norm(x)))
+        update: torch.Tensor = self.drop_path(self.mlp(self.norm(x)))
+        return x + update
 
 
 class SparseWeightMlp(nn.Module):
@@ -214,7 +218,7 @@ class SparseWeightMlp(nn.Module):
         self.grad_checkpointing = False
         self.stem = PatchEmbed(img_size, patch_size, in_chans, embed_dim, **dd)
         self.num_tokens = self.stem.num_patches
-        self.width = self.num_tokens * embed_dim
+        self.width: int = self.num_tokens * embed_dim
         generator = torch.Generator(device="cpu").manual_seed(seed)
         self.blocks = nn.Sequential(
             *[
@@ -292,7 +296,8 @@ class SparseWeightMlp(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Stem, flatten to (B, m), blocks, final LayerNorm: a (B, m) vector."""
-        return self.norm(self.blocks(self.stem(x).flatten(1)))
+        features: torch.Tensor = self.norm(self.blocks(self.stem(x).flatten(1)))
+        return features
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Mean over the S tokens of the (B, S, C) table, then the linear classifier."""

@@ -126,7 +126,9 @@ class _Subset:
         return len(self.x)
 
 
-def _model_options(arch: str, data: Any, num_classes: int, seed: int, overrides: dict) -> dict:
+def _model_options(
+    arch: str, data: Any, num_classes: int, seed: int, overrides: dict[str, Any]
+) -> dict[str, Any]:
     options = dict(overrides)
     if arch in PRESETS:
         options.setdefault("seed", seed)
@@ -144,7 +146,9 @@ def _model_options(arch: str, data: Any, num_classes: int, seed: int, overrides:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512) -> dict:
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512
+) -> dict[str, float]:
     """Mean cross-entropy and accuracy of ``model`` in eval mode."""
     model.eval()
     loss, correct = 0.0, 0
@@ -239,7 +243,7 @@ def train(
             bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.3f}")
         bar.close()
         train_metrics = evaluate(model, x_train, y_train)
-        test_metrics = evaluate(model, x_test, y_test)
+        test_metrics: dict[str, Any] = dict(evaluate(model, x_test, y_test))
     seconds = time.perf_counter() - started
     test_metrics["dataset"] = {"name": test_set.name, "sha256": test_set.sha256}
     return save(

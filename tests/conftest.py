@@ -1,8 +1,27 @@
-"""Suite-wide settings: deterministic, bounded CPU use."""
+"""Suite-wide fixtures: bounded CPU use, and the PostgreSQL and Redis servers of the session."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 import torch
+
+from tests import servers
 
 # Two cores on CI; more threads than cores only adds contention.
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """The session's PostgreSQL: given, found on 127.0.0.1:5432, or a throwaway one."""
+    with servers.postgres() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """The session's Redis database: given, found on 127.0.0.1:6379, or a throwaway one."""
+    with servers.redis() as url:
+        yield url

@@ -139,6 +139,20 @@ def test_worker_reserves_a_gpu_and_image_runs_unprivileged() -> None:
 
 
 def test_install_commands_match_readme() -> None:
-    (install,) = [r for r in _dockerfile_instructions("RUN") if "pip install" in r]
-    for step in (s.strip() for s in install.split("&&")):
+    installs = [r for r in _dockerfile_instructions("RUN") if "pip install" in r]
+    assert installs, "the Dockerfile installs nothing"
+    for step in (s.strip() for run in installs for s in run.split("&&")):
         assert step in README, f"Dockerfile installs with '{step}', which README does not give"
+
+
+def test_locked_dependencies_install_before_the_source_is_copied() -> None:
+    """A code change must not invalidate the layer that holds torch."""
+    joined = re.sub(r"\\\n\s*", " ", DOCKERFILE).splitlines()
+    locked = next(
+        i for i, line in enumerate(joined) if "--require-hashes -r requirements.lock" in line
+    )
+    copies = [i for i, line in enumerate(joined) if line.startswith("COPY")]
+    lock_copy = next(i for i in copies if "requirements.lock" in joined[i])
+    source_copies = [i for i in copies if any(f" {p}" in joined[i] for p in ("models", "app"))]
+    assert lock_copy < locked < min(source_copies), joined
+    assert (ROOT / "requirements.lock").read_text().count("--hash=sha256:") > 20

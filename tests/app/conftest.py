@@ -1,15 +1,12 @@
 """Fixtures for the service tests: every app test runs on SQLite AND on PostgreSQL.
 
-PostgreSQL is the real server at 127.0.0.1:5432 (database ``test``, user ``postgres``);
-each test gets a fresh schema selected through ``search_path``. If the server cannot be
-reached the tests FAIL — there is deliberately no skip.
+PostgreSQL is the session's server (``postgres_url``, see tests/servers.py); each test gets a
+fresh schema selected through ``search_path``. If the server cannot be reached the tests
+FAIL — there is deliberately no skip.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,32 +14,28 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
 
 from app.http.main import create_app
 from app.store.settings import Settings
-
-PG_ADMIN = os.environ.get(
-    "CKA_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
-DIGITS = ("mixer_digits", "sw_mlp_digits", "rp_mixer_digits", "gmlp_digits", "mlp_digits")
-FINAL = ("succeeded", "failed", "cancelled")
+from tests.helpers import DIGITS, make_settings
 
 
 @pytest.fixture(scope="session")
-def pg_engine() -> Iterator[Any]:
-    engine = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+def pg_engine(postgres_url: str) -> Iterator[Any]:
+    engine = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
             conn.execute(text("select 1"))
     except Exception as exc:  # fail, never skip: the PostgreSQL pass is required
-        pytest.fail(f"PostgreSQL at {PG_ADMIN} is unreachable ({exc}); the app suite needs it")
+        pytest.fail(f"PostgreSQL at {postgres_url} is unreachable ({exc}); the app suite needs it")
     yield engine
     engine.dispose()
 
 
-def _pg_url(schema: str) -> str:
-    return f"{PG_ADMIN}?options=-csearch_path%3D{schema}"
+def _pg_url(admin_url: str, schema: str) -> str:
+    url = make_url(admin_url).update_query_dict({"options": f"-csearch_path={schema}"})
+    return url.render_as_string(hide_password=False)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -54,23 +47,9 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     schema = f"t_{uuid.uuid4().hex[:12]}"
     with engine.connect() as conn:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    yield _pg_url(schema)
+    yield _pg_url(request.getfixturevalue("postgres_url"), schema)
     with engine.connect() as conn:
         conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-
-
-def make_settings(db_url: str, data_dir: Path, **kw: Any) -> Settings:
-    base: dict[str, Any] = {
-        "database_url": db_url,
-        "data_dir": data_dir,
-        "worker_threads": 1,
-        "poll_s": 0.1,
-        "heartbeat_s": 0.2,
-        "device": "cpu",
-        "broker_url": None,
-        "api_tokens": "",
-    }
-    return Settings(**(base | kw))
 
 
 @pytest.fixture
@@ -101,43 +80,3 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("zoo")
     return {name: models.save(models.create(name), out / f"{name}.safetensors") for name in DIGITS}
-
-
-def upload(client: TestClient, path: Path, name: str | None = None, **headers: str) -> Any:
-    with path.open("rb") as w, path.with_suffix(".json").open("rb") as s:
-        files = {"weights": ("w.safetensors", w), "sidecar": ("s.json", s)}
-        data = {"name": name} if name else {}
-        return client.post("/v1/models", files=files, data=data, headers=headers)
-
-
-def register(client: TestClient, zoo: dict[str, Path], *names: str) -> list[int]:
-    ids = []
-    for name in names:
-        r = upload(client, zoo[name])
-        assert r.status_code in (200, 201), r.text
-        ids.append(r.json()["id"])
-    return ids
-
-
-def digits_id(client: TestClient) -> int:
-    items = client.get("/v1/datasets", params={"q": "digits"}).json()["items"]
-    return int(items[0]["id"])
-
-
-def wait(
-    client: TestClient,
-    url: str,
-    timeout: float = 120.0,
-    alive: subprocess.Popen[bytes] | None = None,
-) -> dict[str, Any]:
-    """Poll ``url`` until its job ends; fail at once if the worker process ``alive`` exits."""
-    deadline = time.monotonic() + timeout
-    while True:
-        body: dict[str, Any] = client.get(url).json()
-        if body["status"] in FINAL:
-            return body
-        if alive is not None and alive.poll() is not None:
-            raise AssertionError(f"the worker exited with {alive.returncode} before {url} ended")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{url} did not finish: {body}")
-        time.sleep(0.05)

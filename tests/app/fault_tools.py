@@ -11,25 +11,22 @@ import ctypes
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
-from sqlalchemy import create_engine, func, select, text
-from sqlalchemy.pool import NullPool
+from sqlalchemy import func, select
 
 from app.store.db import Database
 from app.store.orm import Comparison, ComparisonModel, Job
-from tests.app.conftest import FINAL, PG_ADMIN
+from tests.helpers import FINAL
 
 CIFAR = ("mixer_cifar", "gmlp_cifar")
-PG_CLUSTER = ("15", "main")
 
 
 def slow_npz(path: Path, n: int) -> Path:
@@ -44,12 +41,6 @@ def upload_dataset(client: httpx.Client, path: Path) -> int:
         r = client.post("/v1/datasets", files={"file": (path.name, f)})
     assert r.status_code in (200, 201), r.text
     return int(r.json()["id"])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Proc:
@@ -151,44 +142,6 @@ def assert_consistent(db: Database) -> dict[str, int]:
             "failed": sum(c.job.status == "failed" for c in cmps),
             "unfinished": sum(c.job.status not in FINAL for c in cmps),
         }
-
-
-# PostgreSQL, the cluster the whole suite uses: stopped only inside try/finally.
-
-
-def pg_ready() -> bool:
-    engine = create_engine(PG_ADMIN, poolclass=NullPool, connect_args={"connect_timeout": 2})
-    try:
-        with engine.connect() as conn:
-            conn.execute(text("select 1"))
-        return True
-    except Exception:
-        return False
-    finally:
-        engine.dispose()
-
-
-def pg_ctl(action: str) -> None:
-    cmd = ["pg_ctlcluster", *PG_CLUSTER, action]
-    if action in ("stop", "restart"):
-        cmd[1:1] = ["-m", "fast"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, f"{' '.join(cmd)} failed: {done.stderr or done.stdout}"
-
-
-@contextlib.contextmanager
-def pg_restored() -> Iterator[None]:
-    """Whatever happens inside, PostgreSQL is running and accepting connections after."""
-    try:
-        yield
-    finally:
-        if not pg_ready():
-            subprocess.run(["pg_ctlcluster", *PG_CLUSTER, "start"], capture_output=True)
-            deadline = time.monotonic() + 60
-            while not pg_ready():
-                if time.monotonic() > deadline:
-                    raise AssertionError("PostgreSQL did not come back after the fault test")
-                time.sleep(0.2)
 
 
 # The artifact store made read-only or full: a real tmpfs when this process may mount (root

@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from app.http.main import create_app
 from app.store.settings import Settings
-from tests.app.conftest import digits_id, register, upload, wait
 from tests.app.payloads import assert_problem
+from tests.helpers import digits_id, register, upload, wait
 
 
 def test_builtin_digits_and_architectures(client: TestClient) -> None:

@@ -1,4 +1,5 @@
-"""The Celery path against the real Redis at 127.0.0.1:6379 and a real worker process."""
+"""The Celery path against a real Redis (the session's, see tests/servers.py) and a real worker
+process."""
 
 from __future__ import annotations
 
@@ -20,22 +21,20 @@ from app.jobs import states as jobs
 from app.store.orm import Comparison, Job, utcnow
 from app.store.services import Services
 from app.store.settings import Settings
-from tests.app.conftest import digits_id, register, wait
-
-REDIS = os.environ.get("CKA_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
+from tests.helpers import digits_id, register, wait
 
 
 @pytest.fixture
-def broker_settings(settings: Settings) -> Iterator[Settings]:
+def broker_settings(settings: Settings, redis_url: str) -> Iterator[Settings]:
     import redis
 
-    client = redis.Redis.from_url(REDIS)
+    client = redis.Redis.from_url(redis_url)
     try:
         client.ping()
     except redis.RedisError as exc:  # fail, never skip: the Celery pass is required
-        pytest.fail(f"Redis at {REDIS} is unreachable ({exc}); the Celery tests need it")
+        pytest.fail(f"Redis at {redis_url} is unreachable ({exc}); the Celery tests need it")
     queue = f"cka-test-{uuid.uuid4().hex[:10]}"
-    yield settings.model_copy(update={"broker_url": REDIS, "celery_queue": queue})
+    yield settings.model_copy(update={"broker_url": redis_url, "celery_queue": queue})
     client.delete(queue, f"{queue}\x06\x161", f"{queue}\x06\x162")
     client.close()
 

@@ -15,7 +15,7 @@ from app.jobs.embedded import EmbeddedWorker
 from app.jobs.run import run_claimed
 from app.store.orm import Comparison, Job, utcnow
 from app.store.services import Services
-from tests.app.conftest import digits_id, register, wait
+from tests.helpers import digits_id, register, wait
 
 BATCH = 150  # digits test split: 450 images -> 3 batches
 

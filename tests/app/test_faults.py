@@ -2,7 +2,8 @@
 
 1. a Celery worker SIGKILLed mid-comparison: the job is re-queued and finishes once;
 2. ``cka-atlas serve`` stopped (SIGTERM) and killed (SIGKILL) while jobs run: all finish;
-3. PostgreSQL restarted during a job: the job rides it out and writes its result once;
+3. PostgreSQL restarted during a job: the job rides it out and writes its result once (the
+   test's own throwaway server, never the one the rest of the suite uses);
 4. the artifact store read-only, and full: the job fails with a sentence, nothing half
    written, and succeeds once the fault is cleared;
 5. 20 concurrent identical requests: one job, held by the database's unique constraint.
@@ -35,18 +36,13 @@ from app.store.db import Database
 from app.store.orm import Comparison, Job
 from app.store.services import Services
 from app.store.settings import Settings
-from tests.app.conftest import FINAL, digits_id, make_settings, register, wait
 from tests.app.fault_tools import (
     CIFAR,
     Proc,
     assert_consistent,
     chmod_dirs,
     fill,
-    free_port,
     job_of,
-    pg_ctl,
-    pg_ready,
-    pg_restored,
     poll,
     remount,
     service_env,
@@ -56,8 +52,9 @@ from tests.app.fault_tools import (
     unprivileged_worker,
     upload_dataset,
 )
+from tests.helpers import FINAL, digits_id, make_settings, register, wait
+from tests.servers import PgServer, free_port
 
-REDIS = "redis://127.0.0.1:6379/9"
 SLOW_N = 600  # images in the slow dataset: 24 batches of 25, a few seconds per comparison
 
 
@@ -100,16 +97,17 @@ def running(db: Database, comparison_id: int) -> Job | None:
 
 
 @pytest.fixture
-def broker(settings: Settings) -> Iterator[Settings]:
+def broker(settings: Settings, redis_url: str) -> Iterator[Settings]:
+    """The session's Redis (only a worker is killed here, never the server)."""
     import redis
 
-    client = redis.Redis.from_url(REDIS)
+    client = redis.Redis.from_url(redis_url)
     try:
         client.ping()
     except redis.RedisError as exc:  # fail, never skip
-        pytest.fail(f"Redis at {REDIS} is unreachable ({exc}); the Celery fault test needs it")
+        pytest.fail(f"Redis at {redis_url} is unreachable ({exc}); the Celery fault test needs it")
     queue = f"cka-faults-{uuid.uuid4().hex[:10]}"
-    yield settings.model_copy(update={"broker_url": REDIS, "celery_queue": queue})
+    yield settings.model_copy(update={"broker_url": redis_url, "celery_queue": queue})
     client.delete(queue, f"{queue}\x06\x161", f"{queue}\x06\x162")
     for tag, message in client.hgetall("unacked").items():  # the killed worker's delivery
         if queue.encode() in message:
@@ -122,7 +120,7 @@ def test_celery_worker_sigkilled_midway_job_is_requeued_and_finishes_once(
     broker: Settings, cifar_zoo: dict[str, Path], slow_data: Path, tmp_path: Path
 ) -> None:
     env = service_env(broker.resolved_database_url, broker.data_dir)
-    env |= {"CKA_BROKER_URL": REDIS, "CKA_CELERY_QUEUE": broker.celery_queue}
+    env |= {"CKA_BROKER_URL": str(broker.broker_url), "CKA_CELERY_QUEUE": broker.celery_queue}
     with TestClient(create_app(broker)) as client:  # with a broker the API only enqueues
         db, cid = submit_slow(client, cifar_zoo, slow_data)
         # Two workers start together (their start-up is most of this test's time); the one
@@ -229,31 +227,35 @@ def test_api_restarted_while_jobs_run_loses_and_duplicates_nothing(
 # 3. PostgreSQL restarted ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+@pytest.fixture
+def own_pg() -> Iterator[PgServer]:
+    """A PostgreSQL server of this test alone: stopping it disturbs no other test."""
+    with PgServer() as server:
+        yield server
+
+
 def test_postgres_restart_during_a_job_is_ridden_out(
-    settings: Settings,
-    pg_engine: Any,
+    own_pg: PgServer,
     cifar_zoo: dict[str, Path],
     slow_data: Path,
+    tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="app")
+    settings = make_settings(own_pg.url, tmp_path / "data")
     with TestClient(create_app(settings)) as client:
         db, cid = submit_slow(client, cifar_zoo, slow_data)
         job_id = poll(lambda: running(db, cid), 60, "the job started").id
         retrying = f"writing the result of job {job_id} failed"
-        with pg_restored():  # always running again afterwards: the rest of the suite needs it
-            pg_ctl("stop")
-            # The job keeps computing while its heartbeats fail, then retries its final write.
-            poll(
-                lambda: retrying in caplog.text or f"job {job_id} succeeded" in caplog.text,
-                60,
-                "the job finished computing while PostgreSQL was down",
-            )
-            assert retrying in caplog.text, "the job ended before PostgreSQL went down"
-            pg_ctl("start")
-            poll(pg_ready, 60, "PostgreSQL accepted connections again")
-        pg_engine.dispose()  # its pooled connections died with the server
+        own_pg.stop()
+        # The job keeps computing while its heartbeats fail, then retries its final write.
+        poll(
+            lambda: retrying in caplog.text or f"job {job_id} succeeded" in caplog.text,
+            60,
+            "the job finished computing while PostgreSQL was down",
+        )
+        assert retrying in caplog.text, "the job ended before PostgreSQL went down"
+        own_pg.start()  # returns once the server accepts connections
         done = wait(client, f"/v1/comparisons/{cid}", timeout=60)
         assert done["status"] == "succeeded", (done, caplog.text[-3000:])
         assert done["attempts"] == 1  # ridden out, not re-queued and run again

@@ -27,7 +27,6 @@ from safetensors.torch import load_file
 from analysis import DatasetError
 from analysis.datasets import load_image_folder, load_npz
 from app.http.main import create_app
-from tests.app.conftest import digits_id, make_settings, upload
 from tests.app.payloads import (
     WritesMarker,
     assert_problem,
@@ -39,6 +38,7 @@ from tests.app.payloads import (
     safetensors_bytes,
     zip_bytes,
 )
+from tests.helpers import digits_id, make_settings, upload
 
 TOKEN = "hostile-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -18,7 +18,7 @@ from app.store.db import (
     head_revision,
     upgrade,
 )
-from tests.app.conftest import make_settings
+from tests.helpers import make_settings
 
 TABLES = {"models", "datasets", "jobs", "comparisons", "comparison_models", "trainings"}
 

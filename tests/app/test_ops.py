@@ -19,7 +19,7 @@ from app.http.main import create_app
 from app.http.ops import _duration_histogram, check_broker, check_device
 from app.logs import JsonFormatter, job_context, uvicorn_log_config
 from app.store.settings import Settings
-from tests.app.conftest import digits_id, make_settings, register, wait
+from tests.helpers import digits_id, make_settings, register, wait
 
 
 def samples(client: TestClient, **headers: str) -> dict[tuple[str, frozenset[Any]], float]:
@@ -78,9 +78,9 @@ def test_readyz_fails_when_the_broker_is_unreachable(tmp_path: Path) -> None:
     assert not body["checks"]["broker"]["ok"] and body["checks"]["database"]["ok"]
 
 
-def test_broker_and_device_checks() -> None:
+def test_broker_and_device_checks(redis_url: str) -> None:
     assert check_broker(None).ok
-    assert check_broker("redis://127.0.0.1:6379/0").ok  # the CI Redis
+    assert check_broker(redis_url).ok  # the session's Redis
     assert not check_broker("redis://127.0.0.1:1/0", timeout=1).ok
     assert check_device("cpu").ok
     missing = check_device("cuda:99")

@@ -28,7 +28,7 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.python import asgi as schemathesis_asgi
 
 from app.http.main import create_app
-from tests.app.conftest import make_settings, upload
+from tests.helpers import make_settings, upload
 
 TOKEN = "schemathesis-token"
 CHECKS = [

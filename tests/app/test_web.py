@@ -17,7 +17,7 @@ from PIL import Image
 from app.http.main import create_app
 from app.http.security import COOKIE_NAME
 from app.http.web.catalog import sample_indices
-from tests.app.conftest import digits_id, make_settings, register, upload, wait
+from tests.helpers import digits_id, make_settings, register, upload, wait
 
 TOKEN = "page-token"
 STATIC = Path(__file__).resolve().parents[2] / "app" / "web" / "static"

@@ -11,94 +11,28 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "test-results" / "e2e"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-TOKEN = "e2e-secret-token"
-MODELS = ("mixer_digits", "sw_mlp_digits", "gmlp_digits")
-
-
-@dataclass
-class Server:
-    """A running server and what the fixture registered in it."""
-
-    url: str
-    api: httpx.Client
-    model_ids: dict[str, int] = field(default_factory=dict)
-    digits_id: int = 0
-    big_dataset_id: int = 0
-    finished_id: int = 0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    pytest.fail(f"the server did not become ready in {timeout} s:\n{log.read_text()[-4000:]}")
-
-
-def _checkpoints(out: Path) -> dict[str, Path]:
-    import torch
-
-    import models
-
-    torch.manual_seed(0)
-    return {n: models.save(models.create(n), out / f"{n}.safetensors") for n in MODELS}
-
-
-def _bigger_digits(out: Path) -> Path:
-    """All 1,797 digits twice: a dataset long enough to watch a progress bar move."""
-    from analysis import load_dataset
-
-    data = load_dataset("digits", split="all")
-    path = out / "digits-x2.npz"
-    np.savez(path, x=np.concatenate([data.x, data.x]), y=np.concatenate([data.y, data.y]))
-    return path
-
-
-def _wait_done(api: httpx.Client, comparison_id: int, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        body: dict[str, Any] = api.get(f"/v1/comparisons/{comparison_id}").json()
-        if body["status"] in ("succeeded", "failed", "cancelled"):
-            return body
-        time.sleep(0.2)
-    raise AssertionError(f"comparison {comparison_id} did not finish")
+from tests.e2e.e2e_tools import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    RESULTS,
+    ROOT,
+    TOKEN,
+    Server,
+    bigger_digits,
+    checkpoints,
+    wait_done,
+    wait_ready,
+)
+from tests.servers import free_port
 
 
 @pytest.fixture(scope="session")
@@ -112,7 +46,7 @@ def results_dir() -> Path:
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory, results_dir: Path) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("e2e")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {
         **os.environ,
@@ -136,14 +70,14 @@ def server(tmp_path_factory: pytest.TempPathFactory, results_dir: Path) -> Itera
             stderr=subprocess.STDOUT,
         )
     try:
-        checkpoints = _checkpoints(tmp / "zoo")
-        big = _bigger_digits(tmp)
-        _wait_ready(url, proc, log)
+        stored = checkpoints(tmp / "zoo")
+        big = bigger_digits(tmp)
+        wait_ready(url, proc, log)
         with httpx.Client(
             base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60
         ) as api:
             srv = Server(url=url, api=api)
-            for name, path in checkpoints.items():
+            for name, path in stored.items():
                 with path.open("rb") as w, path.with_suffix(".json").open("rb") as s:
                     r = api.post("/v1/models", files={"weights": w, "sidecar": s})
                 assert r.status_code == 201, r.text
@@ -164,7 +98,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, results_dir: Path) -> Itera
             )
             assert r.status_code == 202, r.text
             srv.finished_id = r.json()["id"]
-            done = _wait_done(api, srv.finished_id)
+            done = wait_done(api, srv.finished_id)
             assert done["status"] == "succeeded", done
             yield srv
     finally:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import MODELS, TOKEN, Server
+from tests.e2e.e2e_tools import MODELS, TOKEN, Server
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,89 @@
+"""What the browser test and its fixtures share: the server's settings and its data.
+
+The fixtures that start the server and the browser are in ``conftest.py`` beside this file.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "test-results" / "e2e"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+TOKEN = "e2e-secret-token"
+MODELS = ("mixer_digits", "sw_mlp_digits", "gmlp_digits")
+
+
+@dataclass
+class Server:
+    """A running server and what the fixture registered in it."""
+
+    url: str
+    api: httpx.Client
+    model_ids: dict[str, int] = field(default_factory=dict)
+    digits_id: int = 0
+    big_dataset_id: int = 0
+    finished_id: int = 0
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:
+    """Poll /readyz; fail with the server's log if it exits or stays unready."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    pytest.fail(f"the server did not become ready in {timeout} s:\n{log.read_text()[-4000:]}")
+
+
+def checkpoints(out: Path) -> dict[str, Path]:
+    """Randomly initialised checkpoints of ``MODELS`` under ``out``."""
+    import torch
+
+    import models
+
+    torch.manual_seed(0)
+    return {n: models.save(models.create(n), out / f"{n}.safetensors") for n in MODELS}
+
+
+def bigger_digits(out: Path) -> Path:
+    """All 1,797 digits twice: a dataset long enough to watch a progress bar move."""
+    from analysis import load_dataset
+
+    data = load_dataset("digits", split="all")
+    path = out / "digits-x2.npz"
+    np.savez(path, x=np.concatenate([data.x, data.x]), y=np.concatenate([data.y, data.y]))
+    return path
+
+
+def wait_done(api: httpx.Client, comparison_id: int, timeout: float = 120) -> dict[str, Any]:
+    """Poll a comparison until it ends; its final representation."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body: dict[str, Any] = api.get(f"/v1/comparisons/{comparison_id}").json()
+        if body["status"] in ("succeeded", "failed", "cancelled"):
+            return body
+        time.sleep(0.2)
+    raise AssertionError(f"comparison {comparison_id} did not finish")
