@@ -135,7 +135,7 @@ def cka_from_hsic(h: np.ndarray) -> np.ndarray:
     ok = np.isfinite(d) & (d > 0)
     d[~ok] = 1.0
     with np.errstate(over="ignore", invalid="ignore"):
-        cka = h / np.sqrt(np.outer(d, d))
+        cka: np.ndarray = h / np.sqrt(np.outer(d, d))
     cka[~ok, :] = np.nan
     cka[:, ~ok] = np.nan
     cka[~np.isfinite(cka)] = np.nan
