@@ -183,3 +183,49 @@ def test_random_init_twin_is_the_same_architecture_untrained_and_seeded() -> Non
     assert not twin.training
     with pytest.raises(AnalysisError, match="atlas_config"):
         random_init_twin(torch.nn.Linear(3, 2))
+
+
+def _tiny(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.Tanh(), torch.nn.Linear(12, 6)
+    )
+
+
+def test_compare_with_permutations_and_sensitivity(tmp_path: object) -> None:
+    from analysis import Atlas, DirectoryGramCache, compare
+
+    net, other = _tiny(0), _tiny(1)
+    x = torch.randn(96, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    nets = {"a": net, "b": net, "c": other}
+    kw = {"layers": ["1", "3"], "batch_size": 32, "device": "cpu", "seed": 4}
+    atlas = compare(nets, x, permutations=49, sensitivity=True, **kw)
+    p = atlas.p_values("a", "b")
+    assert p is not None and p.shape == (2, 2)
+    # a model against an identical copy: CKA 1 on the diagonal, and the smallest p
+    np.testing.assert_allclose(np.diag(atlas.matrix("a", "b")), 1.0, atol=1e-6)
+    np.testing.assert_array_equal(np.diag(p), 1 / 50)
+    pc = atlas.p_values("a", "c")
+    assert pc is not None and ((pc >= 1 / 50) & (pc <= 1)).all()
+    assert atlas.null_mean("a", "c") is not None and atlas.null_q95("a", "c") is not None
+    dims, share = atlas.effective_dim("a"), atlas.top_pc_share("a")
+    assert dims is not None and share is not None and (dims >= 1).all() and (share <= 1).all()
+    assert atlas.without_top_pc("a", "c") is not None and atlas.sensitivity("a", "c") is not None
+    assert isinstance(atlas.warnings, list) and len(atlas.flags) >= len(atlas.warnings)
+
+    back = Atlas.from_dict(atlas.to_dict())
+    for name in ("p_values", "null_mean", "null_q95", "sensitivity"):
+        np.testing.assert_array_equal(getattr(back, name)("a", "c"), getattr(atlas, name)("a", "c"))
+    np.testing.assert_array_equal(back.effective_dim("c"), atlas.effective_dim("c"))
+
+    # the same seed gives the same null, with or without the Gram store
+    store = DirectoryGramCache(str(tmp_path))
+    keys = {"a": "ka", "b": "ka", "c": "kc"}
+    for _ in range(2):  # the second run reads every Gram back
+        stored = compare(nets, x, permutations=49, gram_cache=store, model_keys=keys, **kw)
+        np.testing.assert_allclose(stored.p_values("a", "c"), pc)
+
+    plain = compare(nets, x, **kw).to_dict()
+    for key in ("p_value", "null_mean", "effective_dim", "cka_without_top_pc"):
+        assert key not in plain
+    assert "p_value" not in plain["matrices"][0] and "warnings" not in plain["diagnostics"]
