@@ -30,6 +30,7 @@ from torch import nn
 from analysis.atlas import Atlas
 from analysis.bootstrap import bootstrap_intervals
 from analysis.errors import AnalysisError, EstimatorError
+from analysis.flags import calibration_flags
 from analysis.gram_cache import GramCache
 from analysis.hsic import MIN_SAMPLES, cka_from_hsic, hsic_from_grams
 from analysis.kernels import Kernel, gram
@@ -70,6 +71,12 @@ def compare(
     hashed). ``on_batch(done, total)`` is called after every batch (``total`` is 0 when
     unknown); returning False stops with :class:`analysis.Cancelled`. Models are moved to
     ``device`` (default: CUDA if available) and run in eval mode; their mode is restored.
+
+    Calibration (minibatch mode): ``permutations=P`` adds a permutation null per cell from
+    the same Grams (p-values, null mean and 95 % quantile, seeded with ``seed``; see
+    :mod:`analysis.calibration`), ``sensitivity=True`` CKA with each side's top principal
+    component removed; either also records per-layer effective dimension and top-component
+    share, and warnings (:mod:`analysis.flags`) in ``diagnostics``.
     """
     opts = CompareOptions.build(options, **shortcuts)
     names = list(models)
@@ -91,6 +98,7 @@ def compare(
         "dtype": None if amp is None else str(amp).removeprefix("torch."),
         "bootstrap": opts.bootstrap,
         "permutations": opts.permutations,
+        "sensitivity": opts.sensitivity,
         "seed": opts.seed,
     }
     training = {m: models[m].training for m in names}
@@ -122,8 +130,30 @@ def compare(
         ci_low, ci_high = bootstrap_intervals(np.stack(per_batch), opts.bootstrap, opts.seed)
     config["dataset"] = src.key  # hashed only when the cache needed it
     atlas = Atlas(names, run.selected, h, run.n, config, {}, ci_low, ci_high)
+    _finish_calibration(run, atlas)
     atlas.diagnostics = run.diagnostics(atlas)
+    if run.spectra is not None:
+        warnings, flags = calibration_flags(atlas, run.n / max(run.batches, 1))
+        atlas.diagnostics |= {"warnings": warnings, "flags": flags}
     return atlas
+
+
+def _finish_calibration(run: StreamingRun, atlas: Atlas) -> None:
+    """Move the run's null summary, spectra and deflated CKA into ``atlas``."""
+    if run.null is not None:
+        atlas.null, _ = run.null.summary(atlas.hsic)
+    if run.spectra is None:
+        return
+    pr, share = run.spectra.means()
+    atlas.layer_effective_dim, atlas.layer_top_share = pr.numpy(), share.numpy()
+    if run.spectra.sensitivity:
+        cross = run.spectra.deflated_cross.numpy()
+        own = run.spectra.deflated_self.numpy()
+        d = np.diag(atlas.hsic)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            drop = cross / np.sqrt(np.outer(own, d))
+        drop[~np.isfinite(atlas.cka)] = np.nan
+        atlas.cka_drop = np.where(np.isfinite(drop), drop, np.nan)
 
 
 def _jsonable(layers: str | int | Sequence[str | int] | None) -> str | int | list[str | int] | None:

@@ -83,6 +83,7 @@ ERROR_TYPES = (
     "invalid_layers",
     "batch_too_small",
     "bootstrap_needs_minibatch",
+    "calibration_needs_minibatch",
 )
 
 
@@ -228,7 +229,17 @@ class CompareOptions(BaseModel):
         default=0,
         ge=0,
         le=MAX_PERMUTATIONS,
-        description="Permutations for a null distribution of CKA per cell; 0 for none.",
+        description=(
+            "Permutations for a null distribution of CKA per cell (p-value, null mean and 95 % "
+            "quantile, from the same Grams); 0 for none. Needs minibatch mode."
+        ),
+    )
+    sensitivity: bool = Field(
+        default=False,
+        description=(
+            "Also compute CKA with each side's top principal component removed, and warn where "
+            "one direction moves a cell by more than 0.1. Needs minibatch mode."
+        ),
     )
     seed: int = Field(
         default=0,
@@ -257,6 +268,18 @@ class CompareOptions(BaseModel):
             raise _error(
                 "bootstrap_needs_minibatch",
                 f"bootstrap intervals resample minibatches and need minibatch mode, not {mode}",
+            )
+        return value
+
+    @field_validator("permutations", "sensitivity")
+    @classmethod
+    def _calibration_needs_minibatch(cls, value: Any, info: ValidationInfo) -> Any:
+        mode = info.data.get("mode")
+        if value and mode not in (None, "minibatch"):
+            raise _error(
+                "calibration_needs_minibatch",
+                f"{info.field_name} works on the per-batch Grams and needs minibatch mode, "
+                f"not {mode}",
             )
         return value
 

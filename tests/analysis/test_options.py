@@ -35,6 +35,7 @@ def test_defaults() -> None:
         "dtype": "fp32",
         "bootstrap": 0,
         "permutations": 0,
+        "sensitivity": False,
         "seed": 0,
     }
 
