@@ -92,7 +92,7 @@ class Calibration(BaseModel):
     )
     baselines: list[Baseline] = Field(
         default_factory=list,
-        max_length=len(BASELINES),
+        max_length=8,
         description="`random_init`: the same architectures and options, untrained (seeded), "
         "through the same pipeline. `seed_ceiling`: for a model with a sibling in the store "
         "(same architecture, options and dataset, another seed), the sibling's CKA with the "
