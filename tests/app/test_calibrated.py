@@ -183,6 +183,17 @@ def test_baselines_interval_and_exports(
     for key in ("random_init", "seed_ceiling"):
         assert _array(back["baselines"][key]).T.tolist() == _array(forth["baselines"][key]).tolist()
 
+    # The page opens with the K×K summary: mean diagonal CKA, its averaged interval, baselines.
+    page = client.get(f"/comparisons/{body['id']}").text
+    start = page.index('data-a="mixer_s1" data-b="gmlp_digits"')
+    cell = page[start : page.index("</button>", start)]
+    diag = np.diagonal(_array(forth["values"]))
+    assert f"{diag.mean():.3f}" in cell
+    assert f"[{np.diagonal(_array(forth['ci_low'])).mean():.3f}," in cell
+    ceiling = np.diagonal(expected[("mixer_s1", "gmlp_digits")]["seed_ceiling"]).mean()
+    assert f"init {np.diagonal(_array(forth['baselines']['random_init'])).mean():.3f}" in cell
+    assert f"seed {ceiling:.3f}" in cell
+
     # Exports: the long table read back by pandas equals the stored matrices, cell for cell.
     stored = client.get(f"{url}/result").json()["atlas"]
     csv = client.get(f"{url}/cells.csv")
