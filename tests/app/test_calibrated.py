@@ -194,6 +194,11 @@ def test_baselines_interval_and_exports(
     assert f"init {np.diagonal(_array(forth['baselines']['random_init'])).mean():.3f}" in cell
     assert f"seed {ceiling:.3f}" in cell
 
+    summary = client.get(f"{url}/result").json()["summary"]
+    assert [[c["b"] for c in row] for row in summary] == [["mixer_s1", "gmlp_digits"]] * 2
+    assert summary[0][1]["cka"] == pytest.approx(diag.mean())
+    assert summary[0][1]["seed_ceiling"] == pytest.approx(ceiling)
+
     # Exports: the long table read back by pandas equals the stored matrices, cell for cell.
     stored = client.get(f"{url}/result").json()["atlas"]
     csv = client.get(f"{url}/cells.csv")

@@ -102,11 +102,15 @@ def _finished(services: Svc, comparison_id: int, *, load_result: bool = True) ->
 
 @router.get("/{comparison_id}/result", **READ)
 def get_result(services: Svc, comparison_id: ComparisonId) -> dict[str, Any]:
-    """The whole atlas as stored (``analysis.Atlas.to_dict``), with diagnostics and provenance."""
+    """The whole atlas as stored (``analysis.Atlas.to_dict``, with ``baselines`` when asked
+    for), its diagnostics and provenance, and the K×K model-level ``summary`` (per model pair:
+    mean diagonal CKA, or mean best match where depths differ, with the averaged interval,
+    the largest p-value and the baselines)."""
     cmp = _finished(services, comparison_id)
     return {
         "comparison_id": cmp.id,
         "atlas": cmp.result,
+        "summary": _cached_cells(services, cmp).summaries(),
         "diagnostics": cmp.diagnostics,
         "provenance": cmp.provenance,
     }
