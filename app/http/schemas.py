@@ -164,6 +164,11 @@ class MatrixOut(BaseModel):
     null_q95: Cells | None = Field(
         default=None, description="95 % quantile of the permutation null (with `permutations`)"
     )
+    sensitivity: Cells | None = Field(
+        default=None,
+        description="The larger move of CKA when either side's top principal component is "
+        "removed (with `sensitivity`)",
+    )
     baselines: dict[str, Cells] | None = Field(
         default=None,
         description="`random_init`: the same cell between untrained twins; `seed_ceiling`: the "

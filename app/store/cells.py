@@ -3,10 +3,12 @@ the model-level summary.
 
 A finished comparison's ``result`` holds the CKA blocks of every model pair (``matrices``) and,
 when they were computed, full (L_total, L_total) arrays of the bootstrap interval
-(``ci_low``/``ci_high``), the permutation null (``p_value``/``null_mean``/``null_q95``) and the
-baselines (``baselines.random_init.cka``/``baselines.seed_ceiling.cka``), all in the atlas's
-layer order (model by model). :class:`Cells` reads them once and slices any of them for a
-model pair, so the matrix endpoint, the page and the exports agree cell for cell.
+(``ci_low``/``ci_high``), the permutation null (``p_value``/``null_mean``/``null_q95``), the
+baselines (``baselines.random_init.cka``/``baselines.seed_ceiling.cka``) and CKA with the row
+layer's top principal component removed (``cka_without_top_pc``, with ``sensitivity``), all in
+the atlas's layer order (model by model). A cell's ``sensitivity`` is the larger move of its
+CKA when either side's top component is removed. :class:`Cells` reads them once and slices any
+of them for a model pair, so the matrix endpoint, the page and the exports agree cell for cell.
 
 The long table has one row per cell of every model pair (a, b) with a at or before b in the
 comparison's order (a model's block with itself included), the order of ``matrices``:
@@ -35,6 +37,7 @@ QUANTITIES = (
     "null_q95",
     "random_init",
     "seed_ceiling",
+    "sensitivity",
 )
 COLUMNS = ("model_a", "layer_a", "model_b", "layer_b", "cka", *QUANTITIES)
 # Below this p-value a cell is told apart from the permutation null (the page marks the rest).
@@ -107,6 +110,10 @@ class Cells:
         baselines = result.get("baselines") or {}
         for key in ("random_init", "seed_ceiling"):
             self.full[key] = _array((baselines.get(key) or {}).get("cka"))
+        drop = _array(result.get("cka_without_top_pc"))
+        self.full["sensitivity"] = (
+            None if drop is None else np.fmax(np.abs(drop - cka), np.abs(drop.T - cka))
+        )
 
     def has(self, key: str) -> bool:
         """Whether ``key`` (a quantity of :data:`QUANTITIES` or ``cka``) was computed."""

@@ -10,7 +10,8 @@
  *
  * matrix: {a, b, rows: [layer names], cols: [layer names], values: [[number|null]]}, and
  * optionally blocks of the same shape: ci_low, ci_high (bootstrap interval), p_value,
- * null_mean (permutation null), random_init, seed_ceiling (baselines). The tooltip shows
+ * null_mean (permutation null), random_init, seed_ceiling (baselines), sensitivity (how far
+ * the value moves without either side's top principal component). The tooltip shows
  * those present; a cell whose p-value is at least SIGNIFICANCE is hatched (class "null-like").
  */
 (function () {
@@ -114,6 +115,8 @@
     if (defined(init)) fact(tip, "tt-base", "random init " + init.toFixed(4));
     const seed = at(matrix.seed_ceiling, i, j);
     if (defined(seed)) fact(tip, "tt-base", "seed ceiling " + seed.toFixed(4));
+    const moved = at(matrix.sensitivity, i, j);
+    if (defined(moved)) fact(tip, "tt-base", "top component removed: moves " + moved.toFixed(4));
   }
 
   function showTip(event, matrix, i, j) {
