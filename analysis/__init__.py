@@ -6,15 +6,18 @@ A plain library: no web, no database; import it from a notebook.
 from __future__ import annotations
 
 from analysis.atlas import Atlas
+from analysis.baselines import random_init_twin
 from analysis.datasets import ImageDataset, load_dataset
 from analysis.engine import cka_from_features, compare
 from analysis.errors import AnalysisError, Cancelled, DatasetError, EstimatorError, LayerError
 from analysis.gram_cache import DirectoryGramCache, GramCache
 from analysis.layers import default_layers, resolve_layers
+from analysis.significance import CKATest, cka_test
 
 __all__ = [
     "AnalysisError",
     "Atlas",
+    "CKATest",
     "Cancelled",
     "DatasetError",
     "DirectoryGramCache",
@@ -23,8 +26,10 @@ __all__ = [
     "ImageDataset",
     "LayerError",
     "cka_from_features",
+    "cka_test",
     "compare",
     "default_layers",
     "load_dataset",
+    "random_init_twin",
     "resolve_layers",
 ]

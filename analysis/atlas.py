@@ -13,6 +13,20 @@ included. ``to_dict`` gives plain JSON (``None`` where a value is undefined or n
     ``{"a", "b", "cka", "ci_low", "ci_high"}``, rows the layers of ``a``; derived, for readers.
 ``self_hsic``
     per model, the diagonal of ``hsic`` for its layers.
+
+Present only when computed (so an atlas without them serialises as before):
+
+``p_value``, ``null_mean``, ``null_q95``
+    (L_total, L_total) permutation-null summaries (``compare(..., permutations=P)``, see
+    :mod:`analysis.calibration`); the ``matrices`` entries then carry their blocks too.
+``effective_dim``, ``top_pc_share``
+    per model, per layer: the minibatch participation ratio of the centred Gram and the share
+    of its top component (:mod:`analysis.spectrum`).
+``cka_without_top_pc``
+    (L_total, L_total), ``sensitivity=True``: CKA with the *row* layer's top direction removed.
+
+Warnings about these (a list of sentences) and their structured flags live in
+``diagnostics["warnings"]`` and ``diagnostics["flags"]``.
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from analysis.calibration import NullSummary
 from analysis.hsic import cka_from_hsic
 
 __all__ = ["Atlas"]
@@ -51,6 +66,10 @@ class Atlas:
     diagnostics: dict[str, Any] = field(default_factory=dict)
     ci_low: np.ndarray | None = None
     ci_high: np.ndarray | None = None
+    null: NullSummary | None = None
+    layer_effective_dim: np.ndarray | None = None
+    layer_top_share: np.ndarray | None = None
+    cka_drop: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.hsic = np.asarray(self.hsic, dtype=np.float64)
@@ -63,10 +82,13 @@ class Atlas:
         if self.hsic.shape != (start, start):
             raise ValueError(f"hsic has shape {self.hsic.shape}; the layers need {(start, start)}")
 
-    def _block(self, full: np.ndarray, a: str, b: str) -> np.ndarray:
-        for name in (a, b):
+    def _check(self, *names: str) -> None:
+        for name in names:
             if name not in self._offsets:
                 raise KeyError(f"no model {name!r} in this atlas; it has {self.models}")
+
+    def _block(self, full: np.ndarray, a: str, b: str) -> np.ndarray:
+        self._check(a, b)
         return full[self._offsets[a], self._offsets[b]].copy()
 
     def matrix(self, a: str, b: str | None = None) -> np.ndarray:
@@ -89,6 +111,61 @@ class Atlas:
         b = a if b is None else b
         return self._block(self.ci_low, a, b), self._block(self.ci_high, a, b)
 
+    def _optional(self, full: np.ndarray | None, a: str, b: str | None) -> np.ndarray | None:
+        return None if full is None else self._block(full, a, a if b is None else b)
+
+    def p_values(self, a: str, b: str | None = None) -> np.ndarray | None:
+        """Permutation p-value per cell (``(1 + #{null ≥ observed}) / (1 + P)``), or None."""
+        return self._optional(None if self.null is None else self.null.p_value, a, b)
+
+    def null_mean(self, a: str, b: str | None = None) -> np.ndarray | None:
+        """Mean null CKA per cell (what shuffled samples give), or None without a null."""
+        return self._optional(None if self.null is None else self.null.null_mean, a, b)
+
+    def null_q95(self, a: str, b: str | None = None) -> np.ndarray | None:
+        """95 % quantile of the null CKA per cell, or None without a null."""
+        return self._optional(None if self.null is None else self.null.null_q95, a, b)
+
+    def _per_layer(self, full: np.ndarray | None, name: str) -> np.ndarray | None:
+        if full is None:
+            return None
+        self._check(name)
+        return full[self._offsets[name]].copy()
+
+    def effective_dim(self, name: str) -> np.ndarray | None:
+        """Per layer of ``name``: participation ratio of the centred Gram, batch average."""
+        return self._per_layer(self.layer_effective_dim, name)
+
+    def top_pc_share(self, name: str) -> np.ndarray | None:
+        """Per layer of ``name``: share of the variance in the top component, batch average."""
+        return self._per_layer(self.layer_top_share, name)
+
+    def without_top_pc(self, a: str, b: str | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """CKA with ``a``'s layer's top direction removed, and with ``b``'s; None unless
+        computed (``sensitivity=True``)."""
+        if self.cka_drop is None:
+            return None
+        b = a if b is None else b
+        return self._block(self.cka_drop, a, b), self._block(self.cka_drop, b, a).T
+
+    def sensitivity(self, a: str, b: str | None = None) -> np.ndarray | None:
+        """Per cell, the larger move of CKA when either side's top direction is removed."""
+        drop = self.without_top_pc(a, b)
+        if drop is None:
+            return None
+        cka = self.matrix(a, b)
+        return np.fmax(np.abs(drop[0] - cka), np.abs(drop[1] - cka))
+
+    @property
+    def warnings(self) -> list[str]:
+        """One sentence per thing to be careful about (see ``flags`` for the structured form)."""
+        return list(self.diagnostics.get("warnings", []))
+
+    @property
+    def flags(self) -> list[dict[str, Any]]:
+        """The structured form of :attr:`warnings`: a dict per flagged layer or cell."""
+        return list(self.diagnostics.get("flags", []))
+
     def pairs(self) -> list[tuple[str, str]]:
         """Every model pair (a, b) with a at or before b, the order ``to_dict`` uses."""
         return [(a, b) for i, a in enumerate(self.models) for b in self.models[i:]]
@@ -98,16 +175,17 @@ class Atlas:
         matrices = []
         for a, b in self.pairs():
             ci = self.interval(a, b)
-            matrices.append(
-                {
-                    "a": a,
-                    "b": b,
-                    "cka": _to_json(self.matrix(a, b)),
-                    "ci_low": None if ci is None else _to_json(ci[0]),
-                    "ci_high": None if ci is None else _to_json(ci[1]),
-                }
-            )
-        return {
+            entry = {
+                "a": a,
+                "b": b,
+                "cka": _to_json(self.matrix(a, b)),
+                "ci_low": None if ci is None else _to_json(ci[0]),
+                "ci_high": None if ci is None else _to_json(ci[1]),
+            }
+            for key, full in self._null_parts().items():
+                entry[key] = _to_json(self._block(full, a, b))
+            matrices.append(entry)
+        out = {
             "format": FORMAT,
             "models": list(self.models),
             "layers": {m: list(self.layers[m]) for m in self.models},
@@ -120,6 +198,25 @@ class Atlas:
             "matrices": matrices,
             "diagnostics": self.diagnostics,
         }
+        out |= {key: _to_json(full) for key, full in self._null_parts().items()}
+        for key, per_layer in (
+            ("effective_dim", self.layer_effective_dim),
+            ("top_pc_share", self.layer_top_share),
+        ):
+            if per_layer is not None:
+                out[key] = {m: _to_json(per_layer[self._offsets[m]][None])[0] for m in self.models}
+        if self.cka_drop is not None:
+            out["cka_without_top_pc"] = _to_json(self.cka_drop)
+        return out
+
+    def _null_parts(self) -> dict[str, np.ndarray]:
+        if self.null is None:
+            return {}
+        return {
+            "p_value": self.null.p_value,
+            "null_mean": self.null.null_mean,
+            "null_q95": self.null.null_q95,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Atlas:
@@ -128,6 +225,10 @@ class Atlas:
             raise ValueError(f"not a {FORMAT} atlas (format {data.get('format')!r})")
         hsic = _from_json(data["hsic"])
         assert hsic is not None
+        parts = [_from_json(data.get(k)) for k in ("p_value", "null_mean", "null_q95")]
+        null = None
+        if parts[0] is not None and parts[1] is not None and parts[2] is not None:
+            null = NullSummary(parts[0], parts[1], parts[2])
         return cls(
             models=list(data["models"]),
             layers={m: list(v) for m, v in data["layers"].items()},
@@ -137,4 +238,15 @@ class Atlas:
             diagnostics=dict(data["diagnostics"]),
             ci_low=_from_json(data.get("ci_low")),
             ci_high=_from_json(data.get("ci_high")),
+            null=null,
+            layer_effective_dim=_per_layer_from_json(data, "effective_dim"),
+            layer_top_share=_per_layer_from_json(data, "top_pc_share"),
+            cka_drop=_from_json(data.get("cka_without_top_pc")),
         )
+
+
+def _per_layer_from_json(data: dict[str, Any], key: str) -> np.ndarray | None:
+    if data.get(key) is None:
+        return None
+    values = [v for m in data["models"] for v in data[key][m]]
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)

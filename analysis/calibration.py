@@ -40,10 +40,11 @@ self-HSIC, the CKA denominator, is the observed one: null CKA = null HSIC / sqrt
 **Summary.** One-sided p-value with the +1 correction (Phipson & Smyth 2010):
 ``p = (1 + #{p : null_p ≥ observed}) / (1 + P)``, never 0; the smallest is 1/(1+P). Values
 within :data:`TIE_TOLERANCE` below the observed CKA count as reaching it: the trace term runs
-in float32, and rounding must not turn a tie (the identity permutation, say) into a smaller p. Also the mean and the 95 % quantile (linear interpolation)
-of the null CKA per cell. For the unbiased estimator the mean of HSIC over *all* permutations
-is exactly 0 (by 2.-4., ``E[tr] = s_K s_L/(n(n-1))`` and ``E[r·r] = s_K s_L/n`` cancel the
-middle term), so a null mean near 0 is expected.
+in float32, and rounding must not turn a tie (the identity permutation, say) into a smaller
+p. Also the mean and the 95 % quantile (linear interpolation) of the null CKA per cell. For
+the unbiased estimator the mean of HSIC over *all* permutations is exactly 0 (by 2.-4.,
+``E[tr] = s_K s_L/(n(n-1))`` and ``E[r·r] = s_K s_L/n`` cancel the middle term), so a null
+mean near 0 is expected.
 """
 
 from __future__ import annotations

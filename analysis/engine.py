@@ -29,12 +29,15 @@ from torch import nn
 
 from analysis.atlas import Atlas
 from analysis.bootstrap import bootstrap_intervals
+from analysis.calibration import PermutationNull
 from analysis.errors import AnalysisError, EstimatorError
+from analysis.flags import calibration_flags
 from analysis.gram_cache import GramCache
 from analysis.hsic import MIN_SAMPLES, check_estimator, cka_from_hsic, hsic_from_grams
 from analysis.kernels import Kernel, gram, parse_kernel
 from analysis.layers import FEATURE_POLICIES, LayerReader, LayerSelection, resolve_layers
 from analysis.sources import DataLike, batch_source
+from analysis.spectrum import SpectrumAccumulator
 from analysis.streaming import StreamingRun, full_hsic
 
 __all__ = ["MODES", "cka_from_features", "compare"]
@@ -87,6 +90,8 @@ def compare(
     on_batch: Callable[[int, int], bool | None] | None = None,
     dataset_key: str | None = None,
     seed: int = 0,
+    permutations: int = 0,
+    sensitivity: bool = False,
 ) -> Atlas:
     """CKA between every selected layer of every pair of ``models`` (each with itself too).
 
@@ -101,6 +106,12 @@ def compare(
     are hashed). ``on_batch(done, total)`` is called after every batch (``total`` is 0 when
     unknown); returning False stops with :class:`analysis.Cancelled`. Models are moved to
     ``device`` (default: CUDA if available) and run in eval mode; their mode is restored.
+
+    Calibration (minibatch mode): ``permutations=P`` adds a permutation null per cell from
+    the same Grams (p-values, null mean and 95 % quantile, seeded with ``seed``; see
+    :mod:`analysis.calibration`), ``sensitivity=True`` CKA with each side's top principal
+    component removed; either also records per-layer effective dimension and top-component
+    share, and warnings (:mod:`analysis.flags`) in ``diagnostics``.
     """
     names = list(models)
     if not names:
@@ -110,6 +121,8 @@ def compare(
         raise EstimatorError(f"unknown feature policy {feature!r}; use 'flatten' or 'mean_tokens'")
     if bootstrap < 0 or (bootstrap and mode != "minibatch"):
         raise EstimatorError("bootstrap takes a replicate count >= 0 and needs minibatch mode")
+    if permutations < 0 or ((permutations or sensitivity) and mode != "minibatch"):
+        raise EstimatorError("permutations (>= 0) and sensitivity need minibatch mode")
     amp = _amp_dtype(dtype)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     per_model = isinstance(layers, Mapping)
@@ -135,7 +148,10 @@ def compare(
         "bootstrap": bootstrap,
         "seed": seed,
     }
+    if permutations or sensitivity:
+        config |= {"permutations": permutations, "sensitivity": sensitivity}
     run = StreamingRun(models, selected, readers, kern, estimator, dev, amp, progress, on_batch)
+    _calibration(run, permutations, sensitivity, seed)
     training = {m: models[m].training for m in names}
     try:
         for m in names:
@@ -165,8 +181,40 @@ def compare(
         ci_low, ci_high = bootstrap_intervals(np.stack(per_batch), bootstrap, seed)
     config["dataset"] = src.key  # hashed only when the cache needed it
     atlas = Atlas(names, selected, h, run.n, config, {}, ci_low, ci_high)
+    _finish_calibration(run, atlas)
     atlas.diagnostics = run.diagnostics(atlas, bootstrap, seed)
+    if run.spectra is not None:
+        warnings, flags = calibration_flags(atlas, run.n / max(run.batches, 1))
+        atlas.diagnostics |= {"warnings": warnings, "flags": flags}
     return atlas
+
+
+def _calibration(run: StreamingRun, permutations: int, sensitivity: bool, seed: int) -> None:
+    """Attach the permutation null and the spectra accumulators to ``run`` when asked for."""
+    sizes = [len(run.selected[m]) for m in run.names]
+    if permutations:
+        # the trace term in the Grams' precision: float32, or float64 for a float64 model
+        run.null = PermutationNull(sizes, permutations, seed, run.estimator, run.dev, run.gdtype)
+    if permutations or sensitivity:
+        run.spectra = SpectrumAccumulator(sum(sizes), run.estimator, sensitivity)
+
+
+def _finish_calibration(run: StreamingRun, atlas: Atlas) -> None:
+    """Move the run's null summary, spectra and deflated CKA into ``atlas``."""
+    if run.null is not None:
+        atlas.null, _ = run.null.summary(atlas.hsic)
+    if run.spectra is None:
+        return
+    pr, share = run.spectra.means()
+    atlas.layer_effective_dim, atlas.layer_top_share = pr.numpy(), share.numpy()
+    if run.spectra.sensitivity:
+        cross = run.spectra.deflated_cross.numpy()
+        own = run.spectra.deflated_self.numpy()
+        d = np.diag(atlas.hsic)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            drop = cross / np.sqrt(np.outer(own, d))
+        drop[~np.isfinite(atlas.cka)] = np.nan
+        atlas.cka_drop = np.where(np.isfinite(drop), drop, np.nan)
 
 
 def _jsonable(layers: Any) -> Any:

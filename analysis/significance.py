@@ -65,10 +65,12 @@ def cka_test(
     if fy.shape[0] != n:
         raise EstimatorError(f"x has {n} samples and y {fy.shape[0]}; they must be the same")
     size = n if batch_size is None else batch_size
-    if size < MIN_SAMPLES[estimator]:
-        raise EstimatorError(f"the {estimator} estimator needs at least {MIN_SAMPLES[estimator]} samples")
+    least = MIN_SAMPLES[estimator]
+    if size < least:
+        raise EstimatorError(f"the {estimator} estimator needs at least {least} samples")
     # two "models" of one layer each; small problems, so the null runs in float64
-    null = PermutationNull([1, 1], permutations, seed, estimator, torch.device("cpu"), torch.float64)
+    cpu = torch.device("cpu")
+    null = PermutationNull([1, 1], permutations, seed, estimator, cpu, torch.float64)
     h = torch.zeros(2, 2, dtype=torch.float64)
     used = 0
     for i in range(0, n, size):

@@ -27,6 +27,7 @@ from torch import nn
 from tqdm import tqdm
 
 from analysis.atlas import Atlas
+from analysis.calibration import PermutationNull
 from analysis.errors import Cancelled, EstimatorError
 from analysis.gram_cache import GramCache, gram_key
 from analysis.hsic import (
@@ -40,6 +41,7 @@ from analysis.hsic import (
 from analysis.kernels import Kernel, gram
 from analysis.layers import LayerReader
 from analysis.sources import BatchSource
+from analysis.spectrum import SpectrumAccumulator
 
 __all__ = ["StreamingRun", "full_hsic"]
 
@@ -77,6 +79,20 @@ class StreamingRun:
         self.dropped: list[dict[str, int]] = []
         self.forwards = dict.fromkeys(self.names, 0)
         self.cache_note = "off"
+        # calibration (set by compare): the permutation null and the layer spectra
+        self.null: PermutationNull | None = None
+        self.spectra: SpectrumAccumulator | None = None
+
+    @property
+    def calibrating(self) -> bool:
+        """Whether every batch needs every model's Grams for the null or the spectra."""
+        return self.null is not None or self.spectra is not None
+
+    def _calibrate(self, grams: torch.Tensor, rows: Rows) -> None:
+        if self.null is not None:
+            self.null.add(rows)
+        if self.spectra is not None:
+            self.spectra.add(grams, rows)
 
     def _features(self, m: str, x: torch.Tensor) -> list[torch.Tensor]:
         amp = torch.autocast(self.dev.type, dtype=self.amp) if self.amp else nullcontext()
@@ -144,7 +160,12 @@ class StreamingRun:
         stack = torch.empty(self.total_layers, b, b, dtype=self.gdtype, device=self.dev)
         for m in self.names:
             self._grams(m, xd, out=stack[self.slices[m]])
-        return hsic_from_grams(stack, self.estimator).cpu().numpy()  # the batch's one transfer
+        if not self.calibrating:
+            return hsic_from_grams(stack, self.estimator).cpu().numpy()  # the batch's one transfer
+        rows = centred_rows(stack, self.estimator)
+        h = hsic_block(rows, rows, self.estimator)
+        self._calibrate(stack, rows)
+        return ((h + h.T) / 2).cpu().numpy()  # as hsic_from_grams
 
     def _batch_stored(
         self,
@@ -183,6 +204,9 @@ class StreamingRun:
             if block is not None and block.shape == shape and block.dtype == np.float64:
                 found[a, c] = block
         needed = {m for p in pairs if p not in found for m in p}
+        if self.calibrating:
+            needed = set(self.names)  # the null and the spectra need every model's Grams
+        stacks: dict[str, torch.Tensor] = {}
 
         rows: dict[str, Rows] = {}
         xd: torch.Tensor | None = None
@@ -194,7 +218,8 @@ class StreamingRun:
                 self.hits += 1  # every block of m is stored: not even its Grams are read
             elif stored is not None and stored.shape == (len(self.selected[m]), b, b):
                 self.hits += 1
-                rows[m] = centred_rows(torch.from_numpy(stored).to(self.dev), self.estimator)
+                stacks[m] = torch.from_numpy(stored).to(self.dev)
+                rows[m] = centred_rows(stacks[m], self.estimator)
             else:
                 if xd is None:
                     xd = x.to(self.dev, non_blocking=True)
@@ -202,7 +227,12 @@ class StreamingRun:
                 if cache is not None and m in gkeys:
                     self.misses += 1
                     cache.put(gkeys[m], grams.cpu().numpy())
+                stacks[m] = grams
                 rows[m] = centred_rows(grams, self.estimator)
+        if self.calibrating:
+            ordered = [rows[m] for m in self.names]
+            stacked = (torch.cat([r[0] for r in ordered]), torch.cat([r[1] for r in ordered]))
+            self._calibrate(torch.cat([stacks[m] for m in self.names]), stacked)
 
         h = torch.zeros(self.total_layers, self.total_layers, dtype=torch.float64, device=self.dev)
         for a, c in pairs:

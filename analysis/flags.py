@@ -1,0 +1,98 @@
+"""Warnings about an atlas's cells: one sentence each for people, a dict each for programs.
+
+Two rules, with their thresholds as documented constants:
+
+* **Small n against the effective dimension.** Every HSIC term comes from one batch of b
+  samples, and a batch can show at most b - 1 directions. A layer whose minibatch effective
+  dimension d_eff (:mod:`analysis.spectrum`) is more than b / :data:`MIN_SAMPLES_PER_DIM` has
+  fewer than that many samples per direction in each batch: its spectrum is poorly resolved
+  and its CKA values are noisy (and the biased estimator drifts towards 1). Flag ``small_n``.
+* **One direction drives a cell.** With ``sensitivity=True``, a cell whose CKA moves by more
+  than :data:`SENSITIVITY_THRESHOLD` when either side's top principal component is removed
+  owes that much of its value to a single direction (Davari et al. 2022). Flag ``top_pc``;
+  one sentence per model pair summarises its flagged cells. A layer against itself is skipped
+  (removing a direction from one copy of a layer is no statement about similarity).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from analysis.atlas import Atlas
+
+__all__ = ["MIN_SAMPLES_PER_DIM", "SENSITIVITY_THRESHOLD", "calibration_flags"]
+
+MIN_SAMPLES_PER_DIM = 5.0
+SENSITIVITY_THRESHOLD = 0.1
+
+
+def _small_n(atlas: Atlas, batch: float) -> tuple[list[str], list[dict[str, Any]]]:
+    sentences: list[str] = []
+    flags: list[dict[str, Any]] = []
+    for m in atlas.models:
+        dims = atlas.effective_dim(m)
+        if dims is None:
+            continue
+        for layer, d in zip(atlas.layers[m], dims, strict=True):
+            if not np.isfinite(d) or batch >= MIN_SAMPLES_PER_DIM * d:
+                continue
+            flags.append(
+                {"kind": "small_n", "model": m, "layer": layer, "effective_dim": float(d)}
+                | {"batch_size": batch, "min_samples_per_dim": MIN_SAMPLES_PER_DIM}
+            )
+            sentences.append(
+                f"Layer {layer} of {m} has effective dimension {d:.0f} against batches of "
+                f"{batch:.0f} samples (fewer than {MIN_SAMPLES_PER_DIM:g} per dimension), so "
+                "its CKA values are noisy; use larger batches."
+            )
+    return sentences, flags
+
+
+def _top_pc(atlas: Atlas, a: str, b: str) -> tuple[list[str], list[dict[str, Any]]]:
+    drop = atlas.without_top_pc(a, b)
+    if drop is None:
+        return [], []
+    cka = atlas.matrix(a, b)
+    shift = np.fmax(np.abs(drop[0] - cka), np.abs(drop[1] - cka))
+    if a == b:
+        shift = np.where(np.triu(np.ones_like(shift, dtype=bool), 1), shift, np.nan)
+    hit = np.argwhere(np.nan_to_num(shift, nan=0.0) > SENSITIVITY_THRESHOLD)
+    flags = [
+        {
+            "kind": "top_pc",
+            "a": a,
+            "layer_a": atlas.layers[a][i],
+            "b": b,
+            "layer_b": atlas.layers[b][j],
+            "cka": float(cka[i, j]),
+            "without_top_pc_a": float(drop[0][i, j]),
+            "without_top_pc_b": float(drop[1][i, j]),
+            "shift": float(shift[i, j]),
+            "threshold": SENSITIVITY_THRESHOLD,
+        }
+        for i, j in hit
+    ]
+    if not flags:
+        return [], []
+    worst = max(flags, key=lambda f: f["shift"])
+    sides = (worst["without_top_pc_a"], worst["without_top_pc_b"])
+    moved = max(sides, key=lambda v: abs(v - worst["cka"]))
+    sentence = (
+        f"{len(flags)} cell{'s' if len(flags) > 1 else ''} of {a} × {b} move by more than "
+        f"{SENSITIVITY_THRESHOLD:g} when one side's top principal component is removed "
+        f"(largest: {worst['layer_a']} × {worst['layer_b']}, {worst['cka']:.2f} → "
+        f"{moved:.2f}), so a single direction drives them."
+    )
+    return [sentence], flags
+
+
+def calibration_flags(atlas: Atlas, batch_size: float) -> tuple[list[str], list[dict[str, Any]]]:
+    """(warnings, flags) for ``atlas``, whose batches averaged ``batch_size`` samples."""
+    sentences, flags = _small_n(atlas, batch_size)
+    for a, b in atlas.pairs():
+        s, f = _top_pc(atlas, a, b)
+        sentences += s
+        flags += f
+    return sentences, flags
