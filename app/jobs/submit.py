@@ -84,6 +84,13 @@ def validate_comparison(
             "the unbiased HSIC estimator needs batch_size >= 4",
             "batch_size",
         )
+    for field in ("permutations", "sensitivity"):
+        if getattr(body, field) and body.mode != "minibatch":
+            raise _invalid(
+                "calibration_needs_minibatch",
+                f"{field} works on the per-batch Grams and needs mode minibatch",
+                field,
+            )
     with services.db.session(readonly=True) as s:
         found = repository.models_by_ids(s, body.model_ids)
         ds = s.get(Dataset, body.dataset_id)

@@ -26,7 +26,7 @@ from app.store.settings import Settings
 from tests.app.conftest import register, upload, wait
 from tests.app.payloads import assert_problem, npz_bytes
 
-N, BATCH, BOOT = 96, 32, 20  # three batches of a small slice of digits
+N, BATCH, BOOT, PERM = 96, 32, 20, 30  # three batches of a small slice of digits
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +99,9 @@ def test_calibration_options_are_validated_once(
         json=base | {"baselines": ["random_init", "seed_ceiling"], "permutations": 3},
     )
     assert same.status_code == 200 and same.json()["id"] == r.json()["id"]
+    for field, value in (("permutations", 10), ("sensitivity", True)):
+        r2 = idle_client.post("/v1/comparisons", json=base | {field: value, "mode": "full"})
+        assert_problem(r2, 422, "calibration_needs_minibatch", field)
     # Without calibration, a request hashes as before: it does not find the calibrated one.
     plain = idle_client.post("/v1/comparisons", json=base)
     assert plain.status_code == 202 and plain.json()["id"] != r.json()["id"]
@@ -135,6 +138,8 @@ def test_baselines_interval_and_exports(
             "dataset_id": dataset_id,
             "batch_size": BATCH,
             "bootstrap": BOOT,
+            "permutations": PERM,
+            "sensitivity": True,
             "baselines": ["seed_ceiling", "random_init"],
         },
     )
@@ -164,8 +169,25 @@ def test_baselines_interval_and_exports(
         ("gmlp_digits", "gmlp_digits"): {"random_init": _cka(twins, data, "g", "g")},
     }
     boot = analysis.compare(
-        {"mixer_s1": s1, "gmlp_digits": gmlp}, data, batch_size=BATCH, bootstrap=BOOT, device="cpu"
+        {"mixer_s1": s1, "gmlp_digits": gmlp},
+        data,
+        batch_size=BATCH,
+        bootstrap=BOOT,
+        permutations=PERM,
+        device="cpu",
     )
+    boot_sens = analysis.compare(
+        {"mixer_s1": s1, "gmlp_digits": gmlp},
+        data,
+        batch_size=BATCH,
+        sensitivity=True,
+        device="cpu",
+    )
+    layers = body["diagnostics"]["layers"]
+    assert set(layers) == {"mixer_s1", "gmlp_digits"}
+    for label in layers:
+        got = [layers[label][name]["effective_dim"] for name in boot.layers[label]]
+        np.testing.assert_allclose(got, boot.effective_dim(label), rtol=1e-6)
     for (a, b), want in expected.items():
         m = client.get(f"{url}/matrix", params={"a": a, "b": b}).json()
         for key, value in want.items():
@@ -176,7 +198,17 @@ def test_baselines_interval_and_exports(
         assert interval is not None
         np.testing.assert_allclose(_array(m["ci_low"]), interval[0], atol=1e-6)
         np.testing.assert_allclose(_array(m["ci_high"]), interval[1], atol=1e-6)
-        assert m["p_value"] is None and m["null_mean"] is None  # not asked for
+        # The null: the same seed gives the same permutations; p is at least 1/(1 + P).
+        p, mean = _array(m["p_value"]), _array(m["null_mean"])
+        np.testing.assert_allclose(p, boot.p_values(a, b), atol=1e-12)
+        np.testing.assert_allclose(mean, boot.null_mean(a, b), atol=1e-6)
+        assert np.all((p >= 1 / (1 + PERM) - 1e-12) & (p <= 1))
+        # Sensitivity: the larger move of CKA when either side's top component is removed.
+        drop = boot_sens.without_top_pc(a, b)
+        assert drop is not None
+        cka = _array(m["values"])
+        want = np.fmax(np.abs(drop[0] - cka), np.abs(drop[1] - cka))
+        np.testing.assert_allclose(_array(m["sensitivity"]), want, atol=1e-5)
     # The transposed pair reads the same cells, transposed.
     back = client.get(f"{url}/matrix", params={"a": "gmlp_digits", "b": "mixer_s1"}).json()
     forth = client.get(f"{url}/matrix", params={"a": "mixer_s1", "b": "gmlp_digits"}).json()
@@ -241,7 +273,12 @@ def test_baselines_interval_and_exports(
             for key in ("random_init", "seed_ceiling"):
                 want = _array(baselines[key]["cka"])[span[a], span[b]]
                 np.testing.assert_array_equal(_pivot(table, a, b, key, shape), want)
-            assert table.loc[part.index, "p_value"].isna().all()
+            for key in ("p_value", "null_mean", "sensitivity"):
+                want = Cells(stored).block(key, a, b)
+                np.testing.assert_array_equal(_pivot(table, a, b, key, shape), want)
+            np.testing.assert_array_equal(
+                _pivot(table, a, b, "p_value", shape), _array(stored["p_value"])[span[a], span[b]]
+            )
 
 
 def test_cli_compare_with_baselines(
