@@ -184,6 +184,22 @@ def test_calibrated_cell_tooltip_summary_and_profile(
     assert focus.locator("rect.cell.null-like").count() == null_like
     assert focus.locator("rect.hatch").count() == null_like
     assert page.locator("#null-legend").is_visible()
+    # The marking itself, on a matrix with known p-values: hatched from p = 0.05 up.
+    marked = page.evaluate(
+        """() => {
+          const host = document.createElement("div");
+          document.body.appendChild(host);
+          const svg = window.CkaHeatmap.draw(host, {
+            a: "x", b: "y", rows: ["r0", "r1"], cols: ["c0", "c1"],
+            values: [[0.9, 0.2], [0.3, 0.8]], p_value: [[0.01, 0.2], [0.05, null]],
+          });
+          const out = [...svg.querySelectorAll("rect.cell.null-like")].map(
+            (r) => r.dataset.i + "," + r.dataset.j);
+          host.remove();
+          return out;
+        }"""
+    )
+    assert marked == ["0,1", "1,0"]
 
     # The K×K summary opens the atlas: the mean diagonal CKA of (a, b) with its interval.
     summary = page.locator("#summary .summary-cell")
