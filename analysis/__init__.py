@@ -12,6 +12,7 @@ from analysis.engine import cka_from_features, compare
 from analysis.errors import AnalysisError, Cancelled, DatasetError, EstimatorError, LayerError
 from analysis.gram_cache import DirectoryGramCache, GramCache
 from analysis.layers import default_layers, resolve_layers
+from analysis.options import CompareOptions, OptionsError, option_specs
 from analysis.significance import CKATest, cka_test
 
 __all__ = [
@@ -19,17 +20,20 @@ __all__ = [
     "Atlas",
     "CKATest",
     "Cancelled",
+    "CompareOptions",
     "DatasetError",
     "DirectoryGramCache",
     "EstimatorError",
     "GramCache",
     "ImageDataset",
     "LayerError",
+    "OptionsError",
     "cka_from_features",
     "cka_test",
     "compare",
     "default_layers",
     "load_dataset",
+    "option_specs",
     "random_init_twin",
     "resolve_layers",
 ]

@@ -154,7 +154,8 @@ class Atlas:
         if drop is None:
             return None
         cka = self.matrix(a, b)
-        return np.fmax(np.abs(drop[0] - cka), np.abs(drop[1] - cka))
+        shift: np.ndarray = np.fmax(np.abs(drop[0] - cka), np.abs(drop[1] - cka))
+        return shift
 
     @property
     def warnings(self) -> list[str]:

@@ -92,8 +92,8 @@ def _pair_index(pi: torch.Tensor, i0: torch.Tensor, i1: torch.Tensor, n: int) ->
     pair t under permutation p, so the gather yields (m, c·L_k) directly. NumPy on the CPU
     (there its integer fancy indexing is ~10× torch's), torch on other devices."""
     if pi.device.type == "cpu":
-        pt = pi.numpy().T
-        return torch.from_numpy((pt[i0.numpy()] * n + pt[i1.numpy()]).reshape(-1))
+        host = pi.numpy().T
+        return torch.from_numpy((host[i0.numpy()] * n + host[i1.numpy()]).reshape(-1))
     pt = pi.T
     return (pt.index_select(0, i0) * n + pt.index_select(0, i1)).reshape(-1)
 
@@ -164,7 +164,8 @@ def _kept(sizes: Sequence[int]) -> np.ndarray:
     later = owner[:, None] > owner[None, :]
     same = owner[:, None] == owner[None, :]
     idx = np.arange(len(owner))
-    return later | (same & (idx[:, None] >= idx[None, :]))
+    kept: np.ndarray = later | (same & (idx[:, None] >= idx[None, :]))
+    return kept
 
 
 def summarise_null(

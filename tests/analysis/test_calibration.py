@@ -229,3 +229,12 @@ def test_compare_with_permutations_and_sensitivity(tmp_path: object) -> None:
     for key in ("p_value", "null_mean", "effective_dim", "cka_without_top_pc"):
         assert key not in plain
     assert "p_value" not in plain["matrices"][0] and "warnings" not in plain["diagnostics"]
+
+
+@pytest.mark.parametrize("option", [{"permutations": 5}, {"sensitivity": True}])
+def test_calibration_needs_minibatch_mode(option: dict[str, object]) -> None:
+    from analysis import CompareOptions, OptionsError, compare
+
+    with pytest.raises(OptionsError, match="needs minibatch mode"):
+        compare({"a": _tiny(0)}, torch.zeros(8, 1, 4, 4), mode="full", **option)
+    assert CompareOptions(**option).model_dump()[next(iter(option))] == next(iter(option.values()))
