@@ -18,6 +18,7 @@ from pydantic import (
     field_validator,
 )
 
+from analysis.options import MAX_PERMUTATIONS
 from app.store.values import NO_NUL, Id, Text
 
 __all__ = [
@@ -48,7 +49,6 @@ LayerName = Annotated[str, StringConstraints(max_length=200), NO_NUL]
 LayerIndex = Annotated[int, Field(strict=True, ge=-10_000, le=10_000)]
 Baseline = Literal["random_init", "seed_ceiling"]
 BASELINES: tuple[Baseline, ...] = ("random_init", "seed_ceiling")
-MAX_PERMUTATIONS = 10_000  # the bound of analysis.options.CompareOptions.permutations
 MAX_MODELS = 32
 MAX_BATCH = 8192
 MAX_LAYER_ITEMS = 200
