@@ -7,8 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 __all__ = ["register", "run"]
 
 
@@ -35,7 +33,34 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--feature", default="flatten", choices=["flatten", "mean_tokens"])
     p.add_argument("--bootstrap", type=int, default=0, metavar="B", help="bootstrap replicates")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
+    p.add_argument(
+        "--permutations",
+        type=int,
+        default=0,
+        metavar="P",
+        help="permutations of the null per cell: p-value and null mean (default 0: none)",
+    )
+    p.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="also CKA with each side's top principal component removed",
+    )
+    p.add_argument(
+        "--baselines",
+        default="",
+        metavar="LIST",
+        help="comma-separated: random_init (untrained twins, same pipeline), seed_ceiling "
+        "(a checkpoint's seed sibling among CKPT and --sibling in its place)",
+    )
+    p.add_argument(
+        "--sibling",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="CKPT",
+        help="a checkpoint that is only a candidate seed sibling (repeatable)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and permutations")
     p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="autocast the forward pass")
     p.add_argument("--gram-cache", type=Path, metavar="DIR", help="keep per-batch Grams here")
@@ -54,55 +79,148 @@ def _names(paths: list[Path]) -> list[str]:
     return names
 
 
-def _mean_diagonal(m: np.ndarray) -> str:
-    d = np.diagonal(m)
-    d = d[np.isfinite(d)]
-    return f"{d.mean():.4f}" if d.size else "undefined"
+def _number(v: float | None, digits: int = 4) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _calibration(args: argparse.Namespace) -> Any:
+    """The calibration options, validated by the same model as a REST request."""
+    from pydantic import ValidationError
+
+    from app.jobs.requests import Calibration
+
+    try:
+        return Calibration(
+            permutations=args.permutations,
+            sensitivity=args.sensitivity,
+            baselines=args.baselines,
+        )
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = ".".join(str(part) for part in first["loc"][:1])
+        raise SystemExit(f"error: --{field}: {first['msg']}") from None
+
+
+def _baselines(
+    calibration: Any,
+    atlas: Any,
+    loaded: dict[str, Any],
+    metas: dict[str, dict[str, Any]],
+    keys: dict[str, str],
+    dataset: Any,
+    args: argparse.Namespace,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    import models
+    from app.jobs.baselines import (
+        Identity,
+        find_siblings,
+        random_init_baseline,
+        seed_ceiling_baseline,
+    )
+
+    def identity(name: str, meta: dict[str, Any], key: str) -> Identity:
+        return Identity.of(key, name, str(meta["arch"]), meta.get("config") or {}, meta)
+
+    out: dict[str, Any] = {}
+    layers = {m: list(atlas.layers[m]) for m in atlas.models}
+    if "random_init" in calibration.baselines:
+        out["random_init"] = random_init_baseline(
+            loaded, dataset, args.seed, layers=layers, **options
+        )
+    if "seed_ceiling" in calibration.baselines:
+        idents = {m: identity(m, metas[m], keys[m]) for m in loaded}
+        pool = {idents[m].key: loaded[m] for m in loaded}
+        candidates = list(idents.values())
+        for path in args.sibling:
+            net, meta = models.load(path)
+            key = str(meta.get("weights_sha256") or models.file_sha256(path))
+            candidates.append(identity(path.stem, meta, key))
+            pool[key] = net
+        siblings = find_siblings(idents, candidates)
+        out["seed_ceiling"] = seed_ceiling_baseline(
+            loaded,
+            layers,
+            {m: (sib, pool[sib.key]) for m, sib in siblings.items()},
+            dataset,
+            **options,
+        )
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     import analysis
     import models  # heavy imports stay out of `cka-atlas --help`
     from analysis.plot import render_atlas
+    from app.store.cells import Cells
 
+    calibration = _calibration(args)
     dataset = analysis.load_dataset(args.dataset, split=args.split)
     paths = [Path(c) for c in args.checkpoints]
     loaded = {}
     keys = {}
+    metas = {}
     for name, path in zip(_names(paths), paths, strict=True):
         model, meta = models.load(path)
         loaded[name] = model
+        metas[name] = meta
         keys[name] = str(meta.get("weights_sha256") or models.file_sha256(path))
     cache = analysis.DirectoryGramCache(args.gram_cache) if args.gram_cache else None
+    options: dict[str, Any] = {
+        "kernel": args.kernel,
+        "estimator": args.estimator,
+        "mode": args.mode,
+        "batch_size": args.batch_size,
+        "feature": args.feature,
+        "device": args.device,
+        "dtype": args.dtype,
+    }
+    extra: dict[str, Any] = {}
+    if calibration.permutations:
+        extra["permutations"] = calibration.permutations
+    if calibration.sensitivity:
+        extra["sensitivity"] = True
     atlas = analysis.compare(
         loaded,
         dataset,
         layers=args.layers,
-        kernel=args.kernel,
-        estimator=args.estimator,
-        mode=args.mode,
-        batch_size=args.batch_size,
-        feature=args.feature,
-        device=args.device,
-        dtype=args.dtype,
         bootstrap=args.bootstrap,
         seed=args.seed,
         progress=True,
         gram_cache=cache,
         model_keys=keys,
+        **options,
+        **extra,
     )
+    result = atlas.to_dict()
+    if calibration.baselines:
+        result["baselines"] = _baselines(
+            calibration, atlas, loaded, metas, keys, dataset, args, options
+        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(atlas.to_dict(), allow_nan=False) + "\n")
+        args.out.write_text(json.dumps(result, allow_nan=False) + "\n")
     if args.heatmap:
         fmt = "svg" if args.heatmap.suffix.lower() == ".svg" else "png"
         args.heatmap.parent.mkdir(parents=True, exist_ok=True)
         args.heatmap.write_bytes(render_atlas(atlas, fmt))
     width = max(len(n) for n in atlas.models)
     print(f"n = {atlas.n} samples of {dataset.name}, {atlas.diagnostics['batches']} batches")
-    print(f"{'a':<{width}}  {'b':<{width}}  mean diagonal CKA")
+    cells = Cells(result)
+    print(
+        f"{'a':<{width}}  {'b':<{width}}  {'mean diagonal CKA':>17}  {'95 % interval':>16}  "
+        f"{'max p':>6}  {'random init':>11}  {'seed ceiling':>12}  over"
+    )
     for a, b in atlas.pairs():
-        print(f"{a:<{width}}  {b:<{width}}  {_mean_diagonal(atlas.matrix(a, b))}")
+        sm = cells.summary(a, b)
+        ci = "-" if sm.ci_low is None else f"[{_number(sm.ci_low)}, {_number(sm.ci_high)}]"
+        print(
+            f"{a:<{width}}  {b:<{width}}  {_number(sm.cka):>17}  {ci:>16}  "
+            f"{_number(sm.max_p_value, 3):>6}  {_number(sm.random_init):>11}  "
+            f"{_number(sm.seed_ceiling):>12}  {sm.kind}"
+        )
+    for warning in atlas.diagnostics.get("warnings", []):
+        print(f"warning: {warning}")
     for item in atlas.diagnostics["undefined_layers"]:
         print(f"note: {item['model']} {item['layer']}: {item['reason']}")
     return 0

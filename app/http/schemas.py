@@ -135,6 +135,9 @@ class ComparisonOut(JobFields):
     )
 
 
+Cells = list[list[float | None]]
+
+
 class MatrixOut(BaseModel):
     comparison_id: int = Field(examples=[7])
     a: str = Field(examples=["mixer_digits"])
@@ -143,4 +146,31 @@ class MatrixOut(BaseModel):
     cols: list[str] = Field(description="Layers of model b", examples=[["blocks.0", "norm"]])
     values: list[list[float | None]] = Field(
         description="CKA, rows × cols; null where undefined", examples=[[[0.98, 0.5], [0.4, 0.9]]]
+    )
+    ci_low: Cells | None = Field(
+        default=None, description="Bootstrap 95 % interval, lower bound (with `bootstrap`)"
+    )
+    ci_high: Cells | None = Field(
+        default=None, description="Bootstrap 95 % interval, upper bound (with `bootstrap`)"
+    )
+    p_value: Cells | None = Field(
+        default=None,
+        description="Permutation p-value, (1 + #{null ≥ observed}) / (1 + P) (with "
+        "`permutations`); at or above 0.05 the cell is not told apart from shuffled samples",
+    )
+    null_mean: Cells | None = Field(
+        default=None, description="Mean CKA under the permutation null (with `permutations`)"
+    )
+    null_q95: Cells | None = Field(
+        default=None, description="95 % quantile of the permutation null (with `permutations`)"
+    )
+    sensitivity: Cells | None = Field(
+        default=None,
+        description="The larger move of CKA when either side's top principal component is "
+        "removed (with `sensitivity`)",
+    )
+    baselines: dict[str, Cells] | None = Field(
+        default=None,
+        description="`random_init`: the same cell between untrained twins; `seed_ceiling`: the "
+        "cell with a model replaced by its seed sibling (null where none); only those asked for",
     )

@@ -3,7 +3,9 @@
 Loads every checkpoint once (the process LRU), streams the dataset through
 :func:`analysis.compare` with the Gram cache under ``DATA_DIR/grams`` (so a model already
 computed on the same dataset and batch plan is not run again), and writes the atlas,
-diagnostics and provenance in the same transaction that marks the job succeeded.
+diagnostics and provenance in the same transaction that marks the job succeeded. Asked for,
+the baselines (:mod:`app.jobs.baselines`) run through the same pipeline afterwards and are
+stored in the result under ``baselines``.
 """
 
 from __future__ import annotations
@@ -12,19 +14,25 @@ import hashlib
 import json
 import platform
 from importlib import metadata
+from typing import Any
 
 import torch
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 import analysis
 from app.jobs import states as jobs
+from app.jobs.baselines import Identity, find_siblings, random_init_baseline, seed_ceiling_baseline
 from app.store import repository
 from app.store.artifacts import StoreGramCache
 from app.store.datasets import dataset_key
 from app.store.orm import Comparison, Dataset, Job, Model
 from app.store.services import Services
 
-__all__ = ["code_version", "run_comparison"]
+__all__ = ["RANDOM_INIT_SEED", "code_version", "run_comparison"]
+
+# The seed of the random-init twins' weights: fixed, so a baseline is reproducible.
+RANDOM_INIT_SEED = 0
 
 
 def code_version() -> str:
@@ -34,6 +42,44 @@ def code_version() -> str:
         return "0+unknown"
 
 
+def _identity(row: Model) -> Identity:
+    return Identity.of(row.sha256, row.name, row.arch, row.config, row.sidecar, row.id)
+
+
+def _siblings(services: Services, members: dict[str, Model]) -> dict[str, Identity]:
+    """Per comparison member, its first sibling in the store (lowest id)."""
+    archs = {row.arch for row in members.values()}
+    with services.db.session(readonly=True) as s:
+        rows = s.scalars(select(Model).where(Model.arch.in_(archs)).order_by(Model.id)).all()
+        candidates = [_identity(r) for r in rows]
+    return find_siblings({label: _identity(row) for label, row in members.items()}, candidates)
+
+
+def _calibration(params: dict[str, Any]) -> dict[str, Any]:
+    """The permutation and sensitivity options, only when asked for (older params lack them)."""
+    out: dict[str, Any] = {}
+    if params.get("permutations"):
+        out["permutations"] = params["permutations"]
+    if params.get("sensitivity"):
+        out["sensitivity"] = True
+    return out
+
+
+def _layer_diagnostics(result: dict[str, Any]) -> dict[str, Any]:
+    """Per model and layer, effective dimensionality and top-component share, when computed."""
+    out: dict[str, Any] = {}
+    for key in ("effective_dim", "top_pc_share"):
+        per_model = result.get(key)
+        if not per_model:
+            continue
+        for label, values in per_model.items():
+            layers = result["layers"][label]
+            slot = out.setdefault(label, {})
+            for layer, v in zip(layers, values, strict=True):
+                slot.setdefault(layer, {})[key] = v
+    return out
+
+
 def _compare(services: Services, cmp: Comparison, ds: Dataset, control: jobs.JobControl) -> None:
     params = cmp.params
     with services.db.session(readonly=True) as s:
@@ -41,30 +87,68 @@ def _compare(services: Services, cmp: Comparison, ds: Dataset, control: jobs.Job
     missing = [label for label, row in members if row is None]
     if missing:
         raise analysis.AnalysisError(f"models {missing} were deleted before the job ran")
-    shas = {label: row.sha256 for label, row in members}  # type: ignore[union-attr]
+    rows = {label: row for label, row in members if row is not None}
+    shas = {label: row.sha256 for label, row in rows.items()}
+    baselines = list(params.get("baselines") or [])
+    siblings = _siblings(services, rows) if "seed_ceiling" in baselines else {}
     data = services.datasets.get(dataset_key(ds))
     cache = StoreGramCache(services.store)
-    with services.models.lease(list(shas.values())) as loaded:
+    common: dict[str, Any] = {
+        "kernel": params["kernel"],
+        "estimator": params["estimator"],
+        "mode": params["mode"],
+        "batch_size": params["batch_size"],
+        "feature": params["feature"],
+        "device": services.device,
+        "progress": False,
+    }
+    stored: dict[str, Any] = {}
+    lease = list(shas.values()) + [sib.key for sib in siblings.values()]
+    with services.models.lease(lease) as loaded:
         nets = {label: loaded[sha] for label, sha in shas.items()}
         atlas = analysis.compare(
             nets,
             data,
             layers=params["resolved_layers"],
-            kernel=params["kernel"],
-            estimator=params["estimator"],
-            mode=params["mode"],
-            batch_size=params["batch_size"],
-            feature=params["feature"],
             bootstrap=params["bootstrap"],
-            device=services.device,
-            progress=False,
             gram_cache=cache,
             model_keys=shas,
             on_batch=control.on_batch,
+            **common,
+            **_calibration(params),
         )
+        if "random_init" in baselines:
+            stored["random_init"] = random_init_baseline(
+                nets, data, RANDOM_INIT_SEED, layers=params["resolved_layers"], **common
+            )
+        if "seed_ceiling" in baselines:
+            stored["seed_ceiling"] = seed_ceiling_baseline(
+                nets,
+                params["resolved_layers"],
+                {label: (sib, loaded[sib.key]) for label, sib in siblings.items()},
+                data,
+                model_keys=shas,
+                gram_cache=cache,
+                **common,
+            )
     result = atlas.to_dict()
+    if stored:
+        result["baselines"] = stored
     blob = json.dumps(result, sort_keys=True, allow_nan=False).encode()
     diagnostics = dict(atlas.diagnostics)
+    if layers := _layer_diagnostics(result):
+        diagnostics["layers"] = layers
+    if "seed_ceiling" in stored:
+        ceiling = stored["seed_ceiling"]
+        diagnostics["siblings"] = ceiling["siblings"]
+        if ceiling["without_sibling"]:
+            diagnostics.setdefault("warnings", [])
+            diagnostics["warnings"] = [
+                *diagnostics["warnings"],
+                "no seed sibling in the store for "
+                + ", ".join(ceiling["without_sibling"])
+                + ": their seed ceiling is left empty",
+            ]
     provenance = {
         "checkpoints": shas,
         "dataset": {"id": ds.id, "name": ds.name, "sha256": data.sha256, "n": len(data)},
@@ -76,6 +160,8 @@ def _compare(services: Services, cmp: Comparison, ds: Dataset, control: jobs.Job
         "accumulator": "float64",
         "worker": control.worker_id,
     }
+    if "random_init" in stored:
+        provenance["random_init_seed"] = RANDOM_INIT_SEED
 
     def write(s: Session) -> None:
         row = s.get(Comparison, cmp.id)

@@ -18,12 +18,17 @@ from pydantic import (
     field_validator,
 )
 
+from analysis.options import MAX_PERMUTATIONS
 from app.store.values import NO_NUL, Id, Text
 
 __all__ = [
+    "BASELINES",
     "MAX_BATCH",
     "MAX_LAYER_ITEMS",
     "MAX_MODELS",
+    "MAX_PERMUTATIONS",
+    "Baseline",
+    "Calibration",
     "ComparisonIn",
     "Estimator",
     "Feature",
@@ -42,6 +47,8 @@ Feature = Literal["flatten", "mean_tokens"]
 # an index is a JSON integer, never a boolean.
 LayerName = Annotated[str, StringConstraints(max_length=200), NO_NUL]
 LayerIndex = Annotated[int, Field(strict=True, ge=-10_000, le=10_000)]
+Baseline = Literal["random_init", "seed_ceiling"]
+BASELINES: tuple[Baseline, ...] = ("random_init", "seed_ceiling")
 MAX_MODELS = 32
 MAX_BATCH = 8192
 MAX_LAYER_ITEMS = 200
@@ -64,7 +71,50 @@ class TrainingIn(BaseModel):
     name: Text | None = Field(default=None, description="Name of the resulting model")
 
 
-class ComparisonIn(BaseModel):
+class Calibration(BaseModel):
+    """What a cell is measured against: a permutation null, top-component sensitivity and the
+    baselines. The one place these options are validated, for REST, the form and the CLI."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    permutations: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_PERMUTATIONS,
+        description="Permutations of the null per cell (p-value, null mean and 95 % quantile, "
+        "from the stored per-batch Grams, no extra forward pass); 0 for none. The web form "
+        "offers 200.",
+    )
+    sensitivity: bool = Field(
+        default=False,
+        description="Also compute CKA with each side's top principal component removed, and "
+        "warn where that moves a cell by more than a threshold",
+    )
+    baselines: list[Baseline] = Field(
+        default_factory=list,
+        max_length=8,
+        description="`random_init`: the same architectures and options, untrained (seeded), "
+        "through the same pipeline. `seed_ceiling`: for a model with a sibling in the store "
+        "(same architecture, options and dataset, another seed), the sibling's CKA with the "
+        "other side. A comma-separated string is read too.",
+        examples=[[], ["random_init", "seed_ceiling"]],
+    )
+
+    @field_validator("baselines", mode="before")
+    @classmethod
+    def _split_baselines(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("baselines")
+    @classmethod
+    def _canonical_baselines(cls, value: list[Baseline]) -> list[Baseline]:
+        # Order and repetition do not change the work: one canonical list, one request hash.
+        return [b for b in BASELINES if b in value]
+
+
+class ComparisonIn(Calibration):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
@@ -79,6 +129,9 @@ class ComparisonIn(BaseModel):
                     "batch_size": 128,
                     "feature": "flatten",
                     "bootstrap": 0,
+                    "permutations": 0,
+                    "sensitivity": False,
+                    "baselines": [],
                 }
             ]
         },

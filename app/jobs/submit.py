@@ -84,6 +84,13 @@ def validate_comparison(
             "the unbiased HSIC estimator needs batch_size >= 4",
             "batch_size",
         )
+    for field in ("permutations", "sensitivity"):
+        if getattr(body, field) and body.mode != "minibatch":
+            raise _invalid(
+                "calibration_needs_minibatch",
+                f"{field} works on the per-batch Grams and needs mode minibatch",
+                field,
+            )
     with services.db.session(readonly=True) as s:
         found = repository.models_by_ids(s, body.model_ids)
         ds = s.get(Dataset, body.dataset_id)
@@ -124,6 +131,9 @@ def validate_comparison(
         "batch_size": body.batch_size,
         "feature": body.feature,
         "bootstrap": body.bootstrap,
+        "permutations": body.permutations,
+        "sensitivity": body.sensitivity,
+        "baselines": list(body.baselines),
     }
     return rows, ds, params
 
@@ -162,6 +172,20 @@ def _check_size(body: ComparisonIn, ds: Dataset, layers: int) -> None:
             "replicates or select fewer layers",
             "bootstrap",
         )
+    null = body.permutations * layers * layers * 8
+    if null > MEMORY_BUDGET_BYTES:
+        raise _invalid(
+            "permutations_too_large",
+            f"{body.permutations} permutations over {layers} layers need about {_gib(null)}, "
+            f"more than the {_gib(MEMORY_BUDGET_BYTES)} allowed; use fewer permutations or "
+            "select fewer layers",
+            "permutations",
+        )
+
+
+# Options that a request written before they existed leaves out; their defaults hash as absent,
+# so such a request still finds the comparison stored for it.
+_CALIBRATION_DEFAULTS: dict[str, Any] = {"permutations": 0, "sensitivity": False, "baselines": []}
 
 
 def request_hash(rows: list[Model], ds: Dataset, params: dict[str, Any]) -> str:
@@ -170,6 +194,7 @@ def request_hash(rows: list[Model], ds: Dataset, params: dict[str, Any]) -> str:
         "dataset": ds.sha256,
         **{k: params[k] for k in ("resolved_layers", "kernel", "estimator", "mode")},
         **{k: params[k] for k in ("batch_size", "feature", "bootstrap")},
+        **{k: v for k, v in params.items() if _CALIBRATION_DEFAULTS.get(k, v) != v},
     }
     return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 

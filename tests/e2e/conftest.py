@@ -4,7 +4,8 @@ The server runs exactly as a user starts it (the CLI, uvicorn, the in-process wo
 SQLite under a temporary data directory) on a free loopback port, with an API token
 configured so that the page has to sign in before it may write. Its data is registered
 through the REST API: randomly initialised checkpoints of three digits presets, an
-uploaded dataset, and one finished comparison.
+uploaded dataset, one finished comparison, and one finished calibrated comparison (bootstrap
+interval, permutation null and the random-init baseline) of two of them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 from tests.e2e.e2e_tools import (
     CHROMIUM,
     CHROMIUM_ARGS,
+    MODELS,
     RESULTS,
     ROOT,
     TOKEN,
@@ -33,6 +35,18 @@ from tests.e2e.e2e_tools import (
     wait_ready,
 )
 from tests.servers import free_port
+
+# The calibrated comparison: few replicates and permutations, so that it is quick.
+CALIBRATED: dict[str, Any] = {
+    "batch_size": 150,
+    "bootstrap": 20,
+    "permutations": 50,
+    "baselines": ["random_init"],
+}
+
+
+def _pair(srv: Server) -> dict[str, Any]:
+    return {"model_ids": [srv.model_ids[m] for m in MODELS[:2]], "dataset_id": srv.digits_id}
 
 
 @pytest.fixture(scope="session")
@@ -98,8 +112,12 @@ def server(tmp_path_factory: pytest.TempPathFactory, results_dir: Path) -> Itera
             )
             assert r.status_code == 202, r.text
             srv.finished_id = r.json()["id"]
-            done = wait_done(api, srv.finished_id)
-            assert done["status"] == "succeeded", done
+            r = api.post("/v1/comparisons", json=CALIBRATED | _pair(srv))
+            assert r.status_code == 202, r.text
+            srv.calibrated_id = r.json()["id"]
+            for cid in (srv.finished_id, srv.calibrated_id):
+                done = wait_done(api, cid)
+                assert done["status"] == "succeeded", done
             yield srv
     finally:
         proc.terminate()

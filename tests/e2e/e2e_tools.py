@@ -41,6 +41,7 @@ class Server:
     digits_id: int = 0
     big_dataset_id: int = 0
     finished_id: int = 0
+    calibrated_id: int = 0
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:

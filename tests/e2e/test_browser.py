@@ -5,6 +5,7 @@ Screenshots of every step land in ``test-results/e2e/`` (see the ``results_dir``
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -152,6 +153,75 @@ def test_sign_in_and_watch_a_new_comparison(page: Any, server: Server, results_d
     page.locator(".details dd", has_text="images").first.wait_for()
     shot(page, results_dir, "06-new-comparison-finished")
     print(f"progress values seen: {seen}")
+
+
+def test_calibrated_cell_tooltip_summary_and_profile(
+    page: Any, server: Server, results_dir: Path
+) -> None:
+    page.goto(f"{server.url}/comparisons/{server.calibrated_id}")
+    focus = page.locator("#focus svg.heatmap")
+    focus.wait_for()
+    a, b = MODELS[0], MODELS[1]
+    m = server.api.get(
+        f"/v1/comparisons/{server.calibrated_id}/matrix", params={"a": a, "b": b}
+    ).json()
+    assert focus.get_attribute("data-a") == a and focus.get_attribute("data-b") == b
+
+    # The tooltip: value, bootstrap interval, p-value with the null mean, random-init baseline.
+    i, j = 1, 2
+    focus.locator(f'rect.cell[data-i="{i}"][data-j="{j}"]').hover()
+    tooltip = page.locator("#heatmap-tooltip")
+    tooltip.wait_for(state="visible")
+    text = tooltip.inner_text()
+    assert f"CKA {m['values'][i][j]:.4f}" in text
+    assert f"95 % interval [{m['ci_low'][i][j]:.4f}, {m['ci_high'][i][j]:.4f}]" in text
+    assert f"null mean {m['null_mean'][i][j]:.4f}" in text
+    assert f"random init {m['baselines']['random_init'][i][j]:.4f}" in text
+    shot(page, results_dir, "10-calibrated-hover")
+
+    # Cells the null cannot tell apart (p >= 0.05) are hatched, and the legend says so.
+    null_like = sum(p is not None and p >= 0.05 for row in m["p_value"] for p in row)
+    assert focus.locator("rect.cell.null-like").count() == null_like
+    assert focus.locator("rect.hatch").count() == null_like
+    assert page.locator("#null-legend").is_visible()
+    # The marking itself, on a matrix with known p-values: hatched from p = 0.05 up.
+    marked = page.evaluate(
+        """() => {
+          const host = document.createElement("div");
+          document.body.appendChild(host);
+          const svg = window.CkaHeatmap.draw(host, {
+            a: "x", b: "y", rows: ["r0", "r1"], cols: ["c0", "c1"],
+            values: [[0.9, 0.2], [0.3, 0.8]], p_value: [[0.01, 0.2], [0.05, null]],
+          });
+          const out = [...svg.querySelectorAll("rect.cell.null-like")].map(
+            (r) => r.dataset.i + "," + r.dataset.j);
+          host.remove();
+          return out;
+        }"""
+    )
+    assert marked == ["0,1", "1,0"]
+
+    # The K×K summary opens the atlas: the mean diagonal CKA of (a, b) with its interval.
+    summary = page.locator("#summary .summary-cell")
+    assert summary.count() == 4
+    cell = page.locator(f'#summary .summary-cell[data-a="{a}"][data-b="{b}"]')
+    diagonal = [m["values"][k][k] for k in range(len(m["rows"]))]
+    low = [m["ci_low"][k][k] for k in range(len(m["rows"]))]
+    assert f"{sum(diagonal) / len(diagonal):.3f}" in cell.inner_text()
+    assert f"[{sum(low) / len(low):.3f}," in cell.inner_text()
+
+    # The depth profile of the pair: the diagonal, its best matches and the baseline.
+    profile = page.locator("#profile svg.profile")
+    series = {
+        p.get_attribute("data-series"): json.loads(p.get_attribute("data-values"))
+        for p in profile.locator("path.series").all()
+    }
+    assert series["diagonal"] == diagonal
+    assert series["best match"] == [max(v for v in row if v is not None) for row in m["values"]]
+    init = m["baselines"]["random_init"]
+    assert series["random init"] == [init[k][k] for k in range(len(m["rows"]))]
+    assert profile.locator("polygon.band").count() == 2
+    shot(page, results_dir, "11-calibrated-profile")
 
 
 def test_model_and_dataset_pages(page: Any, server: Server, results_dir: Path) -> None:

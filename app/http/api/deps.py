@@ -86,6 +86,8 @@ def comparison_view(cmp: Comparison) -> dict[str, Any]:
             "matrix": f"{base}/matrix",
             "heatmap_png": f"{base}/heatmap.png",
             "heatmap_svg": f"{base}/heatmap.svg",
+            "cells_csv": f"{base}/cells.csv",
+            "cells_parquet": f"{base}/cells.parquet",
             "cancel": f"{base}/cancel",
         },
         **job_fields(cmp.job),

@@ -1,16 +1,15 @@
-"""Results of a finished comparison: the full atlas, one matrix, and rendered heatmaps.
+"""Results of a finished comparison: the full atlas, one matrix, heatmaps and cell tables.
 
 The matrix and the heatmaps are what clients read most, so they avoid decoding the stored
 atlas per request: the row is read without its ``result`` column, a decoded atlas is kept
 per ``result_sha256`` in a small in-process LRU (a result never changes once written), and
-a heatmap is rendered once and then read from the artifact store. Both carry an ETag derived
-from ``result_sha256`` and answer ``If-None-Match`` with 304.
+a heatmap or a table of cells is rendered once and then read from the artifact store. All
+carry an ETag derived from ``result_sha256`` and answer ``If-None-Match`` with 304.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import threading
 from typing import Any, Literal
 
@@ -23,12 +22,14 @@ from analysis.plot import render_atlas
 from app.http.api.deps import READ, ComparisonId, Svc, not_found
 from app.http.problems import PROBLEM_RESPONSES, ProblemError
 from app.http.schemas import MatrixOut
+from app.store.cells import Cells
 from app.store.orm import Comparison
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/comparisons", tags=["comparisons"], responses=PROBLEM_RESPONSES)
 MEDIA = {"png": "image/png", "svg": "image/svg+xml"}
+TABLE_MEDIA = {"csv": "text/csv; charset=utf-8", "parquet": "application/vnd.apache.parquet"}
 ATLAS_CACHE_SIZE = 16
 _atlases: LRUCache[str, Any] = LRUCache(maxsize=ATLAS_CACHE_SIZE)
 _atlases_lock = threading.Lock()
@@ -50,6 +51,20 @@ def _cached_atlas(services: Svc, cmp: Comparison) -> Any:
         with _atlases_lock:
             _atlases[key] = atlas
     return atlas
+
+
+def _cached_cells(services: Svc, cmp: Comparison) -> Cells:
+    """The per-cell quantities of a finished comparison, from the same LRU as the atlas."""
+    key = f"cells:{cmp.result_sha256}"
+    with _atlases_lock:
+        cells = _atlases.get(key)
+    if cells is None:
+        result = _finished(services, cmp.id).result
+        assert result is not None
+        cells = Cells(result)
+        with _atlases_lock:
+            _atlases[key] = cells
+    return cells
 
 
 def _not_modified(request: Request, etag: str) -> bool:
@@ -87,11 +102,15 @@ def _finished(services: Svc, comparison_id: int, *, load_result: bool = True) ->
 
 @router.get("/{comparison_id}/result", **READ)
 def get_result(services: Svc, comparison_id: ComparisonId) -> dict[str, Any]:
-    """The whole atlas as stored (``analysis.Atlas.to_dict``), with diagnostics and provenance."""
+    """The whole atlas as stored (``analysis.Atlas.to_dict``, with ``baselines`` when asked
+    for), its diagnostics and provenance, and the K×K model-level ``summary`` (per model pair:
+    mean diagonal CKA, or mean best match where depths differ, with the averaged interval,
+    the largest p-value and the baselines)."""
     cmp = _finished(services, comparison_id)
     return {
         "comparison_id": cmp.id,
         "atlas": cmp.result,
+        "summary": _cached_cells(services, cmp).summaries(),
         "diagnostics": cmp.diagnostics,
         "provenance": cmp.provenance,
     }
@@ -112,10 +131,6 @@ def _pick(cmp: Comparison, key: str, field: str) -> str:
     )
 
 
-def _cell(v: float) -> float | None:
-    return None if math.isnan(v) else float(v)
-
-
 @router.get(
     "/{comparison_id}/matrix",
     response_model=MatrixOut,
@@ -130,24 +145,33 @@ def get_matrix(
     a: str | None = Query(None, max_length=220, description="Model label or id (default: first)"),
     b: str | None = Query(None, max_length=220, description="Model label or id (default: a)"),
 ) -> dict[str, Any] | Response:
-    """CKA between every layer of model ``a`` (rows) and every layer of model ``b`` (columns)."""
+    """CKA between every layer of model ``a`` (rows) and every layer of model ``b`` (columns).
+
+    With the cells' company when the comparison computed it: the bootstrap interval
+    (``ci_low``, ``ci_high``), the permutation null (``p_value``, ``null_mean``, ``null_q95``),
+    the top-component ``sensitivity`` and the ``baselines``; each null when not computed.
+    """
     cmp = _finished(services, comparison_id, load_result=False)
     la = _pick(cmp, a, "a") if a is not None else cmp.members[0].label
     lb = _pick(cmp, b, "b") if b is not None else la
-    key = hashlib.sha256(f"matrix-v1:{cmp.result_sha256}:{la}:{lb}".encode()).hexdigest()
+    key = hashlib.sha256(f"matrix-v2:{cmp.result_sha256}:{la}:{lb}".encode()).hexdigest()
     headers = _cache_headers(services, f'"{key}"')
     if _not_modified(request, headers["ETag"]):
         return Response(status_code=304, headers=headers)
     response.headers.update(headers)
-    atlas = _cached_atlas(services, cmp)
-    m = atlas.matrix(la, lb)
+    cells = _cached_cells(services, cmp)
+    blocks = cells.blocks_json(la, lb)
+    baselines = {k: blocks[k] for k in ("random_init", "seed_ceiling") if blocks[k] is not None}
     return {
         "comparison_id": cmp.id,
         "a": la,
         "b": lb,
-        "rows": list(atlas.layers[la]),
-        "cols": list(atlas.layers[lb]),
-        "values": [[_cell(v) for v in row] for row in m.tolist()],
+        "rows": list(cells.layers[la]),
+        "cols": list(cells.layers[lb]),
+        "values": blocks["cka"],
+        **{k: blocks[k] for k in ("ci_low", "ci_high", "p_value", "null_mean", "null_q95")},
+        "sensitivity": blocks["sensitivity"],
+        "baselines": baselines or None,
     }
 
 
@@ -177,3 +201,37 @@ def get_heatmap(
         data = render_atlas(_cached_atlas(services, cmp), fmt=fmt)
         services.store.put_as(data, key, suffix)
     return Response(content=data, media_type=MEDIA[fmt], headers=headers)
+
+
+@router.get(
+    "/{comparison_id}/cells.{fmt}",
+    response_class=Response,
+    responses={
+        200: {"content": {"text/csv": {}, "application/vnd.apache.parquet": {}}},
+        304: {"description": "Not modified (If-None-Match matched the ETag)"},
+    },
+    **READ,
+)
+def get_cells(
+    services: Svc, request: Request, comparison_id: ComparisonId, fmt: Literal["csv", "parquet"]
+) -> Response:
+    """Every cell as one long table: ``model_a, layer_a, model_b, layer_b, cka, ci_low,
+    ci_high, p_value, null_mean, null_q95, random_init, seed_ceiling, sensitivity`` (empty/NaN
+    where not computed), one row per cell of each model pair (a, b) with a at or before b."""
+    cmp = _finished(services, comparison_id, load_result=False)
+    key = hashlib.sha256(f"cells-v1:{cmp.result_sha256}:{fmt}".encode()).hexdigest()
+    headers = _cache_headers(services, f'"{key}"')
+    if _not_modified(request, headers["ETag"]):
+        return Response(status_code=304, headers=headers)
+    suffix = f".{fmt}"
+    path = services.store.path(key, suffix)
+    if path.is_file():
+        data = path.read_bytes()
+    else:
+        cells = _cached_cells(services, cmp)
+        data = cells.to_csv() if fmt == "csv" else cells.to_parquet()
+        services.store.put_as(data, key, suffix)
+    headers["Content-Disposition"] = (
+        f'attachment; filename="comparison-{comparison_id}-cells.{fmt}"'
+    )
+    return Response(content=data, media_type=TABLE_MEDIA[fmt], headers=headers)

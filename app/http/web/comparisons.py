@@ -21,6 +21,7 @@ from app.http.web.common import (
     services_of,
 )
 from app.store import repository
+from app.store.cells import QUANTITIES, Cells
 from app.store.orm import JOB_STATES, Comparison, Dataset, Model
 
 __all__ = ["atlas_payload", "router"]
@@ -102,14 +103,22 @@ def new_comparison_page(request: Request, auth: Auth) -> Response:
 
 
 def atlas_payload(result: dict[str, Any]) -> dict[str, Any]:
-    """What the heatmap script needs from a stored atlas: names, layers and CKA blocks."""
+    """What the page scripts need from a stored atlas: names, layers, and per model pair the
+    CKA block with the blocks of every per-cell quantity that was computed (interval, null,
+    baselines); ``has`` says which those are."""
+    cells = Cells(result)
+    has = [key for key in QUANTITIES if cells.has(key)]
+    matrices = []
+    for a, b in cells.pairs():
+        blocks = cells.blocks_json(a, b)
+        matrices.append({"a": a, "b": b, "cka": blocks["cka"]} | {k: blocks[k] for k in has})
     return {
-        "models": result.get("models", []),
-        "layers": result.get("layers", {}),
+        "models": cells.models,
+        "layers": cells.layers,
         "n": result.get("n"),
-        "matrices": [
-            {"a": m["a"], "b": m["b"], "cka": m["cka"]} for m in result.get("matrices", [])
-        ],
+        "has": has,
+        "permutations": (result.get("config") or {}).get("permutations") or 0,
+        "matrices": matrices,
     }
 
 
@@ -126,6 +135,7 @@ def comparison_page(request: Request, auth: Auth, comparison_id: int) -> Respons
         dataset = s.get(Dataset, cmp.dataset_id)
         result = cmp.result
     payload = atlas_payload(result) if result is not None else None
+    summary = Cells(result).summaries() if result is not None else None
     return render(
         request,
         "comparison.html",
@@ -134,5 +144,6 @@ def comparison_page(request: Request, auth: Auth, comparison_id: int) -> Respons
         cmp=view,
         dataset=dataset,
         atlas=payload,
+        summary=summary,
         meta={"id": comparison_id, "status": view["status"], "progress": view["progress"]},
     )

@@ -1,8 +1,10 @@
-/* The comparison page: heatmaps of every model pair, and live progress while it runs.
+/* The comparison page: the model-level summary, heatmaps of every model pair with their
+ * depth profile, and live progress while it runs.
  *
- * The stored atlas arrives embedded in the page (#atlas-data); while the job is queued or
- * running the page polls GET /v1/comparisons/{id} every second, moves the progress bar,
- * and when the job succeeds fetches /v1/comparisons/{id}/result and draws it in place. */
+ * The stored atlas arrives embedded in the page (#atlas-data: per model pair the CKA block
+ * and the blocks of every computed quantity named in `has`); while the job is queued or
+ * running the page polls GET /v1/comparisons/{id} every second, moves the progress bar, and
+ * when the job succeeds reads the finished page and draws its atlas in place. */
 (function () {
   "use strict";
 
@@ -17,14 +19,21 @@
     return values.length ? values[0].map(function (_, j) { return values.map(function (r) { return r[j]; }); }) : [];
   }
 
-  /* The CKA block with rows the layers of a and columns those of b. */
+  /* The CKA block with rows the layers of a and columns those of b, with the blocks of
+   * every computed quantity (interval, null, baselines). */
   function block(a, b) {
-    let values = null;
+    const out = { a: a, b: b, rows: atlas.layers[a], cols: atlas.layers[b], values: [] };
+    const keys = (atlas.has || []);
     atlas.matrices.forEach(function (m) {
-      if (m.a === a && m.b === b) values = m.cka;
-      else if (values === null && m.a === b && m.b === a) values = transpose(m.cka);
+      if (m.a === a && m.b === b) {
+        out.values = m.cka;
+        keys.forEach(function (k) { out[k] = m[k]; });
+      } else if (m.a === b && m.b === a && !(a === b)) {
+        out.values = transpose(m.cka);
+        keys.forEach(function (k) { out[k] = m[k] ? transpose(m[k]) : null; });
+      }
     });
-    return { a: a, b: b, rows: atlas.layers[a], cols: atlas.layers[b], values: values || [] };
+    return out;
   }
 
   function option(select, value) {
@@ -65,6 +74,9 @@
     window.CkaHeatmap.draw($("focus"), m, { maxSize: 460, minCell: 12, maxCell: 64, font: 12, showValues: true, fit: fit });
     $("focus-json").href = "/v1/comparisons/" + meta.id + "/matrix?a=" + encodeURIComponent(a) + "&b=" + encodeURIComponent(b);
     stats(m);
+    $("null-legend").classList.toggle("hidden", !(atlas.has || []).includes("p_value"));
+    window.CkaProfile.draw($("profile"), m, { fit: $("profile").parentElement.clientWidth });
+    $("profile-caption").textContent = "CKA per layer of " + a + " against " + b;
     document.querySelectorAll(".heatmap-card").forEach(function (card) {
       const on = (card.dataset.a === a && card.dataset.b === b) || (card.dataset.a === b && card.dataset.b === a);
       card.classList.toggle("selected", on);
@@ -124,7 +136,20 @@
     drawCards = pending;
     drawCards.forEach(function (draw) { draw(); });
     window.CkaHeatmap.colorbar($("colorbar"), 220);
+    bindSummary();
     renderFocus();
+  }
+
+  /* A click on a cell of the model-level summary shows that pair in the focus view. */
+  function bindSummary() {
+    document.querySelectorAll(".summary-cell").forEach(function (button) {
+      button.addEventListener("click", function () {
+        $("focus-a").value = button.dataset.a;
+        $("focus-b").value = button.dataset.b;
+        renderFocus();
+        $("focus").scrollIntoView({ behavior: "smooth", block: "center" });
+      });
+    });
   }
 
   function showError(c) {
@@ -134,29 +159,18 @@
     $("progress-card").classList.add("hidden");
   }
 
-  async function refreshDetails() {
-    try {
-      const html = await (await fetch(window.location.href, { credentials: "same-origin" })).text();
-      const fresh = new DOMParser().parseFromString(html, "text/html").querySelector(".details");
-      const old = document.querySelector(".details");
-      if (fresh && old) old.replaceWith(fresh);
-    } catch (e) {
-      /* details stay as they were; a reload shows them */
-    }
-  }
-
+  /* The finished page, as the server renders it: its atlas data, summary and details. */
   async function finish() {
-    const result = (await window.cka.api("GET", "/v1/comparisons/" + meta.id + "/result")).data;
-    const a = result.atlas;
-    atlas = {
-      models: a.models,
-      layers: a.layers,
-      n: a.n,
-      matrices: a.matrices.map(function (m) { return { a: m.a, b: m.b, cka: m.cka }; }),
-    };
+    const html = await (await fetch(window.location.href, { credentials: "same-origin" })).text();
+    const fresh = new DOMParser().parseFromString(html, "text/html");
+    atlas = JSON.parse(fresh.getElementById("atlas-data").textContent);
+    [".details", "#summary-card"].forEach(function (selector) {
+      const updated = fresh.querySelector(selector);
+      const old = document.querySelector(selector);
+      if (updated && old) old.replaceWith(updated);
+    });
     renderAtlas();
     $("downloads").classList.remove("hidden");
-    refreshDetails();
   }
 
   function update(c) {

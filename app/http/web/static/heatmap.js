@@ -8,7 +8,11 @@
  * range of CKA; values outside it (the unbiased estimator can dip below 0) keep the end
  * colour but the tooltip shows the exact number. Undefined cells (null) are grey.
  *
- * matrix: {a, b, rows: [layer names], cols: [layer names], values: [[number|null]]}
+ * matrix: {a, b, rows: [layer names], cols: [layer names], values: [[number|null]]}, and
+ * optionally blocks of the same shape: ci_low, ci_high (bootstrap interval), p_value,
+ * null_mean (permutation null), random_init, seed_ceiling (baselines), sensitivity (how far
+ * the value moves without either side's top principal component). The tooltip shows
+ * those present; a cell whose p-value is at least SIGNIFICANCE is hatched (class "null-like").
  */
 (function () {
   "use strict";
@@ -23,6 +27,7 @@
     return [1, 3, 5].map(function (k) { return parseInt(hex.slice(k, k + 2), 16); });
   });
   const CHAR_EM = 0.61; // advance width of a monospace glyph, in em
+  const SIGNIFICANCE = 0.05; // at or above this p-value a cell is not told apart from the null
   let tooltip = null;
   let gradientCount = 0;
 
@@ -78,6 +83,42 @@
     parent.appendChild(row);
   }
 
+  function at(block, i, j) {
+    return block && block[i] ? block[i][j] : null;
+  }
+
+  function fact(parent, cls, text) {
+    const row = document.createElement("div");
+    row.className = cls;
+    row.textContent = text;
+    parent.appendChild(row);
+  }
+
+  function formatP(p) {
+    return p < 0.001 ? p.toExponential(1) : p.toFixed(3);
+  }
+
+  /* The cell's company: interval, p-value and null mean, baselines (those computed). */
+  function company(tip, matrix, i, j) {
+    const lo = at(matrix.ci_low, i, j);
+    const hi = at(matrix.ci_high, i, j);
+    if (defined(lo) && defined(hi)) {
+      fact(tip, "tt-ci", "95 % interval [" + lo.toFixed(4) + ", " + hi.toFixed(4) + "]");
+    }
+    const p = at(matrix.p_value, i, j);
+    if (defined(p)) {
+      const mean = at(matrix.null_mean, i, j);
+      const note = p >= SIGNIFICANCE ? " · not told apart from the null" : "";
+      fact(tip, "tt-p", "p = " + formatP(p) + (defined(mean) ? " · null mean " + mean.toFixed(4) : "") + note);
+    }
+    const init = at(matrix.random_init, i, j);
+    if (defined(init)) fact(tip, "tt-base", "random init " + init.toFixed(4));
+    const seed = at(matrix.seed_ceiling, i, j);
+    if (defined(seed)) fact(tip, "tt-base", "seed ceiling " + seed.toFixed(4));
+    const moved = at(matrix.sensitivity, i, j);
+    if (defined(moved)) fact(tip, "tt-base", "top component removed: moves " + moved.toFixed(4));
+  }
+
   function showTip(event, matrix, i, j) {
     const tip = ensureTooltip();
     const v = matrix.values[i][j];
@@ -86,6 +127,7 @@
     value.className = "tt-value";
     value.textContent = "CKA " + formatValue(v);
     tip.appendChild(value);
+    company(tip, matrix, i, j);
     line(tip, matrix.a, matrix.rows[i]);
     line(tip, matrix.b, matrix.cols[j]);
     tip.hidden = false;
@@ -152,12 +194,26 @@
     });
     const cells = el("g", { class: "cells", transform: "translate(" + left + "," + top + ")" }, svg);
     const showValues = o.showValues && cell >= 34;
+    const hatchId = "cka-hatch-" + ++gradientCount;
+    const hatch = el("pattern", {
+      id: hatchId,
+      patternUnits: "userSpaceOnUse",
+      width: 6,
+      height: 6,
+      patternTransform: "rotate(45)",
+    }, el("defs", {}, svg));
+    el("rect", { width: 6, height: 6, fill: "rgba(255,255,255,0.45)" }, hatch);
+    el("line", { x1: 0, y1: 0, x2: 0, y2: 6, stroke: "#ffffff", "stroke-width": 2.5 }, hatch);
+    const overlays = [];
     for (let i = 0; i < nr; i++) {
       for (let j = 0; j < nc; j++) {
         const v = matrix.values[i][j];
         const fill = color(v);
+        const p = at(matrix.p_value, i, j);
+        const nullLike = defined(p) && p >= SIGNIFICANCE;
+        if (nullLike) overlays.push([i, j]);
         el("rect", {
-          class: fill ? "cell" : "cell undefined",
+          class: (fill ? "cell" : "cell undefined") + (nullLike ? " null-like" : ""),
           x: j * cell,
           y: i * cell,
           width: cell,
@@ -180,6 +236,19 @@
         }
       }
     }
+    // Hatching over the cells that the permutation null cannot tell apart; it lets the
+    // pointer through to the cell underneath.
+    overlays.forEach(function (ij) {
+      el("rect", {
+        class: "hatch",
+        x: ij[1] * cell,
+        y: ij[0] * cell,
+        width: cell,
+        height: cell,
+        fill: "url(#" + hatchId + ")",
+        "pointer-events": "none",
+      }, cells);
+    });
     el("rect", { class: "frame", x: 0, y: 0, width: w, height: h, fill: "none" }, cells);
 
     const rowLabels = el("g", { class: "row-labels" }, svg);
@@ -278,5 +347,11 @@
     return svg;
   }
 
-  window.CkaHeatmap = { draw: draw, colorbar: colorbar, color: color, formatValue: formatValue };
+  window.CkaHeatmap = {
+    draw: draw,
+    colorbar: colorbar,
+    color: color,
+    formatValue: formatValue,
+    SIGNIFICANCE: SIGNIFICANCE,
+  };
 })();

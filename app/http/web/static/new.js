@@ -31,6 +31,9 @@
       batch_size: parseInt(String(data.get("batch_size")), 10),
       feature: String(data.get("feature")),
       bootstrap: parseInt(String(data.get("bootstrap") || "0"), 10) || 0,
+      permutations: parseInt(String(data.get("permutations") || "0"), 10) || 0,
+      sensitivity: data.get("sensitivity") !== null,
+      baselines: data.getAll("baselines").map(String),
       force: data.get("force") !== null,
     };
   }

@@ -1,0 +1,81 @@
+"""``cka-atlas export``: a stored comparison's cells as one long table (CSV or Parquet)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register", "run"]
+
+FORMATS = ("csv", "parquet")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "export",
+        help="Write a finished comparison's cells as a CSV or Parquet table",
+        description=(
+            "One row per cell of every model pair: model_a, layer_a, model_b, layer_b, cka, "
+            "ci_low, ci_high, p_value, null_mean, null_q95, random_init, seed_ceiling, "
+            "sensitivity (empty where not computed). Reads the database of "
+            "CKA_DATABASE_URL / CKA_DATA_DIR."
+        ),
+    )
+    p.add_argument("comparison_id", type=int, metavar="COMPARISON_ID")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="csv or parquet (default: from --out's suffix, else csv)",
+    )
+    p.add_argument(
+        "--out",
+        help="file to write (default comparison-ID-cells.FORMAT; '-' for standard output)",
+    )
+    p.set_defaults(func=run)
+
+
+def _format(args: argparse.Namespace) -> str:
+    if args.format:
+        return str(args.format)
+    suffix = Path(args.out).suffix.lower().lstrip(".") if args.out and args.out != "-" else ""
+    return suffix if suffix in FORMATS else "csv"
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.store.cells import Cells
+    from app.store.db import Database
+    from app.store.orm import Comparison
+    from app.store.settings import Settings
+
+    fmt = _format(args)
+    db = Database(Settings().resolved_database_url)
+    try:
+        with db.session(readonly=True) as s:
+            cmp = s.get(Comparison, args.comparison_id)
+            if cmp is None:
+                print(f"error: comparison {args.comparison_id} does not exist", file=sys.stderr)
+                return 2
+            if cmp.result is None:
+                print(
+                    f"error: comparison {args.comparison_id} is {cmp.job.status}; it has no "
+                    "result yet",
+                    file=sys.stderr,
+                )
+                return 2
+            result = cmp.result
+    finally:
+        db.dispose()
+    cells = Cells(result)
+    data = cells.to_csv() if fmt == "csv" else cells.to_parquet()
+    if args.out == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return 0
+    out = Path(args.out or f"comparison-{args.comparison_id}-cells.{fmt}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(data)
+    rows = sum(len(cells.layers[a]) * len(cells.layers[b]) for a, b in cells.pairs())
+    print(f"wrote {rows} cells of comparison {args.comparison_id} to {out}", file=sys.stderr)
+    return 0

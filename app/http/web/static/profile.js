@@ -1,0 +1,142 @@
+/* Depth profile of one model pair: CKA per layer of the row model, as a small SVG chart.
+ *
+ * CkaProfile.draw(host, matrix) with the matrix of CkaHeatmap.draw (values and the optional
+ * ci_low, ci_high, random_init, seed_ceiling blocks) draws, over the layers of model a:
+ *   - "diagonal": CKA of layer i of a with layer i of b (only when both have as many layers),
+ *     with its bootstrap interval as a band;
+ *   - "best match": CKA of layer i of a with its most similar layer of b, with the band of
+ *     that cell;
+ *   - the baselines at the same cells as the first of these: "random init" (dashed) and
+ *     "seed ceiling" (dotted).
+ * Each series is a <path class="series" data-series="..."> whose data-values lists its values.
+ */
+(function () {
+  "use strict";
+
+  const NS = "http://www.w3.org/2000/svg";
+
+  function el(tag, attrs, parent, text) {
+    const node = document.createElementNS(NS, tag);
+    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, String(attrs[k])); });
+    if (text !== undefined) node.textContent = text;
+    if (parent) parent.appendChild(node);
+    return node;
+  }
+
+  function defined(v) {
+    return v !== null && v !== undefined && Number.isFinite(v);
+  }
+
+  function pick(block, cells) {
+    return block ? cells.map(function (c) { return c[1] === null ? null : block[c[0]][c[1]]; }) : null;
+  }
+
+  /* The (row, column) cells of each line: the diagonal, and each row's best match. */
+  function lines(matrix) {
+    const nr = matrix.rows.length;
+    const out = [];
+    const best = [];
+    for (let i = 0; i < nr; i++) {
+      let arg = null;
+      matrix.values[i].forEach(function (v, j) {
+        if (defined(v) && (arg === null || v > matrix.values[i][arg])) arg = j;
+      });
+      best.push([i, arg]);
+    }
+    if (nr === matrix.cols.length) {
+      out.push({ name: "diagonal", cells: matrix.rows.map(function (_, i) { return [i, i]; }) });
+    }
+    out.push({ name: "best match", cells: best });
+    return out;
+  }
+
+  function draw(host, matrix, options) {
+    const o = Object.assign({ width: 460, height: 210 }, options || {});
+    const width = Math.max(260, Math.min(o.width, o.fit || o.width));
+    const height = o.height;
+    const m = { left: 40, right: 12, top: 10, bottom: 58 };
+    const nr = matrix.rows.length;
+    const series = lines(matrix);
+    const all = [];
+    series.forEach(function (s) {
+      s.values = pick(matrix.values, s.cells);
+      s.low = pick(matrix.ci_low, s.cells);
+      s.high = pick(matrix.ci_high, s.cells);
+      all.push.apply(all, s.values.filter(defined));
+    });
+    const ref = series[0];
+    const baselines = [
+      { name: "random init", values: pick(matrix.random_init, ref.cells), cls: "baseline-init" },
+      { name: "seed ceiling", values: pick(matrix.seed_ceiling, ref.cells), cls: "baseline-seed" },
+    ].filter(function (b) { return b.values && b.values.some(defined); });
+    baselines.forEach(function (b) { all.push.apply(all, b.values.filter(defined)); });
+    const ymin = Math.min(0, Math.min.apply(null, all.length ? all : [0]));
+    const x = function (i) { return m.left + (nr > 1 ? (i / (nr - 1)) * (width - m.left - m.right) : 0); };
+    const y = function (v) { return m.top + (1 - (v - ymin) / (1 - ymin)) * (height - m.top - m.bottom); };
+    const svg = el("svg", {
+      xmlns: NS,
+      class: "profile",
+      width: width,
+      height: height,
+      viewBox: "0 0 " + width + " " + height,
+      role: "img",
+      "aria-label": "CKA per layer of " + matrix.a + " against " + matrix.b,
+      "data-a": matrix.a,
+      "data-b": matrix.b,
+    });
+    [ymin, 0.5, 1].forEach(function (t) {
+      el("line", { class: "grid", x1: m.left, x2: width - m.right, y1: y(t), y2: y(t) }, svg);
+      el("text", { class: "tick-label", x: m.left - 6, y: y(t), "text-anchor": "end", "dominant-baseline": "central" }, svg, t.toFixed(1));
+    });
+    const step = Math.max(1, Math.ceil(nr / 12));
+    matrix.rows.forEach(function (name, i) {
+      if (i % step) return;
+      el("text", {
+        class: "tick-label",
+        transform: "translate(" + x(i) + "," + (height - m.bottom + 8) + ") rotate(-35)",
+        "text-anchor": "end",
+      }, svg, name);
+    });
+    function path(values) {
+      let d = "";
+      let pen = false;
+      values.forEach(function (v, i) {
+        if (!defined(v)) { pen = false; return; }
+        d += (pen ? " L" : " M") + x(i).toFixed(1) + "," + y(v).toFixed(1);
+        pen = true;
+      });
+      return d.trim();
+    }
+    series.forEach(function (s, k) {
+      const cls = k === 0 ? "primary" : "secondary";
+      if (s.low && s.high) {
+        const top = [];
+        const bottom = [];
+        s.low.forEach(function (lo, i) {
+          if (defined(lo) && defined(s.high[i])) {
+            top.push(x(i).toFixed(1) + "," + y(s.high[i]).toFixed(1));
+            bottom.unshift(x(i).toFixed(1) + "," + y(lo).toFixed(1));
+          }
+        });
+        if (top.length) el("polygon", { class: "band band-" + cls, points: top.concat(bottom).join(" ") }, svg);
+      }
+      el("path", { class: "series series-" + cls, "data-series": s.name, "data-values": JSON.stringify(s.values), d: path(s.values) }, svg);
+    });
+    baselines.forEach(function (b) {
+      el("path", { class: "series " + b.cls, "data-series": b.name, "data-values": JSON.stringify(b.values), d: path(b.values) }, svg);
+    });
+    const legend = el("g", { class: "legend", transform: "translate(" + m.left + "," + (height - 12) + ")" }, svg);
+    let lx = 0;
+    series.map(function (s, k) { return { name: s.name, cls: "series-" + (k === 0 ? "primary" : "secondary") }; })
+      .concat(baselines.map(function (b) { return { name: b.name, cls: b.cls }; }))
+      .forEach(function (item) {
+        el("line", { class: "series " + item.cls, x1: lx, x2: lx + 18, y1: 0, y2: 0 }, legend);
+        el("text", { class: "legend-label", x: lx + 22, y: 0, "dominant-baseline": "central" }, legend, item.name);
+        lx += 30 + item.name.length * 6.5;
+      });
+    host.replaceChildren(svg);
+    return svg;
+  }
+
+  window.CkaProfile = { draw: draw };
+})();

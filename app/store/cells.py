@@ -1,0 +1,212 @@
+"""The cells of a stored atlas: per-pair blocks of every per-cell quantity, the long table, and
+the model-level summary.
+
+A finished comparison's ``result`` holds the CKA blocks of every model pair (``matrices``) and,
+when they were computed, full (L_total, L_total) arrays of the bootstrap interval
+(``ci_low``/``ci_high``), the permutation null (``p_value``/``null_mean``/``null_q95``), the
+baselines (``baselines.random_init.cka``/``baselines.seed_ceiling.cka``) and CKA with the row
+layer's top principal component removed (``cka_without_top_pc``, with ``sensitivity``), all in
+the atlas's layer order (model by model). A cell's ``sensitivity`` is the larger move of its
+CKA when either side's top component is removed. :class:`Cells` reads them once and slices any
+of them for a model pair, so the matrix endpoint, the page and the exports agree cell for cell.
+
+The long table has one row per cell of every model pair (a, b) with a at or before b in the
+comparison's order (a model's block with itself included), the order of ``matrices``:
+:data:`COLUMNS`, NaN where a quantity was not computed or is undefined.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["COLUMNS", "QUANTITIES", "SIGNIFICANCE", "Cells", "PairSummary"]
+
+# Per-cell quantities besides CKA, in the order of the table's columns.
+QUANTITIES = (
+    "ci_low",
+    "ci_high",
+    "p_value",
+    "null_mean",
+    "null_q95",
+    "random_init",
+    "seed_ceiling",
+    "sensitivity",
+)
+COLUMNS = ("model_a", "layer_a", "model_b", "layer_b", "cka", *QUANTITIES)
+# Below this p-value a cell is told apart from the permutation null (the page marks the rest).
+SIGNIFICANCE = 0.05
+
+
+def _array(rows: Any) -> np.ndarray | None:
+    if rows is None:
+        return None
+    return np.array(
+        [[np.nan if v is None else float(v) for v in row] for row in rows], dtype=np.float64
+    ).reshape(len(rows), -1)
+
+
+def _jsonable(a: np.ndarray | None) -> list[list[float | None]] | None:
+    if a is None:
+        return None
+    return [[float(v) if np.isfinite(v) else None for v in row] for row in a]
+
+
+def _mean(values: np.ndarray) -> float | None:
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if finite.size else None
+
+
+@dataclass(frozen=True)
+class PairSummary:
+    """One model pair in a number: the mean same-depth (diagonal) CKA when both models have as
+    many layers, else the mean over ``a``'s layers of the best match among ``b``'s.
+
+    ``ci_low``/``ci_high`` average the cells' own interval bounds: wider than the interval of
+    the mean itself (bounds of a mean of correlated cells are at most the mean of bounds).
+    """
+
+    a: str
+    b: str
+    kind: str  # "diagonal" | "best match"
+    cka: float | None
+    ci_low: float | None
+    ci_high: float | None
+    max_p_value: float | None  # the largest p over the cells averaged
+    random_init: float | None
+    seed_ceiling: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Cells:
+    """Every per-cell quantity of one stored atlas, sliceable by model pair."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        self.models: list[str] = list(result["models"])
+        self.layers: dict[str, list[str]] = {m: list(result["layers"][m]) for m in self.models}
+        self._slices: dict[str, slice] = {}
+        start = 0
+        for m in self.models:
+            self._slices[m] = slice(start, start + len(self.layers[m]))
+            start += len(self.layers[m])
+        cka = np.full((start, start), np.nan)
+        for entry in result.get("matrices", []):
+            block = _array(entry["cka"])
+            assert block is not None
+            sa, sb = self._slices[entry["a"]], self._slices[entry["b"]]
+            cka[sb, sa] = block.T
+            cka[sa, sb] = block
+        self.full: dict[str, np.ndarray | None] = {"cka": cka}
+        for key in ("ci_low", "ci_high", "p_value", "null_mean", "null_q95"):
+            self.full[key] = _array(result.get(key))
+        baselines = result.get("baselines") or {}
+        for key in ("random_init", "seed_ceiling"):
+            self.full[key] = _array((baselines.get(key) or {}).get("cka"))
+        drop = _array(result.get("cka_without_top_pc"))
+        self.full["sensitivity"] = (
+            None if drop is None else np.fmax(np.abs(drop - cka), np.abs(drop.T - cka))
+        )
+
+    def has(self, key: str) -> bool:
+        """Whether ``key`` (a quantity of :data:`QUANTITIES` or ``cka``) was computed."""
+        return self.full.get(key) is not None
+
+    def block(self, key: str, a: str, b: str) -> np.ndarray | None:
+        """Rows the layers of ``a``, columns those of ``b``; None when not computed."""
+        full = self.full[key]
+        return None if full is None else full[self._slices[a], self._slices[b]].copy()
+
+    def blocks_json(self, a: str, b: str) -> dict[str, list[list[float | None]] | None]:
+        """Every quantity's block of (a, b) as JSON (null cells where undefined)."""
+        return {key: _jsonable(self.block(key, a, b)) for key in ("cka", *QUANTITIES)}
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """(a, b) with a at or before b: the pairs of the long table."""
+        return [(a, b) for i, a in enumerate(self.models) for b in self.models[i:]]
+
+    def columns(self) -> dict[str, Any]:
+        """The long table as columns (lists of strings, float64 arrays)."""
+        out: dict[str, list[Any]] = {name: [] for name in COLUMNS}
+        for a, b in self.pairs():
+            la, lb = self.layers[a], self.layers[b]
+            out["model_a"] += [a] * (len(la) * len(lb))
+            out["layer_a"] += [layer for layer in la for _ in lb]
+            out["model_b"] += [b] * (len(la) * len(lb))
+            out["layer_b"] += list(lb) * len(la)
+            for key in ("cka", *QUANTITIES):
+                block = self.block(key, a, b)
+                values = np.full(len(la) * len(lb), np.nan) if block is None else block.ravel()
+                out[key].append(values)
+        table: dict[str, Any] = {}
+        for name in COLUMNS:
+            parts = out[name]
+            if name in ("model_a", "layer_a", "model_b", "layer_b"):
+                table[name] = parts
+            else:
+                table[name] = np.concatenate(parts) if parts else np.zeros(0)
+        return table
+
+    def frame(self) -> pd.DataFrame:
+        """The long table as a pandas DataFrame (strings and float64, NaN where missing)."""
+        import pandas as pd
+
+        cols = self.columns()
+        return pd.DataFrame({name: cols[name] for name in COLUMNS})
+
+    def to_csv(self) -> bytes:
+        """The long table as CSV (UTF-8, a header row, empty fields where missing; floats are
+        written in full so that reading them back gives the stored values)."""
+        return self.frame().to_csv(index=False).encode()
+
+    def to_parquet(self) -> bytes:
+        """The long table as Parquet (pyarrow)."""
+        buffer = io.BytesIO()
+        self.frame().to_parquet(buffer, index=False, engine="pyarrow")
+        return buffer.getvalue()
+
+    def summary(self, a: str, b: str) -> PairSummary:
+        """The pair's one-number summary (see :class:`PairSummary`)."""
+        la, lb = self.layers[a], self.layers[b]
+        cka = self.block("cka", a, b)
+        assert cka is not None
+        if len(la) == len(lb):
+            kind = "diagonal"
+            idx = (np.arange(len(la)), np.arange(len(lb)))
+        else:
+            kind = "best match"
+            filled = np.where(np.isfinite(cka), cka, -np.inf)
+            idx = (np.arange(len(la)), filled.argmax(1))
+
+        def pick(key: str) -> np.ndarray | None:
+            block = self.block(key, a, b)
+            return None if block is None else block[idx]
+
+        def mean(key: str) -> float | None:
+            values = pick(key)
+            return None if values is None else _mean(values)
+
+        p = pick("p_value")
+        finite_p = p[np.isfinite(p)] if p is not None else np.zeros(0)
+        return PairSummary(
+            a=a,
+            b=b,
+            kind=kind,
+            cka=mean("cka"),
+            ci_low=mean("ci_low"),
+            ci_high=mean("ci_high"),
+            max_p_value=float(finite_p.max()) if finite_p.size else None,
+            random_init=mean("random_init"),
+            seed_ceiling=mean("seed_ceiling"),
+        )
+
+    def summaries(self) -> list[list[dict[str, Any]]]:
+        """The K×K model-level summary, rows and columns in the comparison's order."""
+        return [[self.summary(a, b).to_dict() for b in self.models] for a in self.models]
