@@ -19,6 +19,7 @@ from typing import Any
 from timm.data import resolve_data_config
 from torch import nn
 
+from models.connections import input_spec
 from models.errors import CheckpointError
 
 __all__ = ["INTERPOLATIONS", "PIPELINE_KEYS", "data_config", "pipeline_from_spec", "validate"]
@@ -56,14 +57,17 @@ def data_config(
     recorded = getattr(model, "atlas_preprocessing", None)
     if recorded is not None and pretrained_cfg is None:
         return validate(recorded)
+    spec = input_spec(model)
+    own = pipeline_from_spec(list(spec.shape), spec.mean, spec.std)
     atlas = getattr(model, "atlas_config", None) or {}
     if atlas.get("family", "timm") != "timm" and pretrained_cfg is None:
-        from models.connections import input_spec  # the presets' own shape and normalisation
-
-        spec = input_spec(model)
-        return pipeline_from_spec(list(spec.shape), spec.mean, spec.std)
+        return own
     cfg = resolve_data_config({}, pretrained_cfg=dict(pretrained_cfg or {}) or None, model=model)
-    return validate({key: cfg[key] for key in PIPELINE_KEYS if key in cfg})
+    timm_cfg = {key: cfg[key] for key in PIPELINE_KEYS if key in cfg}
+    if list(timm_cfg.get("input_size", ())) != own["input_size"]:
+        # built with another in_chans/img_size than its published config describes
+        return own
+    return validate(timm_cfg)
 
 
 def validate(value: Any, source: str = "the preprocessing") -> dict[str, Any]:

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from models._builder import PRESETS
 from models.checkpoint import read_sidecar, save, weights_path
 from models.connections import input_spec
+from models.preprocessing import pipeline_from_spec
 from models.errors import CheckpointError, ConfigError
 from models.factory import create
 
@@ -248,6 +249,8 @@ def train(
         dataset={"name": train_set.name, "sha256": train_set.sha256},
         metrics={"train": train_metrics, "test": test_metrics},
         seed=seed,
+        # trained here on whole images in [0, 1]: no resize, no crop, no normalisation
+        preprocessing=pipeline_from_spec(list(input_spec(model).shape)),
         training={
             "epochs": epochs,
             "batch_size": batch_size,
