@@ -76,14 +76,11 @@ def validate(value: Any, source: str = "the preprocessing") -> dict[str, Any]:
         raise CheckpointError(f"{source} must be a JSON object")
     try:
         size = [int(v) for v in value["input_size"]]
-        out = {
-            "input_size": size,
-            "interpolation": str(value.get("interpolation", "bilinear")),
-            "crop_pct": float(value.get("crop_pct") or 1.0),
-            "crop_mode": str(value.get("crop_mode") or "center"),
-            "mean": [float(v) for v in value["mean"]],
-            "std": [float(v) for v in value["std"]],
-        }
+        mean = [float(v) for v in value["mean"]]
+        std = [float(v) for v in value["std"]]
+        interpolation = str(value.get("interpolation", "bilinear"))
+        crop_pct = float(value.get("crop_pct") or 1.0)
+        crop_mode = str(value.get("crop_mode") or "center")
     except (KeyError, TypeError, ValueError):
         raise CheckpointError(
             f"{source} needs input_size [C, H, W], mean and std per channel"
@@ -91,12 +88,19 @@ def validate(value: Any, source: str = "the preprocessing") -> dict[str, Any]:
     channels = size[0] if len(size) == 3 else 0
     if len(size) != 3 or not 1 <= channels <= 4 or not all(1 <= v <= 8192 for v in size[1:]):
         raise CheckpointError(f"{source} has an input_size {size} that is not [C<=4, H, W]")
-    if len(out["mean"]) != channels or len(out["std"]) != channels:
+    if len(mean) != channels or len(std) != channels:
         raise CheckpointError(f"{source} needs one mean and one std per channel ({channels})")
-    if any(s <= 0 for s in out["std"]):
+    if any(s <= 0 for s in std):
         raise CheckpointError(f"{source} has a std that is not positive")
-    if out["interpolation"] not in INTERPOLATIONS:
-        raise CheckpointError(f"{source} has an unknown interpolation {out['interpolation']!r}")
-    if out["crop_mode"] not in CROP_MODES or not 0.05 <= out["crop_pct"] <= 1.0:
-        raise CheckpointError(f"{source} has an invalid crop ({out['crop_mode']}, crop_pct)")
-    return out
+    if interpolation not in INTERPOLATIONS:
+        raise CheckpointError(f"{source} has an unknown interpolation {interpolation!r}")
+    if crop_mode not in CROP_MODES or not 0.05 <= crop_pct <= 1.0:
+        raise CheckpointError(f"{source} has an invalid crop ({crop_mode}, {crop_pct})")
+    return {
+        "input_size": size,
+        "interpolation": interpolation,
+        "crop_pct": crop_pct,
+        "crop_mode": crop_mode,
+        "mean": mean,
+        "std": std,
+    }
