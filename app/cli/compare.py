@@ -33,7 +33,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--estimator", default="unbiased", choices=["unbiased", "biased"])
     p.add_argument("--mode", default="minibatch", choices=["minibatch", "full"])
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--feature", default="flatten", choices=["flatten", "mean_tokens"])
+    p.add_argument("--feature", default="flatten", choices=["flatten", "mean_tokens", "cls"])
     p.add_argument("--bootstrap", type=int, default=0, metavar="B", help="bootstrap replicates")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
     p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
