@@ -1,13 +1,13 @@
 """The streaming all-pairs CKA engine: K models, one forward pass each per batch.
 
-:func:`compare` validates its arguments, resolves every model's layers before any forward
-pass, and hands the loop to :class:`analysis.streaming.StreamingRun`. Per batch, every
-selected layer of every model becomes a raw Gram (fp32, or float64 for a float64 model); one
-matrix product over the stacked centred Grams gives the (L_total, L_total) HSIC terms of the
-batch (with the Gram store, one product per pair of models, so stored pairs are reused), and
-the only host transfer of the batch is that small float64 matrix. Terms are
-summed over batches in float64, so memory does not grow with n (``bootstrap`` keeps the
-per-batch terms: ``batches × L_total²`` floats).
+:func:`compare` validates its options as one :class:`analysis.CompareOptions` and hands them
+to :class:`analysis.streaming.StreamingRun`, which resolves every model's layers before any
+forward pass and runs the loop. Per batch, every selected layer of every model becomes a raw
+Gram (fp32, or float64 for a float64 model); one matrix product over the stacked centred Grams
+gives the (L_total, L_total) HSIC terms of the batch (with the Gram store, one product per pair
+of models, so stored pairs are reused), and the only host transfer of the batch is that small
+float64 matrix. Terms are summed over batches in float64, so memory does not grow with n
+(``bootstrap`` keeps the per-batch terms: ``batches × L_total²`` floats).
 
 Batch plan (``minibatch``): fixed consecutive batches of ``batch_size`` in data order (a
 DataLoader's own batches as they come). A batch smaller than the estimator's minimum (4
@@ -31,124 +31,81 @@ from analysis.atlas import Atlas
 from analysis.bootstrap import bootstrap_intervals
 from analysis.errors import AnalysisError, EstimatorError
 from analysis.gram_cache import GramCache
-from analysis.hsic import MIN_SAMPLES, check_estimator, cka_from_hsic, hsic_from_grams
-from analysis.kernels import Kernel, gram, parse_kernel
-from analysis.layers import FEATURE_POLICIES, LayerReader, LayerSelection, resolve_layers
+from analysis.hsic import MIN_SAMPLES, cka_from_hsic, hsic_from_grams
+from analysis.kernels import Kernel, gram
+from analysis.options import CompareOptions
 from analysis.sources import DataLike, batch_source
 from analysis.streaming import StreamingRun, full_hsic
 
-__all__ = ["MODES", "cka_from_features", "compare"]
-
-MODES = ("minibatch", "full")
-_AMP = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16}
-_AMP |= {"float16": torch.float16, "half": torch.float16}
-
-
-def _amp_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    if dtype is None or dtype in ("fp32", "float32", torch.float32):
-        return None
-    if isinstance(dtype, str):
-        if dtype not in _AMP:
-            raise EstimatorError(f"unknown dtype {dtype!r}; use 'bf16', 'fp16' or 'fp32'")
-        return _AMP[dtype]
-    if dtype not in (torch.bfloat16, torch.float16):
-        raise EstimatorError(f"autocast dtype must be bfloat16 or float16, not {dtype}")
-    return dtype
-
-
-def _validate(kernel: str | Kernel, estimator: str, mode: str, batch_size: int) -> Kernel:
-    kern = parse_kernel(kernel)
-    check_estimator(estimator)
-    if mode not in MODES:
-        raise EstimatorError(f"unknown mode {mode!r}; use 'minibatch' or 'full'")
-    if batch_size < MIN_SAMPLES[estimator]:
-        raise EstimatorError(
-            f"the {estimator} estimator needs batches of at least {MIN_SAMPLES[estimator]} samples"
-        )
-    return kern
+__all__ = ["cka_from_features", "compare"]
 
 
 def compare(
     models: Mapping[str, nn.Module],
     data: DataLike,
+    options: CompareOptions | None = None,
     *,
-    layers: LayerSelection | Mapping[str, LayerSelection | None] | None = None,
-    kernel: str | Kernel = "linear",
-    estimator: str = "unbiased",
-    mode: str = "minibatch",
-    batch_size: int = 256,
-    feature: str = "flatten",
     device: str | torch.device | None = None,
-    dtype: torch.dtype | str | None = None,
-    bootstrap: int = 0,
     progress: bool = False,
     gram_cache: GramCache | None = None,
     model_keys: Mapping[str, str] | None = None,
     on_batch: Callable[[int, int], bool | None] | None = None,
     dataset_key: str | None = None,
-    seed: int = 0,
+    **shortcuts: Any,
 ) -> Atlas:
     """CKA between every selected layer of every pair of ``models`` (each with itself too).
 
+    ``options`` (:class:`analysis.CompareOptions`) says what to compute; keyword
+    ``shortcuts`` named like its fields (``kernel="rbf"``, ``batch_size=64``, …) build it, or
+    override fields of ``options``; an invalid value raises :class:`analysis.OptionsError`.
     ``data``: a tensor or array (N, C, H, W), an :class:`ImageDataset`, a dataset spec for
     :func:`analysis.load_dataset`, or an iterable of batches (e.g. a DataLoader, whose own
-    batches are used). ``layers``: one selection for every model, or a mapping from model name
-    to selection (see :mod:`analysis.layers`). ``dtype`` (``"bf16"``/``"fp16"``) autocasts the
-    forward pass; Grams stay fp32. ``bootstrap=B`` adds 95 % percentile intervals from B
-    minibatch resamples (seeded with ``seed``). ``gram_cache`` with ``model_keys`` (a stable
-    identity per model, e.g. its checkpoint sha256) reuses stored Grams instead of running a
-    model; ``dataset_key`` names a DataLoader's data for that purpose (tensors and datasets
-    are hashed). ``on_batch(done, total)`` is called after every batch (``total`` is 0 when
+    batches are used). ``dtype`` (``"bf16"``/``"fp16"``) autocasts the forward pass; Grams
+    stay fp32. ``bootstrap=B`` adds 95 % percentile intervals from B minibatch resamples
+    (seeded with ``seed``).
+
+    The rest is plumbing. ``gram_cache`` with ``model_keys`` (a stable identity per model,
+    e.g. its checkpoint sha256) reuses stored Grams instead of running a model;
+    ``dataset_key`` names a DataLoader's data for that purpose (tensors and datasets are
+    hashed). ``on_batch(done, total)`` is called after every batch (``total`` is 0 when
     unknown); returning False stops with :class:`analysis.Cancelled`. Models are moved to
     ``device`` (default: CUDA if available) and run in eval mode; their mode is restored.
     """
+    opts = CompareOptions.build(options, **shortcuts)
     names = list(models)
     if not names:
         raise AnalysisError("no models to compare")
-    kern = _validate(kernel, estimator, mode, batch_size)
-    if feature not in FEATURE_POLICIES:
-        raise EstimatorError(f"unknown feature policy {feature!r}; use 'flatten' or 'mean_tokens'")
-    if bootstrap < 0 or (bootstrap and mode != "minibatch"):
-        raise EstimatorError("bootstrap takes a replicate count >= 0 and needs minibatch mode")
-    amp = _amp_dtype(dtype)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    per_model = isinstance(layers, Mapping)
-    selected = {
-        m: resolve_layers(
-            models[m],
-            layers.get(m) if isinstance(layers, Mapping) else layers,
-            model_name=f"model {m!r}",
-        )
-        for m in names
-    }
-    readers = {m: LayerReader(models[m], selected[m], feature) for m in names}
-    src = batch_source(data, batch_size, dataset_key)
+    run = StreamingRun(models, opts, device=dev, progress=progress, on_batch=on_batch)
+    src = batch_source(data, opts.batch_size, dataset_key)
+    amp = opts.autocast
+    layers = opts.layers
     config: dict[str, Any] = {
-        "kernel": kern.spec,
-        "estimator": estimator,
-        "mode": mode,
-        "batch_size": batch_size,
-        "feature": feature,
-        "layers": {m: selected[m] for m in names} if per_model else _jsonable(layers),
+        "kernel": opts.kernel,
+        "estimator": opts.estimator,
+        "mode": opts.mode,
+        "batch_size": opts.batch_size,
+        "feature": opts.feature,
+        "layers": run.selected if isinstance(layers, Mapping) else _jsonable(layers),
         "device": str(dev),
         "dtype": None if amp is None else str(amp).removeprefix("torch."),
-        "bootstrap": bootstrap,
-        "seed": seed,
+        "bootstrap": opts.bootstrap,
+        "permutations": opts.permutations,
+        "seed": opts.seed,
     }
-    run = StreamingRun(models, selected, readers, kern, estimator, dev, amp, progress, on_batch)
     training = {m: models[m].training for m in names}
     try:
         for m in names:
             models[m].to(dev).eval()
-        if mode == "full":
+        if opts.mode == "full":
             h, per_batch = run.full(src), None
         else:
             cache_parts = None
             if gram_cache is not None and model_keys:
                 fp = src.fingerprint()
                 if fp is not None:
-                    cache_parts = {"dataset": fp, "plan": batch_size, "feature": feature}
-                    cache_parts |= {"kernel": kern.spec, "dtype": config["dtype"]}
+                    cache_parts = {"dataset": fp, "plan": opts.batch_size, "feature": opts.feature}
+                    cache_parts |= {"kernel": opts.kernel, "dtype": config["dtype"]}
             run.cache_note = (
                 "off"
                 if gram_cache is None
@@ -156,20 +113,20 @@ def compare(
                 if cache_parts
                 else "skipped: no model_keys or no dataset fingerprint (pass dataset_key)"
             )
-            h, per_batch = run.minibatch(src, gram_cache, model_keys or {}, cache_parts, bootstrap)
+            h, per_batch = run.minibatch(src, gram_cache, model_keys or {}, cache_parts)
     finally:
         for m in names:
             models[m].train(training[m])
     ci_low = ci_high = None
-    if bootstrap and per_batch is not None and len(per_batch):
-        ci_low, ci_high = bootstrap_intervals(np.stack(per_batch), bootstrap, seed)
+    if opts.bootstrap and per_batch is not None and len(per_batch):
+        ci_low, ci_high = bootstrap_intervals(np.stack(per_batch), opts.bootstrap, opts.seed)
     config["dataset"] = src.key  # hashed only when the cache needed it
-    atlas = Atlas(names, selected, h, run.n, config, {}, ci_low, ci_high)
-    atlas.diagnostics = run.diagnostics(atlas, bootstrap, seed)
+    atlas = Atlas(names, run.selected, h, run.n, config, {}, ci_low, ci_high)
+    atlas.diagnostics = run.diagnostics(atlas)
     return atlas
 
 
-def _jsonable(layers: Any) -> Any:
+def _jsonable(layers: str | int | Sequence[str | int] | None) -> str | int | list[str | int] | None:
     if layers is None or isinstance(layers, str | int):
         return layers
     return list(layers)
@@ -189,7 +146,10 @@ def cka_from_features(
     ``full`` (the default here) is exact in float64; ``minibatch`` follows the same batch plan
     as :func:`compare`. NaN marks an undefined cell (a self-HSIC <= 0 or not finite).
     """
-    kern = _validate(kernel, estimator, mode, batch_size)
+    opts = CompareOptions.build(
+        kernel=kernel, estimator=estimator, mode=mode, batch_size=batch_size
+    )
+    kern, estimator = opts.parsed_kernel, opts.estimator
     feats = [torch.as_tensor(np.asarray(f) if not isinstance(f, torch.Tensor) else f) for f in xs]
     feats += [torch.as_tensor(np.asarray(f) if not isinstance(f, torch.Tensor) else f) for f in ys]
     feats = [f.detach().reshape(f.shape[0], -1) for f in feats]

@@ -23,6 +23,8 @@ HSIC terms of consecutive minibatches before this ratio is minibatch CKA (Nguyen
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import numpy as np
 import torch
 
@@ -31,6 +33,7 @@ from analysis.errors import EstimatorError
 __all__ = [
     "ESTIMATORS",
     "MIN_SAMPLES",
+    "Estimator",
     "centred_rows",
     "check_estimator",
     "cka_from_hsic",
@@ -40,7 +43,8 @@ __all__ = [
     "undefined_reasons",
 ]
 
-ESTIMATORS = ("biased", "unbiased")
+Estimator = Literal["biased", "unbiased"]
+ESTIMATORS: tuple[Estimator, ...] = get_args(Estimator)
 # The smallest batch on which each estimator is defined (its denominators are non-zero).
 MIN_SAMPLES = {"biased": 2, "unbiased": 4}
 
@@ -131,7 +135,7 @@ def cka_from_hsic(h: np.ndarray) -> np.ndarray:
     ok = np.isfinite(d) & (d > 0)
     d[~ok] = 1.0
     with np.errstate(over="ignore", invalid="ignore"):
-        cka = h / np.sqrt(np.outer(d, d))
+        cka: np.ndarray = h / np.sqrt(np.outer(d, d))
     cka[~ok, :] = np.nan
     cka[:, ~ok] = np.nan
     cka[~np.isfinite(cka)] = np.nan

@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
 from analysis.errors import EstimatorError
 
-__all__ = ["KERNELS", "Kernel", "gram", "parse_kernel"]
+__all__ = ["KERNELS", "Kernel", "KernelName", "gram", "parse_kernel"]
 
-KERNELS = ("linear", "rbf")
+KernelName = Literal["linear", "rbf"]
+KERNELS: tuple[KernelName, ...] = get_args(KernelName)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
@@ -29,6 +29,7 @@ from analysis.errors import LayerError
 
 __all__ = [
     "FEATURE_POLICIES",
+    "FeaturePolicy",
     "LayerReader",
     "LayerSelection",
     "available_layers",
@@ -38,7 +39,8 @@ __all__ = [
 ]
 
 LayerSelection = str | int | Sequence[str | int]
-FEATURE_POLICIES = ("flatten", "mean_tokens")
+FeaturePolicy = Literal["flatten", "mean_tokens"]
+FEATURE_POLICIES: tuple[FeaturePolicy, ...] = get_args(FeaturePolicy)
 PRE_LOGITS = "pre_logits"
 _STANDARD = re.compile(r"stem|blocks\.\d+|norm|pre_logits")
 _INT = re.compile(r"[+-]?\d+")

@@ -38,7 +38,8 @@ from analysis.hsic import (
     undefined_reasons,
 )
 from analysis.kernels import Kernel, gram
-from analysis.layers import LayerReader
+from analysis.layers import LayerReader, resolve_layers
+from analysis.options import CompareOptions
 from analysis.sources import BatchSource
 
 __all__ = ["StreamingRun", "full_hsic"]
@@ -52,23 +53,38 @@ class StreamingRun:
     def __init__(
         self,
         models: Mapping[str, nn.Module],
-        selected: dict[str, list[str]],
-        readers: dict[str, LayerReader],
-        kern: Kernel,
-        estimator: str,
-        dev: torch.device,
-        amp: torch.dtype | None,
-        progress: bool,
-        on_batch: Callable[[int, int], bool | None] | None,
+        options: CompareOptions,
+        *,
+        device: torch.device,
+        progress: bool = False,
+        on_batch: Callable[[int, int], bool | None] | None = None,
     ) -> None:
+        """Resolve every model's layers (a bad selection fails here, before any forward pass).
+
+        ``on_batch(done, total)`` is called after every batch; returning False cancels.
+        """
+        self.options = options
         self.names = list(models)
-        self.selected, self.readers, self.kern, self.estimator = selected, readers, kern, estimator
-        self.dev, self.amp, self.progress, self.on_batch = dev, amp, progress, on_batch
+        layers = options.layers
+        self.selected = {
+            m: resolve_layers(
+                models[m],
+                layers.get(m) if isinstance(layers, Mapping) else layers,
+                model_name=f"model {m!r}",
+            )
+            for m in self.names
+        }
+        self.readers = {
+            m: LayerReader(models[m], self.selected[m], options.feature) for m in models
+        }
+        self.kern, self.estimator = options.parsed_kernel, options.estimator
+        self.dev, self.amp = device, options.autocast
+        self.progress, self.on_batch = progress, on_batch
         self.slices: dict[str, slice] = {}
         total = 0
         for m in self.names:
-            self.slices[m] = slice(total, total + len(selected[m]))
-            total += len(selected[m])
+            self.slices[m] = slice(total, total + len(self.selected[m]))
+            total += len(self.selected[m])
         self.total_layers = total
         wide = any(p.dtype == torch.float64 for m in self.names for p in models[m].parameters())
         self.gdtype = torch.float64 if wide else torch.float32
@@ -114,7 +130,6 @@ class StreamingRun:
         cache: GramCache | None,
         keys: Mapping[str, str],
         parts: dict[str, Any] | None,
-        bootstrap: int,
     ) -> tuple[np.ndarray, list[np.ndarray]]:
         """Summed per-batch HSIC (L_total, L_total), and the per-batch terms for the bootstrap.
 
@@ -129,7 +144,7 @@ class StreamingRun:
             for i, x in self._loop(src):
                 h = self._batch_stored(i, x, cache, keys, parts or {}) if keys else self._batch(x)
                 acc += h
-                if bootstrap:
+                if self.options.bootstrap:
                     per_batch.append(h)
                 self.n += int(x.shape[0])
                 self.batches += 1
@@ -246,8 +261,9 @@ class StreamingRun:
             xs = [torch.cat(p).to(torch.float64) for p in parts]
             return full_hsic(xs, self.kern, self.estimator).cpu().numpy()
 
-    def diagnostics(self, atlas: Atlas, bootstrap: int, seed: int) -> dict[str, Any]:
+    def diagnostics(self, atlas: Atlas) -> dict[str, Any]:
         """What the run did and what to be careful about in its result."""
+        bootstrap, seed = self.options.bootstrap, self.options.seed
         owners = [(m, name) for m in self.names for name in self.selected[m]]
         undefined = [
             {"model": owners[i][0], "layer": owners[i][1], "reason": why}
