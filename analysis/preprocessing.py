@@ -87,6 +87,12 @@ class ModelInput:
         return (raw - self.mean.to(raw)) / self.std.to(raw)
 
 
-def model_input(model: nn.Module) -> ModelInput:
-    """The input of a model loaded by :func:`models.load` (raw tensors for any other)."""
-    return ModelInput(getattr(model, "atlas_preprocessing", None))
+def model_input(model: nn.Module, files: bool = False) -> ModelInput:
+    """The input of ``model``: the pipeline :func:`models.load` attached to it, else (for
+    image files, which need one) its timm data config; raw tensors otherwise."""
+    pipeline = getattr(model, "atlas_preprocessing", None)
+    if pipeline is None and files:
+        from models.preprocessing import data_config  # models is the lower library
+
+        pipeline = data_config(model)
+    return ModelInput(pipeline)
