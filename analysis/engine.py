@@ -88,7 +88,7 @@ def compare(
     run.inputs = {m: inputs[m] for m in names if inputs[m].pipeline is not None}
     src = batch_source(data, opts.batch_size, dataset_key, files=files)
     if model_keys:  # a model's Grams depend on its pipeline as much as on its weights
-        model_keys = {m: f"{k}|input:{inputs[m].key}" for m, k in model_keys.items()}
+        model_keys = {m: f"{k}|input:{inputs[m].key}" for m, k in model_keys.items() if m in inputs}
     amp = opts.autocast
     layers = opts.layers
     config: dict[str, Any] = {
