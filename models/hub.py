@@ -160,11 +160,10 @@ def _from_zip(path: Path, scratch: Path, max_bytes: int) -> HubFolder:
         if sum(i.file_size for i in files.values()) > max_bytes:
             raise CheckpointError(f"'{path.name}' unpacks to more than {max_bytes} bytes")
         _member(archive, files[configs[0]], MAX_CONFIG_BYTES, scratch / CONFIG)
+        # the config is checked before the (large) weights are copied out
+        config = _check_config((scratch / CONFIG).read_bytes(), f"{path.name}: {CONFIG}")
         _member(archive, files[prefix + WEIGHTS], max_bytes, scratch / WEIGHTS)
-    return HubFolder(
-        _check_config((scratch / CONFIG).read_bytes(), f"{path.name}: {CONFIG}"),
-        scratch / WEIGHTS,
-    )
+    return HubFolder(config, scratch / WEIGHTS)
 
 
 def read_hub(
