@@ -1,4 +1,4 @@
-"""Feature policies for models with a class token: flatten, mean over patch tokens, cls."""
+"""Real timm models: class-token feature policies, and Gram store keys that include the pipeline."""
 
 from __future__ import annotations
 
@@ -46,3 +46,25 @@ def test_cls_is_recorded_and_refused_without_a_class_token() -> None:
     assert default_layers(mixer) == [f"blocks.{i}" for i in range(8)]
     with pytest.raises(LayerError, match="class token"):
         LayerReader(mixer, ["blocks.0"], "cls")
+
+
+def test_stored_grams_are_keyed_by_the_input_pipeline(tmp_path: object) -> None:
+    """The same weights behind another pipeline see other inputs: no stored Gram is reused."""
+    import models
+    from models.preprocessing import pipeline_from_spec
+
+    net = models.create("mlp_digits")
+    cache = analysis.DirectoryGramCache(tmp_path)  # type: ignore[arg-type]
+    x = torch.rand(16, 1, 8, 8)
+
+    def run(mean: float, std: float) -> dict[str, int]:
+        net.atlas_preprocessing = pipeline_from_spec([1, 8, 8], [mean], [std])  # type: ignore[assignment]
+        atlas = analysis.compare(
+            {"m": net}, x, batch_size=8, gram_cache=cache, model_keys={"m": "w"}
+        )
+        stats: dict[str, int] = atlas.diagnostics["gram_cache"]
+        return stats
+
+    assert run(0.0, 1.0)["misses"] == 2
+    assert run(0.5, 0.25)["misses"] == 2  # a new pipeline: computed again
+    assert run(0.0, 1.0)["hits"] == 2
