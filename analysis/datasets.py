@@ -23,6 +23,7 @@ import torch
 from PIL import Image
 
 from analysis.errors import DatasetError
+from analysis.images import ImageFiles
 
 __all__ = [
     "DIGITS_SPLITS",
@@ -66,6 +67,7 @@ class ImageDataset:
     y: np.ndarray | None = None
     classes: list[str] | None = None
     sha256: str = field(default="")
+    files: ImageFiles | None = None  # the original files of an ImageFolder, for pipelines
 
     def __post_init__(self) -> None:
         _check_images(self.x, self.name)
@@ -109,11 +111,12 @@ def content_sha256(x: np.ndarray, y: np.ndarray | None) -> str:
     return digest.hexdigest()
 
 
-def load_dataset(spec: str | Path, *, split: str = "test") -> ImageDataset:
+def load_dataset(spec: str | Path, *, split: str = "test") -> ImageDataset | ImageFiles:
     """Load ``"digits"`` (``split`` picks train, test or all), an ``.npz`` file, or an ImageFolder.
 
     An ImageFolder is a directory, or a ``.zip`` of one, with one sub-directory of images per
-    class. ``split`` applies to the built-in digits only.
+    class; one of images of different sizes is an :class:`ImageFiles` (only a comparison,
+    which resizes per model, can read it). ``split`` applies to the built-in digits only.
     """
     if str(spec) == "digits":
         return load_digits(split)
@@ -233,8 +236,11 @@ def load_image_folder(
     *,
     max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
     max_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS,
-) -> ImageDataset:
+) -> ImageDataset | ImageFiles:
     """A directory, or a zip archive of one, holding one sub-directory of images per class.
+
+    Images of one size become an :class:`ImageDataset` (which also keeps the files); images
+    of several sizes an :class:`ImageFiles`.
 
     Archives are read in memory: members with absolute or ``..`` paths, symbolic links, more
     than ``max_members`` entries or more than ``max_bytes`` uncompressed are refused.
@@ -303,7 +309,7 @@ class _Reader:
 
 def _decode_folder(
     files: dict[str, Callable[[], bytes]], name: str, max_decoded: int | None = None
-) -> ImageDataset:
+) -> ImageDataset | ImageFiles:
     paths = [PurePosixPath(p) for p in files]
     # A zip of a folder usually nests everything under that folder's name: strip that level.
     while paths and all(len(p.parts) >= 3 for p in paths) and len({p.parts[0] for p in paths}) == 1:
@@ -316,27 +322,39 @@ def _decode_folder(
             f"'{name}' must hold one folder of images per class, and nothing deeper."
         )
     classes = sorted({p.parts[0] for p in paths})
-    images, labels = [], []
+    images, labels, blobs = [], [], []
     # Decoded bytes: a small PNG can declare a huge canvas, so an archive has a budget.
     budget = max_decoded
     for key in sorted(files):
-        image = _decode_image(files[key](), f"{name}/{key}", budget)
+        blob = files[key]()
+        image = _decode_image(blob, f"{name}/{key}", budget)
         if budget is not None:
             budget -= image.width * image.height * len(image.getbands())
         images.append(image)
+        blobs.append(blob)
         labels.append(classes.index(PurePosixPath(key).parts[0]))
-    sizes = {img.size for img in images}
-    if len(sizes) > 1:
-        raise DatasetError(f"Images in '{name}' have different sizes {sorted(sizes)}; resize them.")
-    mode = "L" if all(img.mode in ("1", "L", "I", "I;16", "F") for img in images) else "RGB"
-    arrays = [np.asarray(img.convert(mode), dtype=np.uint8) for img in images]
-    x = np.stack(arrays)
-    return ImageDataset(
+    gray = all(img.mode in ("1", "L", "I", "I;16", "F") for img in images)
+    y = np.asarray(labels, dtype=np.int64)
+    raw = ImageFiles(
         name=name,
-        x=_as_nchw(x, name),
-        y=np.asarray(labels, dtype=np.int64),
+        blobs=tuple(blobs),
+        paths=tuple(sorted(files)),
+        y=y,
         classes=classes,
+        channels=1 if gray else 3,
+        sizes=tuple(img.size for img in images),
     )
+    if len({img.size for img in images}) > 1:
+        return raw  # each model's pipeline resizes them
+    mode = "L" if gray else "RGB"
+    arrays = [np.asarray(_plain(img).convert(mode), dtype=np.uint8) for img in images]
+    x = np.stack(arrays)
+    return ImageDataset(name=name, x=_as_nchw(x, name), y=y, classes=classes, files=raw)
+
+
+def _plain(image: Image.Image) -> Image.Image:
+    """A palette image through RGBA, so that its transparency does not warn on conversion."""
+    return image.convert("RGBA") if image.mode == "P" else image
 
 
 def _decode_image(data: bytes, where: str, budget: int | None = None) -> Image.Image:

@@ -35,7 +35,8 @@ from analysis.gram_cache import GramCache
 from analysis.hsic import MIN_SAMPLES, cka_from_hsic, hsic_from_grams
 from analysis.kernels import Kernel, gram
 from analysis.options import CompareOptions
-from analysis.sources import DataLike, batch_source
+from analysis.preprocessing import model_input
+from analysis.sources import DataLike, batch_source, image_files, load_data
 from analysis.streaming import StreamingRun, full_hsic
 
 __all__ = ["cka_from_features", "compare"]
@@ -61,7 +62,11 @@ def compare(
     override fields of ``options``; an invalid value raises :class:`analysis.OptionsError`.
     ``data``: a tensor or array (N, C, H, W), an :class:`ImageDataset`, a dataset spec for
     :func:`analysis.load_dataset`, or an iterable of batches (e.g. a DataLoader, whose own
-    batches are used). ``dtype`` (``"bf16"``/``"fp16"``) autocasts the forward pass; Grams
+    batches are used). Every model reads the same images in the same order through its own
+    input pipeline (``model.atlas_preprocessing``, set by :func:`models.load`): image files
+    (an ImageFolder, of any sizes and modes) are decoded and resized, cropped and normalised
+    per model; arrays must have the model's input shape and are normalised. ``dtype``
+    (``"bf16"``/``"fp16"``) autocasts the forward pass; Grams
     stay fp32. ``bootstrap=B`` adds 95 % percentile intervals from B minibatch resamples
     (seeded with ``seed``).
 
@@ -84,7 +89,13 @@ def compare(
         raise AnalysisError("no models to compare")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     run = StreamingRun(models, opts, device=dev, progress=progress, on_batch=on_batch)
-    src = batch_source(data, opts.batch_size, dataset_key)
+    data = load_data(data)
+    files = image_files(data) is not None  # image files: every model through its pipeline
+    inputs = {m: model_input(models[m], files) for m in names}
+    run.inputs = {m: inputs[m] for m in names if inputs[m].pipeline is not None}
+    src = batch_source(data, opts.batch_size, dataset_key, files=files)
+    if model_keys:  # a model's Grams depend on its pipeline as much as on its weights
+        model_keys = {m: f"{k}|input:{inputs[m].key}" for m, k in model_keys.items() if m in inputs}
     amp = opts.autocast
     layers = opts.layers
     config: dict[str, Any] = {

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 LayerSelection = str | int | Sequence[str | int]
-FeaturePolicy = Literal["flatten", "mean_tokens"]
+FeaturePolicy = Literal["flatten", "mean_tokens", "cls"]
 FEATURE_POLICIES: tuple[FeaturePolicy, ...] = get_args(FeaturePolicy)
 PRE_LOGITS = "pre_logits"
 _STANDARD = re.compile(r"stem|blocks\.\d+|norm|pre_logits")
@@ -54,6 +54,19 @@ def _modules(model: nn.Module) -> dict[str, nn.Module]:
     return {name: m for name, m in model.named_modules() if name}
 
 
+def _is_timm(model: nn.Module) -> bool:
+    """A timm architecture (built by timm or imported), not one of the project's presets."""
+    atlas = getattr(model, "atlas_config", None)
+    family = atlas.get("family") if isinstance(atlas, dict) else None
+    return family == "timm" and hasattr(model, "forward_intermediates")
+
+
+def prefix_tokens(model: nn.Module) -> int:
+    """How many class/register tokens precede the patch tokens in the model's blocks."""
+    n = getattr(model, "num_prefix_tokens", 0)
+    return n if isinstance(n, int) and n > 0 else 0
+
+
 def available_layers(model: nn.Module) -> list[str]:
     """Every name a selection can match, in forward order as far as module order tells."""
     names = list(_modules(model))
@@ -66,6 +79,9 @@ def default_layers(model: nn.Module) -> list[str]:
     """Stem output, every block output, final norm and pooled pre-logits, where they exist."""
     mods = _modules(model)
     has_head = isinstance(getattr(model, "head", None), nn.Module)
+    if _has_blocks(model) and _is_timm(model):
+        # timm's own architectures: the blocks forward_intermediates returns, nothing else
+        return [f"blocks.{i}" for i in range(len(model.blocks))]  # type: ignore[arg-type]
     if _has_blocks(model):
         names = ["stem"] if "stem" in mods else []
         names += [f"blocks.{i}" for i in range(len(model.blocks))]  # type: ignore[arg-type]
@@ -169,18 +185,24 @@ def resolve_layers(
     return picked
 
 
-def to_features(t: torch.Tensor, policy: str) -> torch.Tensor:
+def to_features(t: torch.Tensor, policy: str, prefix: int = 0) -> torch.Tensor:
     """(b, ...) activations to a (b, d) feature matrix.
 
-    ``flatten`` is vec(X) per sample; ``mean_tokens`` averages tokens (B, S, C) → (B, C) and
-    spatial positions (B, C, H, W) → (B, C); 2-D activations pass through either way.
+    ``flatten`` is vec(X) per sample, prefix tokens included; ``mean_tokens`` averages the
+    patch tokens (B, S, C) → (B, C), leaving out the ``prefix`` class/register tokens, and
+    spatial positions (B, C, H, W) → (B, C); ``cls`` keeps the first prefix token (B, C).
+    2-D activations pass through whatever the policy.
     """
     if t.dim() == 2:
         return t
     if policy == "flatten":
         return t.reshape(t.shape[0], -1)
+    if policy == "cls":
+        if t.dim() != 3 or not prefix:
+            raise LayerError("the cls feature policy needs a model with a class token")
+        return t[:, 0]
     if t.dim() == 3:
-        return t.mean(1)
+        return t[:, prefix:].mean(1)
     return t.mean(dim=tuple(range(2, t.dim())))
 
 
@@ -197,10 +219,19 @@ class LayerReader:
 
     def __init__(self, model: nn.Module, layers: Sequence[str], feature: str = "flatten") -> None:
         if feature not in FEATURE_POLICIES:
-            raise LayerError(f"unknown feature policy {feature!r}; use 'flatten' or 'mean_tokens'")
+            raise LayerError(
+                f"unknown feature policy {feature!r}; use 'flatten', 'mean_tokens' or 'cls'"
+            )
         self.model, self.layers, self.feature = model, list(layers), feature
+        self.prefix = prefix_tokens(model)
+        if feature == "cls" and not self.prefix:
+            raise LayerError(
+                f"the cls feature policy needs a model with a class token; "
+                f"{type(model).__name__} has none (use flatten or mean_tokens)"
+            )
         self.use_intermediates = (
-            _has_blocks(model)
+            not self.prefix  # forward_intermediates drops prefix tokens; hooks keep them
+            and _has_blocks(model)
             and all(_STANDARD.fullmatch(name) for name in self.layers)
             and all(hasattr(model, a) for a in ("forward_intermediates", "forward_head", "stem"))
             and (PRE_LOGITS not in _modules(model))
@@ -216,7 +247,7 @@ class LayerReader:
             t = out[name]
             if t.shape[0] != x.shape[0]:
                 raise LayerError(f"layer {name!r} does not keep the batch as its first dimension")
-            feats.append(to_features(t, self.feature))
+            feats.append(to_features(t, self.feature, self.prefix))
         return feats
 
     def _intermediates(self, x: torch.Tensor) -> dict[str, torch.Tensor]:

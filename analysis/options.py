@@ -207,7 +207,8 @@ class CompareOptions(BaseModel):
         default="flatten",
         description=(
             "How a layer's activation becomes one vector per sample: `flatten` keeps every "
-            "token or position, `mean_tokens` averages over them."
+            "token or position (class/register tokens included), `mean_tokens` averages over "
+            "the patch tokens or positions, `cls` keeps a model's class token only."
         ),
     )
     dtype: DtypeName = Field(

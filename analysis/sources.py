@@ -1,7 +1,9 @@
 """Where the engine's batches come from: tensors, arrays, datasets, paths and DataLoaders.
 
-Every form becomes a :class:`BatchSource`: a replayable iterator of (b, C, H, W) tensors in
-data order, the batch count when it is known, and a dataset identity for the Gram store.
+Every form becomes a :class:`BatchSource`: a replayable iterator of raw batches in data
+order, the batch count when it is known, and a dataset identity for the Gram store. A raw
+batch is a (b, C, H, W) tensor, or, for image files read with ``files=True``, an
+:class:`ImageBatch` of decoded images that each model's pipeline turns into its own tensor.
 """
 
 from __future__ import annotations
@@ -15,13 +17,32 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from analysis.datasets import ImageDataset, load_dataset
 from analysis.errors import DatasetError
+from analysis.images import ImageFiles
 
-__all__ = ["BatchSource", "DataLike", "batch_source"]
+__all__ = ["BatchSource", "DataLike", "ImageBatch", "batch_source", "image_files"]
 
-DataLike = torch.Tensor | np.ndarray | ImageDataset | str | os.PathLike[str] | Iterable[Any]
+DataLike = (
+    torch.Tensor | np.ndarray | ImageDataset | ImageFiles | str | os.PathLike[str] | Iterable[Any]
+)
+
+
+class ImageBatch(list[Image.Image]):
+    """Decoded images of one batch; ``shape[0]`` is the batch size, as for a tensor."""
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self),)
+
+
+def image_files(data: Any) -> ImageFiles | None:
+    """The original files behind ``data`` (an ImageFiles, or an ImageDataset of a folder)."""
+    if isinstance(data, ImageFiles):
+        return data
+    return data.files if isinstance(data, ImageDataset) else None
 
 
 @dataclass
@@ -54,9 +75,30 @@ def _batch_tensor(item: Any) -> torch.Tensor:
     return item
 
 
-def batch_source(data: DataLike, batch_size: int, dataset_key: str | None) -> BatchSource:
-    if isinstance(data, str | os.PathLike):
-        data = load_dataset(os.fspath(data))
+def load_data(data: DataLike) -> Any:
+    """A dataset spec or path loaded; anything else as it is."""
+    return load_dataset(os.fspath(data)) if isinstance(data, str | os.PathLike) else data
+
+
+def batch_source(
+    data: DataLike, batch_size: int, dataset_key: str | None, *, files: bool = False
+) -> BatchSource:
+    """Batches of ``data``; with ``files`` the original image files of a folder, decoded."""
+    data = load_data(data)
+    found = image_files(data)
+    if files and found is not None:
+        raw = found
+
+        def decoded() -> Iterator[torch.Tensor]:
+            for i in range(0, len(raw), batch_size):
+                yield ImageBatch(raw.batch(i, i + batch_size))  # type: ignore[misc]
+
+        return BatchSource(decoded, math.ceil(len(raw) / batch_size), dataset_key or raw.sha256)
+    if isinstance(data, ImageFiles):
+        raise DatasetError(
+            f"the images of {data.name} have different sizes; only models with input "
+            "pipelines can read them"
+        )
     if isinstance(data, ImageDataset):
         dataset_key = dataset_key or data.sha256
         data = data.x

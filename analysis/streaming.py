@@ -106,6 +106,8 @@ class StreamingRun:
             )
         if options.permutations or options.sensitivity:
             self.spectra = SpectrumAccumulator(total, self.estimator, options.sensitivity)
+        # Each model's input from the raw batch (its pipeline), by name; absent: the raw tensor.
+        self.inputs: dict[str, Callable[[Any], torch.Tensor]] = {}
 
     @property
     def calibrating(self) -> bool:
@@ -117,6 +119,19 @@ class StreamingRun:
             self.null.add(rows)
         if self.spectra is not None:
             self.spectra.add(grams, rows)
+
+    def _per_model(self, raw: Any) -> Callable[[str], torch.Tensor]:
+        """Model name -> its input for this raw batch, on the device; one per distinct pipeline."""
+        made: dict[str, torch.Tensor] = {}
+
+        def get(m: str) -> torch.Tensor:
+            fn = self.inputs.get(m)
+            key = str(getattr(fn, "key", id(fn))) if fn is not None else "raw"
+            if key not in made:
+                made[key] = (raw if fn is None else fn(raw)).to(self.dev, non_blocking=True)
+            return made[key]
+
+        return get
 
     def _features(self, m: str, x: torch.Tensor) -> list[torch.Tensor]:
         amp = torch.autocast(self.dev.type, dtype=self.amp) if self.amp else nullcontext()
@@ -178,11 +193,11 @@ class StreamingRun:
 
     def _batch(self, x: torch.Tensor) -> np.ndarray:
         """The HSIC matrix of a batch without the store: one product over the stacked Grams."""
-        xd = x.to(self.dev, non_blocking=True)
+        xs = self._per_model(x)
         b = int(x.shape[0])
         stack = torch.empty(self.total_layers, b, b, dtype=self.gdtype, device=self.dev)
         for m in self.names:
-            self._grams(m, xd, out=stack[self.slices[m]])
+            self._grams(m, xs(m), out=stack[self.slices[m]])
         if not self.calibrating:
             return hsic_from_grams(stack, self.estimator).cpu().numpy()  # the batch's one transfer
         rows = centred_rows(stack, self.estimator)
@@ -232,7 +247,7 @@ class StreamingRun:
         stacks: dict[str, torch.Tensor] = {}
 
         rows: dict[str, Rows] = {}
-        xd: torch.Tensor | None = None
+        xs = self._per_model(x)  # inputs made only for the models that run
         for m in order:
             stored = None
             if cache is not None and m in needed and m in gkeys:
@@ -244,9 +259,7 @@ class StreamingRun:
                 stacks[m] = torch.from_numpy(stored).to(self.dev)
                 rows[m] = centred_rows(stacks[m], self.estimator)
             else:
-                if xd is None:
-                    xd = x.to(self.dev, non_blocking=True)
-                grams = self._grams(m, xd)
+                grams = self._grams(m, xs(m))
                 if cache is not None and m in gkeys:
                     self.misses += 1
                     cache.put(gkeys[m], grams.cpu().numpy())
@@ -286,9 +299,9 @@ class StreamingRun:
         parts: list[list[torch.Tensor]] = [[] for _ in range(self.total_layers)]
         with torch.inference_mode():
             for _, x in self._loop(src):
-                xd = x.to(self.dev, non_blocking=True)
+                inp = self._per_model(x)
                 for m in self.names:
-                    for j, f in enumerate(self._features(m, xd)):
+                    for j, f in enumerate(self._features(m, inp(m))):
                         parts[self.slices[m].start + j].append(f)
                 self.n += int(x.shape[0])
                 self.batches += 1

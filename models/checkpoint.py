@@ -32,6 +32,8 @@ from models.connections import (
 )
 from models.errors import CheckpointError, ConfigError, ModelError
 from models.factory import create
+from models.preprocessing import data_config
+from models.preprocessing import validate as validate_pipeline
 
 __all__ = [
     "FORMAT",
@@ -58,7 +60,7 @@ _REQUIRED: dict[str, type | tuple[type, ...]] = {
     "num_classes": int,
     "weights_sha256": str,
 }
-_KNOWN_METADATA = ("dataset", "metrics", "seed", "normalisation", "training")
+_KNOWN_METADATA = ("dataset", "metrics", "seed", "normalisation", "training", "preprocessing")
 _SHOWN = 8  # names listed in a key-mismatch error before "and N more"
 
 
@@ -116,6 +118,7 @@ def describe(model: nn.Module) -> dict[str, Any]:
         "input_shape": list(spec.shape),
         "num_classes": spec.num_classes,
         "normalisation": {"mean": list(spec.mean), "std": list(spec.std)},
+        "preprocessing": data_config(model),
         "parameters": parameter_count(model),
         "free_parameters": parameter_count(model, free=True),
         "connections": _optional(connections, model),
@@ -124,17 +127,29 @@ def describe(model: nn.Module) -> dict[str, Any]:
 
 
 def _dataset_identity(value: Any) -> dict[str, Any] | None:
+    """``{"name", "sha256"}`` of a dataset given as a mapping, a dataset, a name or a path."""
     if value is None or isinstance(value, Mapping):
         return dict(value) if value is not None else None
-    if hasattr(value, "name") and hasattr(value, "sha256"):  # an analysis.ImageDataset
+    if isinstance(value, str | os.PathLike):
+        from analysis import AnalysisError, load_dataset  # analysis may import models
+
+        try:
+            value = load_dataset(os.fspath(value))
+        except AnalysisError as exc:
+            raise CheckpointError(f"dataset {os.fspath(value)!r} cannot be read: {exc}") from exc
+    if hasattr(value, "name") and hasattr(value, "sha256"):  # an analysis dataset
         return {"name": value.name, "sha256": value.sha256}
-    raise CheckpointError("dataset metadata must be a mapping with name and sha256, or a dataset")
+    raise CheckpointError(
+        "dataset metadata must be a built-in dataset name, a dataset path, a mapping with "
+        "name and sha256, or a dataset"
+    )
 
 
 def save(model: nn.Module, path: str | os.PathLike[str], **metadata: Any) -> Path:
     """Write ``path`` (.safetensors) and its .json sidecar; return the weights path.
 
-    Recognised metadata: ``dataset`` (mapping with name and sha256, or an ImageDataset),
+    Recognised metadata: ``dataset`` (a built-in name such as ``"digits"``, a dataset path,
+    a mapping with name and sha256, or an ImageDataset: its name and sha256 are recorded),
     ``metrics`` ({"train": {...}, "test": {...}}), ``seed``, ``normalisation`` (overrides the
     model's), ``training`` (hyper-parameters). Other keywords are kept under ``extra``.
     """
@@ -169,6 +184,8 @@ def save(model: nn.Module, path: str | os.PathLike[str], **metadata: Any) -> Pat
     )
     if metadata.get("normalisation") is not None:
         sidecar["normalisation"] = metadata["normalisation"]
+    if metadata.get("preprocessing") is not None:
+        sidecar["preprocessing"] = validate_pipeline(metadata["preprocessing"])
     document = {"format": FORMAT, "format_version": FORMAT_VERSION, **sidecar}
     try:
         text = json.dumps(document, indent=2, sort_keys=False)
@@ -299,6 +316,11 @@ def load(
     else:
         model.load_state_dict(state, strict=True, assign=True)
     model.to(device).eval()
+    if meta.get("preprocessing") is not None:
+        pipeline = validate_pipeline(meta["preprocessing"], f"the preprocessing of {weights}")
+    else:  # sidecars written before pipelines were recorded, and plain state dicts
+        pipeline = data_config(model)
+    model.atlas_preprocessing = pipeline  # type: ignore[assignment]
     if not meta:
         meta = {
             "format": FORMAT,

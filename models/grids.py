@@ -92,7 +92,7 @@ def _root(family: str, config: Mapping[str, Any], omega: int) -> float:
     else:
         a, b = float(config["channel_expansion"]) * s / 2.0, float(config["token_expansion"])
         b *= s * s / 2.0
-    return (-b + math.sqrt(b * b + 4.0 * a * omega)) / (2.0 * a)
+    return float((-b + math.sqrt(b * b + 4.0 * a * omega)) / (2.0 * a))
 
 
 def _mixer_point(

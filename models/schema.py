@@ -162,7 +162,8 @@ def check_options(
         _whole(variant, "mlp_ratio", config["mlp_ratio"] * tokens * dim, "γ·m")
         if config["density"] is None:
             config["density"] = (1.0 / tokens + 1.0 / dim) / 2.0
-    return json.loads(json.dumps(config))
+    normalised: dict[str, Any] = json.loads(json.dumps(config))  # JSON values only
+    return normalised
 
 
 def _range(metadata: list[Any]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from models.checkpoint import read_sidecar, save, weights_path
 from models.connections import input_spec
 from models.errors import CheckpointError, ConfigError
 from models.factory import create
+from models.preprocessing import pipeline_from_spec
 
 __all__ = ["RECIPES", "ZOO", "Recipe", "ZooEntry", "build_zoo", "format_zoo_table", "train"]
 
@@ -103,6 +104,11 @@ def _splits(dataset: Any) -> tuple[Any, Any]:
     if isinstance(dataset, str) and dataset == "digits":
         return load_dataset("digits", split="train"), load_dataset("digits", split="test")
     data = load_dataset(Path(dataset)) if isinstance(dataset, str | os.PathLike) else dataset
+    if not hasattr(data, "x"):
+        raise ConfigError(
+            f"the images of {data.name} have different sizes; training needs one size "
+            "(comparisons resize them per model)"
+        )
     if data.y is None:
         raise ConfigError(f"dataset {data.name} has no labels, so a model cannot be trained on it")
     if len(data) < 2:
@@ -252,6 +258,8 @@ def train(
         dataset={"name": train_set.name, "sha256": train_set.sha256},
         metrics={"train": train_metrics, "test": test_metrics},
         seed=seed,
+        # trained here on whole images in [0, 1]: no resize, no crop, no normalisation
+        preprocessing=pipeline_from_spec(list(input_spec(model).shape)),
         training={
             "epochs": epochs,
             "batch_size": batch_size,

@@ -31,7 +31,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--estimator", default="unbiased", choices=["unbiased", "biased"])
     p.add_argument("--mode", default="minibatch", choices=["minibatch", "full"])
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--feature", default="flatten", choices=["flatten", "mean_tokens"])
+    p.add_argument("--feature", default="flatten", choices=["flatten", "mean_tokens", "cls"])
     p.add_argument("--bootstrap", type=int, default=0, metavar="B", help="bootstrap replicates")
     p.add_argument(
         "--permutations",

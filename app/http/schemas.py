@@ -77,6 +77,11 @@ class ModelOut(BaseModel):
     )
     default_layers: list[str] = Field(examples=[["blocks.0", "blocks.1", "norm"]])
     sidecar: dict[str, Any] = Field(description="The checkpoint's JSON sidecar (metrics, data)")
+    preprocessing: dict[str, Any] | None = Field(
+        default=None,
+        description="How an image becomes this model's input: input_size, interpolation, "
+        "crop_pct, crop_mode, mean, std (timm's data config)",
+    )
     created_at: datetime
 
 

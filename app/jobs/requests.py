@@ -42,7 +42,7 @@ __all__ = [
 Kernel = Annotated[str, StringConstraints(pattern=r"^(linear|rbf(:[0-9.eE+-]{1,20})?)$")]
 Estimator = Literal["unbiased", "biased"]
 Mode = Literal["minibatch", "full"]
-Feature = Literal["flatten", "mean_tokens"]
+Feature = Literal["flatten", "mean_tokens", "cls"]
 # A layer name or glob, or an index into the default layers (negative counts from the end);
 # an index is a JSON integer, never a boolean.
 LayerName = Annotated[str, StringConstraints(max_length=200), NO_NUL]

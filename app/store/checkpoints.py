@@ -17,6 +17,7 @@ from typing import Any
 import timm
 
 import models
+import models.preprocessing
 from analysis.layers import default_layers
 from app.errors import ProblemError
 from app.store.artifacts import ArtifactStore
@@ -27,7 +28,9 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "check_safetensors",
     "describe_model",
+    "hub_checkpoint",
     "load_checkpoint",
+    "pretrained_checkpoint",
     "refuse_loader_options",
     "store_checkpoint",
     "timm_checkpoint",
@@ -120,6 +123,7 @@ def describe_model(model: Any) -> dict[str, Any]:
         "parameters": int(sum(p.numel() for p in model.parameters())),
         "connections": connections,
         "default_layers": list(default_layers(model)),
+        "preprocessing": models.preprocessing.data_config(model),
     }
 
 
@@ -164,6 +168,59 @@ def timm_checkpoint(
     sidecar = weights.with_suffix(".json")
     sidecar.write_text(json.dumps(meta), encoding="utf-8")
     return store_checkpoint(store, weights, sidecar)
+
+
+def hub_checkpoint(store: ArtifactStore, archive: Path, max_bytes: int) -> tuple[str, int, Any]:
+    """Import a zipped Hugging Face / timm model folder; store it as a checkpoint pair.
+
+    The folder's ``config.json`` builds the architecture (loader options refused), its
+    ``model.safetensors`` must fit strictly, and its data config becomes the pipeline.
+    """
+    from models.hub import import_hub
+
+    with store.scratch() as tmp:
+        unpacked = Path(tmp) / "folder"
+        unpacked.mkdir()
+        try:
+            path = import_hub(
+                archive, Path(tmp) / "model.safetensors", unpacked, max_bytes=max_bytes
+            )
+        except ModelError as exc:
+            raise _bad(str(exc).replace(str(archive), "the uploaded folder"), field="hub") from None
+        except OSError:
+            raise
+        except Exception as exc:  # timm constructors raise anything on hostile model_args
+            raise _bad(
+                f"the folder's architecture cannot be built ({type(exc).__name__}: "
+                f"{str(exc)[:300]})",
+                field="hub",
+            ) from None
+        return store_checkpoint(store, path, path.with_suffix(".json"))
+
+
+def pretrained_checkpoint(
+    store: ArtifactStore, name: str, config: dict[str, Any], directory: Path | None
+) -> tuple[str, int, Any]:
+    """timm model ``name`` with published weights from the operator's directory (offline)."""
+    from models.pretrained import create_pretrained
+
+    options = {k: v for k, v in config.items() if k != "pretrained"}
+    refuse_loader_options(options, "config")
+    if not timm.is_model(name):
+        raise _bad(f"{name[:200]!r} is not a preset or timm model name", field="timm_name")
+    if directory is None:
+        raise _bad(
+            "pretrained weights are read only from CKA_PRETRAINED_DIR, which this service "
+            "does not set; upload weights instead",
+            field="config",
+        )
+    try:
+        model = create_pretrained(name, directory, **options)
+    except ModelError as exc:
+        raise _bad(str(exc), field="config") from None
+    with store.scratch() as tmp:
+        path = models.save(model, Path(tmp) / "model.safetensors")
+        return store_checkpoint(store, path, path.with_suffix(".json"))
 
 
 def _load_upload(load: Any, path: Path, *, options_field: str) -> tuple[Any, dict[str, Any]]:

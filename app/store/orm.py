@@ -117,6 +117,8 @@ class Model(Base):
     parameters: Mapped[int] = mapped_column(BigInteger)
     connections: Mapped[int | None] = mapped_column(BigInteger)
     default_layers: Mapped[list[Any]] = mapped_column(JSON)
+    # The input pipeline (input_size, interpolation, crop_pct, crop_mode, mean, std).
+    preprocessing: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

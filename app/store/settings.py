@@ -74,6 +74,12 @@ class Settings(BaseSettings):
     model_cache_size: int = Field(
         default=8, ge=1, description="Checkpoints kept loaded per process."
     )
+    pretrained_dir: Path | None = Field(
+        default=None,
+        description="Operator-provided published weights: `<timm name>.safetensors` files "
+        "and/or a Hugging Face cache, read offline. Only through it does a timm model with "
+        "`pretrained: true` get weights; nothing is ever downloaded.",
+    )
     poll_s: float = Field(
         default=1.0, gt=0, description="Idle poll interval of the in-process worker."
     )

@@ -211,7 +211,6 @@ def test_zip_slip_symlink_and_bomb_are_refused() -> None:
         ([], "holds no images"),
         ([("a/0.png", b"not a png")], "not a readable image"),
         ([("0.png", "small")], "one folder of images per class"),
-        ([("a/0.png", "small"), ("b/0.png", "large")], "different sizes"),
     ],
 )
 def test_image_folder_errors(entries: list[tuple[str, str | bytes]], message: str) -> None:
@@ -222,6 +221,27 @@ def test_image_folder_errors(entries: list[tuple[str, str | bytes]], message: st
     members = [(n, payloads.get(p, p) if isinstance(p, str) else p) for n, p in entries]
     with pytest.raises(DatasetError, match=message):
         load_image_folder(_zip_bytes(members))  # type: ignore[arg-type]
+
+
+def test_mixed_sizes_and_modes_keep_the_original_files() -> None:
+    """Images of several sizes load as ImageFiles: original bytes in path order, labels,
+    and a hash of exactly those bytes; only a comparison (per-model pipelines) reads them."""
+    import hashlib
+
+    from analysis.images import ImageFiles
+
+    gray = _png(np.full((4, 6), 7, np.uint8))
+    rgba = _png(np.full((9, 5, 4), 200, np.uint8))
+    data = load_image_folder(_zip_bytes([("b/1.png", rgba), ("a/0.png", gray)]))
+    assert isinstance(data, ImageFiles)
+    assert data.paths == ("a/0.png", "b/1.png") and data.blobs == (gray, rgba)
+    assert data.y.tolist() == [0, 1] and data.classes == ["a", "b"]
+    assert data.shape == (3, 0, 0) and data.sizes == ((6, 4), (5, 9))
+    assert data.image(1).mode == "RGBA" and data.image(1).size == (5, 9)
+    digest = hashlib.sha256(b"cka-atlas-image-files-v1")
+    for blob, label in ((gray, 0), (rgba, 1)):
+        digest.update(hashlib.sha256(blob).digest() + label.to_bytes(8, "little"))
+    assert data.sha256 == digest.hexdigest()
 
 
 def test_not_a_zip() -> None:

@@ -17,7 +17,7 @@ from app.http.schemas import NO_NUL, ModelOut, Page
 from app.jobs.train import register_checkpoint
 from app.store import repository
 from app.store.artifacts import ArtifactStore
-from app.store.checkpoints import timm_checkpoint
+from app.store.checkpoints import hub_checkpoint, pretrained_checkpoint, timm_checkpoint
 from app.store.orm import Model
 
 __all__ = ["router"]
@@ -55,7 +55,14 @@ def _config(raw: str | None) -> dict[str, Any]:
 def upload_model(
     services: Svc,
     response: Response,
-    weights: Annotated[UploadFile, File(description="safetensors weights")],
+    weights: Annotated[UploadFile | None, File(description="safetensors weights")] = None,
+    hub: Annotated[
+        UploadFile | None,
+        File(
+            description="a .zip of a Hugging Face / timm model folder: config.json + "
+            "model.safetensors, as timm's save_for_hf(..., safe_serialization=True) writes"
+        ),
+    ] = None,
     sidecar: Annotated[UploadFile | None, File(description="JSON sidecar from models.save")] = None,
     timm_name: Annotated[
         str | None, Form(max_length=200, description="timm model name"), NO_NUL
@@ -66,31 +73,73 @@ def upload_model(
     ] = None,
     name: Annotated[str | None, Form(max_length=200), NO_NUL] = None,
 ) -> Model:
-    """Register a checkpoint: safetensors weights with their sidecar, or a timm name + weights.
+    """Register a checkpoint: weights with their sidecar, a timm name + weights, or a model folder.
 
-    The weights must load strictly into the declared architecture. Uploading the same weights
-    again returns the existing model with 200.
+    ``hub`` (a zipped Hugging Face / timm folder) needs nothing else; ``timm_name`` with
+    config ``{"pretrained": true}`` takes the published weights from the operator's
+    CKA_PRETRAINED_DIR instead of an upload (never a download). The weights must load
+    strictly into the declared architecture. The same weights again return the existing
+    model with 200.
     """
+    if hub is not None:
+        if weights is not None or sidecar is not None or timm_name is not None:
+            raise ProblemError(
+                422, "validation_error", "send hub alone (it holds its own config)", field="hub"
+            )
+        return _register_hub(services, response, hub, name)
+    options = _config(config)
+    pretrained = options.get("pretrained") is True and timm_name is not None and weights is None
     if (sidecar is None) == (timm_name is None):
         raise ProblemError(
             422, "validation_error", "send exactly one of sidecar or timm_name", field="sidecar"
         )
+    if weights is None and not pretrained:
+        raise ProblemError(422, "validation_error", "weights are required", field="weights")
 
     with services.store.scratch() as tmp:
+        if pretrained:
+            assert timm_name is not None
+            sha, _size, _ = pretrained_checkpoint(
+                services.store, timm_name, options, services.settings.pretrained_dir
+            )
+            stored = services.store.path(sha, ".safetensors")
+            row, created = register_checkpoint(
+                services, stored, stored.with_suffix(".json"), name=name or timm_name, source="timm"
+            )
+            return _answer(response, row, created)
+        assert weights is not None
         w = _save(weights, Path(tmp) / "weights.safetensors", services.store)
         if sidecar is not None:
             side = _save(sidecar, Path(tmp) / "sidecar.json", services.store)
             row, created = register_checkpoint(services, w, side, name=name, source="upload")
         else:
             assert timm_name is not None
-            _sha, _size, _ = timm_checkpoint(services.store, timm_name, w, _config(config))
+            _sha, _size, _ = timm_checkpoint(services.store, timm_name, w, options)
             stored = services.store.path(_sha, ".safetensors")
             row, created = register_checkpoint(
                 services, stored, stored.with_suffix(".json"), name=name or timm_name, source="timm"
             )
+    return _answer(response, row, created)
+
+
+def _answer(response: Response, row: Model, created: bool) -> Model:
     response.status_code = 201 if created else 200
     response.headers["Location"] = f"/v1/models/{row.id}"
     return row
+
+
+def _register_hub(services: Svc, response: Response, hub: UploadFile, name: str | None) -> Model:
+    with services.store.scratch() as tmp:
+        archive = _save(hub, Path(tmp) / "folder.zip", services.store)
+        sha, _size, _ = hub_checkpoint(
+            services.store, archive, services.settings.max_upload_bytes * 4
+        )
+        stored = services.store.path(sha, ".safetensors")
+        meta = json.loads(stored.with_suffix(".json").read_text(encoding="utf-8"))
+        row, created = register_checkpoint(
+            services, stored, stored.with_suffix(".json"), name=name or meta["arch"], source="hub"
+        )
+    return _answer(response, row, created)
 
 
 @router.get("", response_model=Page[ModelOut], **READ)

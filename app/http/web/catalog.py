@@ -9,6 +9,8 @@ import numpy as np
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
+from analysis.images import thumbnail
+from analysis.sources import image_files
 from app.http.api.deps import comparison_view
 from app.http.web.auth import AuthState, page_reader
 from app.http.web.common import (
@@ -187,4 +189,7 @@ def dataset_sample(request: Request, auth: Auth, dataset_id: int, index: int) ->
     headers = {"ETag": etag, "Cache-Control": "private, max-age=86400"}
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304, headers=headers)
-    return Response(render_sample(data.x[index]), media_type="image/png", headers=headers)
+    files = image_files(data)
+    # an image folder shows its original files (shrunk), arrays their pixels (enlarged)
+    png = thumbnail(files.image(index)) if files is not None else render_sample(data.x[index])
+    return Response(png, media_type="image/png", headers=headers)

@@ -1,0 +1,208 @@
+"""Importing a Hugging Face / timm model folder: ``config.json`` + ``model.safetensors``.
+
+That pair is what ``timm.models.save_for_hf(model, dir, safe_serialization=True)`` writes
+and what the Hub serves for timm models. ``config.json`` names the ``architecture``, its
+``num_classes`` and ``model_args`` (constructor keywords) and the ``pretrained_cfg`` whose
+data config (input size, interpolation, crop, mean, std) becomes the model's pipeline.
+
+A folder is read from a directory or a ``.zip``. Archives are never extracted wholesale:
+only the two files are read, each bounded by the size its entry declares, and archives with
+unsafe paths, links, too many entries or suspicious compression are refused. Pickle-based
+weights (``pytorch_model.bin``, ``.pth``) are refused with the way to convert them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import timm
+from torch import nn
+
+from models.checkpoint import load, save
+from models.errors import CheckpointError
+from models.preprocessing import data_config
+
+__all__ = ["LOADER_KEYS", "HubFolder", "import_hub", "load_hub", "read_hub"]
+
+CONFIG, WEIGHTS = "config.json", "model.safetensors"
+MAX_CONFIG_BYTES = 1 << 20
+DEFAULT_MAX_BYTES = 4 << 30
+MAX_MEMBERS = 1000
+_MAX_RATIO = 200  # deflate of float weights stays far below this; more is a bomb
+_PICKLE_SUFFIXES = (".bin", ".pth", ".pt", ".ckpt", ".pkl")
+# Constructor keywords that would load weights from elsewhere or download them.
+LOADER_KEYS = frozenset(
+    {"pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path", "cache_dir"}
+)
+
+
+def pickle_refusal(name: str) -> str:
+    """The sentence that refuses a pickle-based weights file and says how to convert it."""
+    return (
+        f"'{name}' is a pickle-based PyTorch file, which cka-atlas never loads (unpickling "
+        "runs code); convert it where you trust it with `sd = torch.load(path, "
+        "weights_only=True)` then `safetensors.torch.save_file(sd, 'model.safetensors')`, "
+        "and import the folder with config.json and model.safetensors"
+    )
+
+
+@dataclass
+class HubFolder:
+    """The parsed ``config.json`` and the path of the weights, ready to build."""
+
+    config: dict[str, Any]
+    weights: Path
+
+    @property
+    def architecture(self) -> str:
+        return str(self.config["architecture"])
+
+    def kwargs(self) -> dict[str, Any]:
+        """Constructor keywords: ``model_args`` with the top-level ``num_classes``."""
+        kw = dict(self.config.get("model_args") or {})
+        if "num_classes" in self.config:
+            kw.setdefault("num_classes", self.config["num_classes"])
+        return kw
+
+
+def _check_config(raw: bytes, where: str) -> dict[str, Any]:
+    try:
+        config = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise CheckpointError(f"{where} is not valid JSON") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{where} must be a JSON object")
+    arch = config.get("architecture")
+    if not isinstance(arch, str) or not timm.is_model(arch):
+        raise CheckpointError(f"{where} names no known timm 'architecture' ({str(arch)[:100]!r})")
+    args = config.get("model_args", {})
+    if not isinstance(args, dict):
+        raise CheckpointError(f"{where}: 'model_args' must be a JSON object")
+    found = sorted(k for k in args if k in LOADER_KEYS)
+    if found:
+        raise CheckpointError(
+            f"{where}: model_args {found} are not accepted; only the folder's weights are loaded"
+        )
+    nc = config.get("num_classes", 0)
+    if not isinstance(nc, int) or isinstance(nc, bool) or nc < 0:
+        raise CheckpointError(f"{where}: 'num_classes' must be a non-negative integer")
+    cfg = config.get("pretrained_cfg", {})
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{where}: 'pretrained_cfg' must be a JSON object")
+    return config
+
+
+def _refuse_pickles(names: list[str]) -> None:
+    pickles = [n for n in names if PurePosixPath(n).suffix.lower() in _PICKLE_SUFFIXES]
+    if pickles:
+        raise CheckpointError(pickle_refusal(PurePosixPath(pickles[0]).name))
+    raise CheckpointError(f"the model folder has no {WEIGHTS} next to its {CONFIG}")
+
+
+def _from_directory(root: Path) -> HubFolder:
+    config, weights = root / CONFIG, root / WEIGHTS
+    if not config.is_file():
+        raise CheckpointError(f"{root} has no {CONFIG}; is it a Hugging Face / timm model folder?")
+    if not weights.is_file():
+        _refuse_pickles([p.name for p in root.iterdir()])
+    if config.stat().st_size > MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{config} is larger than {MAX_CONFIG_BYTES} bytes")
+    return HubFolder(_check_config(config.read_bytes(), str(config)), weights)
+
+
+def _member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int, dest: Path) -> None:
+    """Copy one entry to ``dest``, reading no more than it declares (and at most ``limit``)."""
+    if info.file_size > limit:
+        raise CheckpointError(f"archive entry '{info.filename}' is larger than {limit} bytes")
+    if info.compress_size and info.file_size / info.compress_size > _MAX_RATIO:
+        raise CheckpointError(f"archive entry '{info.filename}' is compressed suspiciously well")
+    left = info.file_size
+    with archive.open(info) as src, dest.open("wb") as out:
+        while chunk := src.read(min(1 << 20, left + 1)):
+            left -= len(chunk)
+            if left < 0:
+                raise CheckpointError(f"archive entry '{info.filename}' lies about its size")
+            out.write(chunk)
+
+
+def _from_zip(path: Path, scratch: Path, max_bytes: int) -> HubFolder:
+    try:
+        archive = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(f"'{path.name}' is not a readable zip archive ({exc})") from None
+    with archive:
+        infos = archive.infolist()
+        if len(infos) > MAX_MEMBERS:
+            raise CheckpointError(f"'{path.name}' has more than {MAX_MEMBERS} entries")
+        files: dict[str, zipfile.ZipInfo] = {}
+        for info in infos:
+            parts = PurePosixPath(info.filename).parts
+            if info.filename.startswith(("/", "\\")) or ".." in parts or ":" in info.filename:
+                raise CheckpointError(f"'{path.name}' holds an unsafe path '{info.filename}'")
+            if stat.S_ISLNK(info.external_attr >> 16):
+                raise CheckpointError(f"'{path.name}' holds a symbolic link '{info.filename}'")
+            if not info.is_dir():
+                files[info.filename] = info
+        # the folder itself may be the archive's one top-level entry
+        configs = [n for n in files if PurePosixPath(n).name == CONFIG]
+        if len(configs) != 1 or len(PurePosixPath(configs[0]).parts) > 2:
+            raise CheckpointError(f"'{path.name}' must hold one model folder with a {CONFIG}")
+        prefix = str(PurePosixPath(configs[0]).parent)
+        prefix = "" if prefix == "." else prefix + "/"
+        if prefix + WEIGHTS not in files:
+            _refuse_pickles(list(files))
+        if sum(i.file_size for i in files.values()) > max_bytes:
+            raise CheckpointError(f"'{path.name}' unpacks to more than {max_bytes} bytes")
+        _member(archive, files[configs[0]], MAX_CONFIG_BYTES, scratch / CONFIG)
+        # the config is checked before the (large) weights are copied out
+        config = _check_config((scratch / CONFIG).read_bytes(), f"{path.name}: {CONFIG}")
+        _member(archive, files[prefix + WEIGHTS], max_bytes, scratch / WEIGHTS)
+    return HubFolder(config, scratch / WEIGHTS)
+
+
+def read_hub(
+    source: str | os.PathLike[str], scratch: str | os.PathLike[str], *, max_bytes: int = 0
+) -> HubFolder:
+    """Parse a model folder (a directory or a ``.zip``); archive members go to ``scratch``."""
+    path = Path(source)
+    if path.is_dir():
+        return _from_directory(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist")
+    if path.suffix.lower() in _PICKLE_SUFFIXES:
+        raise CheckpointError(pickle_refusal(path.name))
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path.name} is neither a model folder nor a .zip of one")
+    return _from_zip(path, Path(scratch), max_bytes or DEFAULT_MAX_BYTES)
+
+
+def load_hub(folder: HubFolder) -> tuple[nn.Module, dict[str, Any]]:
+    """Build the folder's architecture and load its weights strictly (safetensors only)."""
+    model, meta = load(folder.weights, arch=folder.architecture, **folder.kwargs())
+    pipeline = data_config(model, pretrained_cfg=folder.config.get("pretrained_cfg") or None)
+    model.atlas_preprocessing = pipeline  # type: ignore[assignment]
+    meta["preprocessing"] = pipeline
+    return model, meta
+
+
+def import_hub(
+    source: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    scratch: str | os.PathLike[str],
+    *,
+    max_bytes: int = 0,
+) -> Path:
+    """Convert a model folder into a cka-atlas checkpoint at ``out``; return its weights path.
+
+    The sidecar records the architecture, its keywords, the pipeline from the folder's data
+    config, and the whole ``config.json`` under ``extra.hub_config``.
+    """
+    folder = read_hub(source, scratch, max_bytes=max_bytes)
+    model, meta = load_hub(folder)
+    return save(model, out, preprocessing=meta["preprocessing"], hub_config=folder.config)
