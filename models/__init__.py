@@ -35,7 +35,7 @@ from models.connections import (
     input_spec,
     parameter_count,
 )
-from models.errors import CheckpointError, ConfigError, ModelError
+from models.errors import CheckpointError, ConfigError, ModelError, TrainingCancelled
 from models.factory import create
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "ConfigError",
     "InputSpec",
     "ModelError",
+    "TrainingCancelled",
     "check_state_dict",
     "connections",
     "create",

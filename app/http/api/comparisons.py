@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Response, status
 
 from app.http.api.deps import (
+    ADMIN,
     READ,
     WRITE,
     ComparisonId,
@@ -103,7 +104,7 @@ def cancel_comparison(services: Svc, comparison_id: ComparisonId) -> dict[str, A
     return view(services, comparison_id)
 
 
-@router.delete("/{comparison_id}", status_code=status.HTTP_204_NO_CONTENT, **WRITE)
+@router.delete("/{comparison_id}", status_code=status.HTTP_204_NO_CONTENT, **ADMIN)
 def delete_comparison(services: Svc, comparison_id: ComparisonId) -> Response:
     """Delete the comparison and its job; a running job is abandoned without a result."""
     with services.db.session() as s:

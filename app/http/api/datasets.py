@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile, status
 
 from analysis import DatasetError
-from app.http.api.deps import READ, WRITE, DatasetId, Limit, Offset, Svc, not_found
+from app.http.api.deps import ADMIN, READ, WRITE, DatasetId, Limit, Offset, Svc, not_found
 from app.http.problems import PROBLEM_RESPONSES, ProblemError
 from app.http.schemas import NO_NUL, DatasetOut, Page
 from app.store import repository
@@ -71,7 +71,7 @@ def get_dataset(services: Svc, dataset_id: DatasetId) -> Dataset:
     return row
 
 
-@router.delete("/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT, **WRITE)
+@router.delete("/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT, **ADMIN)
 def delete_dataset(
     services: Svc,
     dataset_id: DatasetId,

@@ -9,11 +9,12 @@ from fastapi import Depends, Path, Query, Request
 
 from app.http.problems import ProblemError
 from app.http.schemas import ID_MAX
-from app.http.security import require_read, require_write
+from app.http.security import require_admin, require_read, require_write
 from app.store.orm import Comparison, Job, JobState, Training
 from app.store.services import Services
 
 __all__ = [
+    "ADMIN",
     "READ",
     "WRITE",
     "ComparisonId",
@@ -46,6 +47,7 @@ ComparisonId = Annotated[int, Path(ge=1, le=ID_MAX, description="Comparison id")
 TrainingId = Annotated[int, Path(ge=1, le=ID_MAX, description="Training id")]
 READ: dict[str, Any] = {"dependencies": [Depends(require_read)]}
 WRITE: dict[str, Any] = {"dependencies": [Depends(require_write)]}
+ADMIN: dict[str, Any] = {"dependencies": [Depends(require_admin)]}  # deletes, tokens
 
 
 def not_found(kind: str, ident: int | str) -> ProblemError:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile, status
 from fastapi.responses import FileResponse
 
-from app.http.api.deps import READ, WRITE, Limit, ModelId, Offset, Svc, not_found
+from app.http.api.deps import ADMIN, READ, WRITE, Limit, ModelId, Offset, Svc, not_found
 from app.http.problems import PROBLEM_RESPONSES, ProblemError
 from app.http.schemas import NO_NUL, ModelOut, Page
 from app.jobs.train import register_checkpoint
@@ -145,7 +145,7 @@ def download_sidecar(services: Svc, model_id: ModelId) -> dict[str, Any]:
     return _get(services, model_id).sidecar
 
 
-@router.delete("/{model_id}", status_code=status.HTTP_204_NO_CONTENT, **WRITE)
+@router.delete("/{model_id}", status_code=status.HTTP_204_NO_CONTENT, **ADMIN)
 def delete_model(
     services: Svc,
     model_id: ModelId,

@@ -61,7 +61,7 @@ def _cache_headers(services: Svc, etag: str) -> dict[str, str]:
     # Revalidate every time (the ETag makes that cheap). "private" when reads need a token,
     # so that a shared cache never keeps a copy of a response that needed authorisation.
     settings = services.settings
-    scope = "private" if settings.read_requires_token and settings.tokens else "public"
+    scope = "private" if settings.read_requires_token else "public"
     return {"ETag": etag, "Cache-Control": f"{scope}, max-age=0, must-revalidate"}
 
 
