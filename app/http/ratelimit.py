@@ -65,4 +65,6 @@ def make_limiter(settings: Settings) -> WriteLimiter | None:
     rates = parse_many(settings.write_rate)
     broker = settings.broker_url or ""
     uri = broker if broker.startswith(("redis://", "rediss://")) else "memory://"
-    return WriteLimiter(rates, storage_from_string(uri))
+    storage = storage_from_string(uri)
+    assert isinstance(storage, Storage)  # a synchronous URI gives a synchronous storage
+    return WriteLimiter(rates, storage)

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, delete, exists, func, select
 from sqlalchemy.orm import Session, defer
 
-from app.store.orm import Comparison, ComparisonModel, Dataset, Job, Model, Training
+from app.store.orm import ArtifactRef, Comparison, ComparisonModel, Dataset, Job, Model, Training
 
 __all__ = [
     "comparison_for_job",
@@ -192,6 +192,7 @@ def delete_comparison(session: Session, comparison_id: int) -> None:
     if cmp is None:
         return
     job_id = cmp.job_id
+    session.execute(delete(ArtifactRef).where(ArtifactRef.comparison_id == comparison_id))
     session.execute(delete(ComparisonModel).where(ComparisonModel.comparison_id == comparison_id))
     session.execute(delete(Comparison).where(Comparison.id == comparison_id))
     session.execute(delete(Job).where(Job.id == job_id))

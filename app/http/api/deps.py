@@ -72,7 +72,8 @@ def job_fields(job: Job) -> dict[str, Any]:
     }
 
 
-def comparison_view(cmp: Comparison) -> dict[str, Any]:
+def comparison_view(cmp: Comparison, size_bytes: int = 0) -> dict[str, Any]:
+    """The API's view of a comparison; ``size_bytes``: its stored artifacts (app.store.gc)."""
     base = f"/v1/comparisons/{cmp.id}"
     return {
         "id": cmp.id,
@@ -82,6 +83,7 @@ def comparison_view(cmp: Comparison) -> dict[str, Any]:
         "diagnostics": cmp.diagnostics,
         "provenance": cmp.provenance,
         "created_at": cmp.created_at,
+        "size_bytes": size_bytes,
         "links": {
             "self": base,
             "result": f"{base}/result",

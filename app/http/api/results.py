@@ -23,6 +23,7 @@ from analysis.plot import render_atlas
 from app.http.api.deps import READ, ComparisonId, Svc, not_found
 from app.http.problems import PROBLEM_RESPONSES, ProblemError
 from app.http.schemas import MatrixOut
+from app.store import gc
 from app.store.orm import Comparison
 
 __all__ = ["router"]
@@ -176,4 +177,6 @@ def get_heatmap(
     else:
         data = render_atlas(_cached_atlas(services, cmp), fmt=fmt)
         services.store.put_as(data, key, suffix)
+    # The heatmap is this comparison's artifact (it may share it with an identical result).
+    gc.add_ref(services.db, services.store, cmp.id, services.store.relative(key, suffix), "heatmap")
     return Response(content=data, media_type=MEDIA[fmt], headers=headers)
