@@ -29,8 +29,11 @@ log = logging.getLogger(__name__)
 class WriteLimiter:
     """Fixed-window counters of writes per caller key (``token:7``, ``addr:10.0.0.5``...)."""
 
-    def __init__(self, rates: list[RateLimitItem], storage: Storage) -> None:
+    def __init__(
+        self, rates: list[RateLimitItem], storage: Storage, namespace: str = "cka-write"
+    ) -> None:
         self.rates = rates
+        self.namespace = namespace
         self.storage = storage
         self._limiter = FixedWindowRateLimiter(storage)
         self._failing = False
@@ -39,8 +42,8 @@ class WriteLimiter:
         """Count one write of ``key``; raise the 429 problem if any rate is exceeded."""
         try:
             for rate in self.rates:
-                if not self._limiter.hit(rate, "cka-write", key):
-                    reset = self._limiter.get_window_stats(rate, "cka-write", key).reset_time
+                if not self._limiter.hit(rate, self.namespace, key):
+                    reset = self._limiter.get_window_stats(rate, self.namespace, key).reset_time
                     wait = max(1, math.ceil(reset - time.time()))
                     raise ProblemError(
                         429,
@@ -67,4 +70,5 @@ def make_limiter(settings: Settings) -> WriteLimiter | None:
     uri = broker if broker.startswith(("redis://", "rediss://")) else "memory://"
     storage = storage_from_string(uri)
     assert isinstance(storage, Storage)  # a synchronous URI gives a synchronous storage
-    return WriteLimiter(rates, storage)
+    # Deployments sharing one Redis keep their counters apart by their queue's name.
+    return WriteLimiter(rates, storage, f"cka-write:{settings.celery_queue}")
