@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import distinct, func, insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -170,7 +170,7 @@ def _horizon(db: Database, grace_s: float) -> float:
 
 
 def _live_blobs(s: Session, store: ArtifactStore) -> set[str]:
-    live: set[str] = set(s.scalars(select(distinct(ArtifactRef.path))))
+    live: set[str] = set(s.scalars(select(ArtifactRef.path).distinct()))
     for sha in s.scalars(select(Model.sha256)):
         live.add(store.relative(sha, ".safetensors"))
         live.add(store.relative(sha, ".json"))
