@@ -87,11 +87,14 @@ def authenticate(services: Services, token: str) -> Principal:
     digest = hashlib.sha256(token.encode()).hexdigest()[:16]
     if token_valid(services.settings.tokens, token):
         return Principal("admin", f"env:{digest}", "CKA_API_TOKENS")
-    with services.db.session() as s:
+    with services.db.session(readonly=True) as s:  # no write lock for a lookup
         row = token_store.find_token(s, token)
-        if row is None or row.revoked_at is not None:
-            raise InvalidToken(revoked=row is not None)
-        return Principal(row.scope, f"token:{row.id}", row.name)
+    if row is None or row.revoked_at is not None:
+        raise InvalidToken(revoked=row is not None)
+    if token_store.needs_touch(row):  # at most once a minute per token
+        with services.db.session() as s:
+            token_store.touch_token(s, row.id)
+    return Principal(row.scope, f"token:{row.id}", row.name)
 
 
 def _presented(request: Request, *, write: bool) -> str | None:

@@ -22,10 +22,12 @@ __all__ = [
     "create_token",
     "find_token",
     "list_tokens",
+    "needs_touch",
     "revoke_token",
     "scope_allows",
     "token_hash",
     "tokens_exist",
+    "touch_token",
 ]
 
 PREFIX = "cka_"
@@ -57,23 +59,27 @@ def create_token(session: Session, name: str, scope: str) -> tuple[ApiToken, str
 
 
 def find_token(session: Session, secret: str) -> ApiToken | None:
-    """The row of ``secret`` (revoked or not), recording its use; None if unknown.
+    """The row of ``secret`` (revoked or not); None if unknown.
 
     The lookup is by hash, an indexed equality on a value the caller cannot choose to match
     another token's, so it leaks nothing through timing.
     """
-    row = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == token_hash(secret)))
-    if row is not None and row.revoked_at is None:
-        now = utcnow()
-        if row.last_used_at is None or now - row.last_used_at > TOUCH_EVERY:
-            session.execute(
-                update(ApiToken)
-                .where(ApiToken.id == row.id)
-                .values(last_used_at=now)
-                .execution_options(synchronize_session=False)
-            )
-            row.last_used_at = now
-    return row
+    return session.scalar(select(ApiToken).where(ApiToken.token_sha256 == token_hash(secret)))
+
+
+def needs_touch(row: ApiToken) -> bool:
+    """Whether ``last_used_at`` is old enough to be written again (see TOUCH_EVERY)."""
+    return row.last_used_at is None or utcnow() - row.last_used_at > TOUCH_EVERY
+
+
+def touch_token(session: Session, token_id: int) -> None:
+    """Record that the token was used now."""
+    session.execute(
+        update(ApiToken)
+        .where(ApiToken.id == token_id)
+        .values(last_used_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
 
 
 def tokens_exist(session: Session) -> bool:
