@@ -39,7 +39,7 @@ from models.connections import (
     input_spec,
     parameter_count,
 )
-from models.errors import CheckpointError, ConfigError, ModelError
+from models.errors import CheckpointError, ConfigError, ModelError, TrainingCancelled
 from models.factory import create
 from models.grids import GridPoint, fixed_omega_grid
 from models.options import STRUCTURE_KEYS, option_schema, structure, validate_config
@@ -52,6 +52,7 @@ __all__ = [
     "GridPoint",
     "InputSpec",
     "ModelError",
+    "TrainingCancelled",
     "check_state_dict",
     "connections",
     "create",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-__all__ = ["CheckpointError", "ConfigError", "ModelError"]
+__all__ = ["CheckpointError", "ConfigError", "ModelError", "TrainingCancelled"]
 
 
 class ModelError(ValueError):
@@ -27,3 +27,10 @@ class CheckpointError(ModelError):
     """A checkpoint that cannot be read, does not match its sidecar, or does not fit its model."""
 
     code = "invalid_checkpoint"
+
+
+class TrainingCancelled(Exception):
+    """A training stopped early because its ``on_step`` callback returned False.
+
+    Not a :class:`ModelError`: nothing about the input was wrong. No checkpoint is written.
+    """

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from models._builder import PRESETS
 from models.checkpoint import read_sidecar, save, weights_path
 from models.connections import input_spec
-from models.errors import CheckpointError, ConfigError
+from models.errors import CheckpointError, ConfigError, TrainingCancelled
 from models.factory import create
 from models.preprocessing import pipeline_from_spec
 
@@ -188,6 +188,11 @@ def _schedule(total: int, warmup: int) -> Any:
     return factor
 
 
+def _check(on_step: Callable[[int, int], bool] | None, done: int, total: int) -> None:
+    if on_step is not None and not on_step(done, total):
+        raise TrainingCancelled(f"training stopped after {done} of {total} steps")
+
+
 def train(
     arch: str,
     dataset: Any = "digits",
@@ -200,12 +205,18 @@ def train(
     weight_decay: float | None = None,
     progress: bool = False,
     name: str | None = None,
+    on_step: Callable[[int, int], bool] | None = None,
     **overrides: Any,
 ) -> Path:
     """Train ``arch`` on ``dataset`` ("digits", a path, or an ImageDataset); return the checkpoint.
 
     Unset hyper-parameters come from the family's :data:`RECIPES` entry; ``overrides`` go to
     the architecture (e.g. ``density=0.1``). Input shape and class count follow the dataset.
+
+    ``on_step(done, total)`` is called after every optimizer step (and once before the
+    first); returning False stops the run with :class:`TrainingCancelled` before anything is
+    written, so a cancelled run leaves no checkpoint (the checkpoint itself is written to a
+    temporary name and renamed, so no reader ever sees half of one either).
     """
     train_set, test_set = _splits(dataset)
     num_classes = getattr(train_set, "num_classes", None) or (
@@ -232,6 +243,8 @@ def train(
         warmup = max(1, round(recipe.warmup_fraction * steps))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(steps, warmup))
         order = torch.Generator().manual_seed(seed)
+        _check(on_step, 0, steps)
+        done = 0
         bar = tqdm(range(epochs), desc=name or arch, unit="epoch", disable=not progress)
         for _epoch in bar:
             model.train()
@@ -246,10 +259,13 @@ def train(
                 seen += len(batch)
                 loss_sum += loss.item() * len(batch)
                 correct += int((logits.argmax(dim=1) == y_train[batch]).sum())
+                done += 1
+                _check(on_step, done, steps)
             bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.3f}")
         bar.close()
         train_metrics = evaluate(model, x_train, y_train)
         test_metrics: dict[str, Any] = dict(evaluate(model, x_test, y_test))
+    _check(on_step, steps, steps)  # a cancel during evaluation still writes nothing
     seconds = time.perf_counter() - started
     test_metrics["dataset"] = {"name": test_set.name, "sha256": test_set.sha256}
     return save(

@@ -14,9 +14,19 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.http.api import architectures, comparisons, datasets, models, results, trainings
+from app.http.api import (
+    architectures,
+    comparisons,
+    datasets,
+    jobs,
+    models,
+    results,
+    tokens,
+    trainings,
+)
 from app.http.ops import install_ops
 from app.http.problems import install_problem_handlers
+from app.http.ratelimit import make_limiter
 from app.http.security import BodyLimitMiddleware
 from app.http.web import install_web
 from app.jobs.celery_app import make_celery, send_job
@@ -35,8 +45,9 @@ DESCRIPTION = """
 Layer-by-layer CKA between neural networks. Upload checkpoints and datasets, queue a
 comparison, poll it, and read its matrices and heatmaps. Errors are
 `application/problem+json` with a stable `code` and the offending `field`; every list is
-paginated with `limit` and `offset`. Writes need `Authorization: Bearer <token>` when
-`CKA_API_TOKENS` is set.
+paginated with `limit` and `offset`. Once any token exists (`CKA_API_TOKENS` or
+`cka-atlas token create`), writes need `Authorization: Bearer <token>` of scope `write`,
+deletes and `/v1/tokens` one of scope `admin`; `CKA_WRITE_RATE` limits writes per token.
 """
 
 
@@ -82,9 +93,10 @@ def create_app(settings: Settings | None = None, *, start_worker: bool = True) -
         lifespan=lifespan,
     )
     install_problem_handlers(app)
+    app.state.write_limiter = make_limiter(settings)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes)
 
-    for module in (architectures, models, datasets, trainings, comparisons, results):
+    for module in (architectures, models, datasets, trainings, comparisons, results, jobs, tokens):
         app.include_router(module.router)
 
     install_ops(app)  # /healthz, /readyz, /metrics and the request timer (outermost)

@@ -67,7 +67,13 @@ class ModelOut(BaseModel):
     arch: str = Field(examples=["mixer_digits"])
     source: str = Field(examples=["upload"], description="upload, timm, training or zoo")
     sha256: str = Field(examples=["9f2c…"], description="sha256 of the safetensors file")
-    size_bytes: int = Field(examples=[81234])
+    size_bytes: int = Field(examples=[81234], description="Bytes of the checkpoint's weights")
+    artifact_bytes: int = Field(
+        0,
+        examples=[2097152],
+        description="Bytes of the stored Grams, blocks and heatmaps of the comparisons "
+        "that include it (what deleting it with force may free)",
+    )
     config: dict[str, Any] = Field(examples=[{"depth": 4, "hidden_dim": 32}])
     input_shape: list[int] = Field(examples=[[1, 8, 8]])
     num_classes: int | None = Field(default=None, examples=[10])
@@ -133,6 +139,12 @@ class ComparisonOut(JobFields):
     diagnostics: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
     created_at: datetime
+    size_bytes: int = Field(
+        0,
+        examples=[1048576],
+        description="Bytes of the stored Grams, blocks and heatmaps it references "
+        "(an artifact shared with another comparison counts in both)",
+    )
     links: dict[str, str] = Field(
         examples=[
             {"matrix": "/v1/comparisons/7/matrix", "heatmap_png": "/v1/comparisons/7/heatmap.png"}

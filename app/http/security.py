@@ -1,38 +1,45 @@
-"""Bearer tokens for writes (and optionally reads), the upload size limit, model options.
+"""Bearer tokens with scopes, write rate limits, the upload size limit, model options.
 
-Tokens come from ``CKA_API_TOKENS``; with none configured writes are open (a laptop
-default). Comparison is constant-time. The body limit is enforced while the request body
-streams in, before multipart parsing spools anything to disk: a declared
-``Content-Length`` over the limit is refused at once, and a chunked body is cut off as
-soon as it crosses the limit.
+Tokens come from the database (``cka-atlas token create``, scope ``read``, ``write`` or
+``admin``, each including the ones before it) and from ``CKA_API_TOKENS``, whose tokens
+keep the full access they always had (write and admin). With neither configured the
+service is open (a laptop default); once any token exists, writes need a ``write`` token,
+deletes and token management an ``admin`` one, and reads one of any scope when
+``CKA_READ_REQUIRES_TOKEN``. A wrong or revoked token is 401, a token whose scope is too
+small 403, both as problem+json. Every write is then counted against ``CKA_WRITE_RATE``
+per token (per client address without one): see :mod:`app.http.ratelimit`.
 
-A checkpoint's architecture options (the sidecar's ``config``, or the ``config`` form field
-of a timm upload) become keyword arguments of ``timm.create_model``. Those that make timm
-fetch or read weights of its own (``pretrained``, ``checkpoint_path``, ``pretrained_cfg*``,
-``cache_dir``) would let a writer make the server request any URL or open any local file,
-so :func:`refuse_loader_options` rejects them before any model is built.
+The body limit is enforced while the request body streams in, before multipart parsing
+spools anything to disk: a declared ``Content-Length`` over the limit is refused at once,
+and a chunked body is cut off as soon as it crosses the limit.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+from dataclasses import dataclass
 
 from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.http.problems import ProblemError, problem_response
+from app.store import tokens as token_store
+from app.store.services import Services
 
 __all__ = [
     "COOKIE_NAME",
     "CSRF_HEADER",
     "BodyLimitMiddleware",
+    "InvalidToken",
+    "Principal",
+    "auth_required",
+    "authenticate",
+    "require_admin",
     "require_read",
     "require_write",
     "token_valid",
 ]
-
-
-_FIELD = "Authorization"
 
 
 # The web page's login sets this HttpOnly, SameSite=Strict cookie holding the token. It
@@ -42,9 +49,52 @@ COOKIE_NAME = "cka_token"
 CSRF_HEADER = "x-cka-csrf"
 
 
+@dataclass(frozen=True)
+class Principal:
+    """Who is asking: the scope they hold and the key their writes are counted under."""
+
+    scope: str
+    key: str
+    name: str | None = None
+
+
 def token_valid(tokens: frozenset[str], token: str) -> bool:
     """Whether ``token`` is one of ``tokens`` (constant-time per candidate)."""
     return bool(token) and any(hmac.compare_digest(token.encode(), t.encode()) for t in tokens)
+
+
+def auth_required(services: Services) -> bool:
+    """Whether any token exists (environment, or a database row even if revoked).
+
+    Revoking every token therefore locks the service rather than opening it.
+    """
+    if services.settings.tokens:
+        return True
+    with services.db.session(readonly=True) as s:
+        return token_store.tokens_exist(s)
+
+
+class InvalidToken(Exception):
+    """The presented token is unknown (``revoked`` False) or revoked (True)."""
+
+    def __init__(self, revoked: bool) -> None:
+        super().__init__("revoked" if revoked else "invalid")
+        self.revoked = revoked
+
+
+def authenticate(services: Services, token: str) -> Principal:
+    """The principal of a presented token; raises :class:`InvalidToken`."""
+    digest = hashlib.sha256(token.encode()).hexdigest()[:16]
+    if token_valid(services.settings.tokens, token):
+        return Principal("admin", f"env:{digest}", "CKA_API_TOKENS")
+    with services.db.session(readonly=True) as s:  # no write lock for a lookup
+        row = token_store.find_token(s, token)
+    if row is None or row.revoked_at is not None:
+        raise InvalidToken(revoked=row is not None)
+    if token_store.needs_touch(row):  # at most once a minute per token
+        with services.db.session() as s:
+            token_store.touch_token(s, row.id)
+    return Principal(row.scope, f"token:{row.id}", row.name)
 
 
 def _presented(request: Request, *, write: bool) -> str | None:
@@ -59,9 +109,15 @@ def _presented(request: Request, *, write: bool) -> str | None:
     return None
 
 
-def _check(request: Request, *, write: bool) -> None:
-    tokens: frozenset[str] = request.app.state.services.settings.tokens
-    token = _presented(request, write=write)
+def _client_key(request: Request) -> str:
+    return f"addr:{request.client.host if request.client else 'unknown'}"
+
+
+def _check(request: Request, need: str) -> Principal:
+    services: Services = request.app.state.services
+    if not auth_required(services):
+        return Principal("admin", _client_key(request))
+    token = _presented(request, write=need != "read")
     if not token:
         raise ProblemError(
             401,
@@ -70,27 +126,50 @@ def _check(request: Request, *, write: bool) -> None:
             field="Authorization",
             headers={"WWW-Authenticate": 'Bearer realm="cka-atlas"'},
         )
-    if not token_valid(tokens, token):
+    try:
+        principal = authenticate(services, token)
+    except InvalidToken as exc:
         raise ProblemError(
             401,
             "unauthorized",
-            "the bearer token is not valid",
+            "the bearer token has been revoked" if exc.revoked else "the bearer token is not valid",
             field="Authorization",
             headers={"WWW-Authenticate": 'Bearer realm="cka-atlas", error="invalid_token"'},
+        ) from None
+    if not token_store.scope_allows(principal.scope, need):
+        raise ProblemError(
+            403,
+            "forbidden",
+            f"this token has the {principal.scope} scope; this request needs {need}",
+            field="Authorization",
         )
+    return principal
 
 
-def require_write(request: Request) -> None:
-    """Dependency of every write endpoint."""
-    if request.app.state.services.settings.tokens:
-        _check(request, write=True)
+def _limited(request: Request, principal: Principal) -> None:
+    limiter = getattr(request.app.state, "write_limiter", None)
+    if limiter is not None:
+        limiter.hit(principal.key)
+
+
+def require_write(request: Request) -> Principal:
+    """Dependency of every write endpoint: a write token, then the write rate limit."""
+    principal = _check(request, "write")
+    _limited(request, principal)
+    return principal
+
+
+def require_admin(request: Request) -> Principal:
+    """Dependency of deletes and token management: an admin token, then the rate limit."""
+    principal = _check(request, "admin")
+    _limited(request, principal)
+    return principal
 
 
 def require_read(request: Request) -> None:
     """Dependency of every read endpoint (a no-op unless CKA_READ_REQUIRES_TOKEN)."""
-    settings = request.app.state.services.settings
-    if settings.read_requires_token and settings.tokens:
-        _check(request, write=False)
+    if request.app.state.services.settings.read_requires_token:
+        _check(request, "read")
 
 
 # A JSON body is parsed whole into Python objects (several times its size) before any

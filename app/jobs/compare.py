@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 import analysis
 from app.jobs import states as jobs
 from app.jobs.baselines import Identity, find_siblings, random_init_baseline, seed_ceiling_baseline
-from app.store import repository
+from app.store import gc, repository
 from app.store.artifacts import StoreGramCache
 from app.store.datasets import dataset_key
 from app.store.orm import Comparison, Dataset, Job, Model
@@ -171,6 +171,7 @@ def _compare(services: Services, cmp: Comparison, ds: Dataset, control: jobs.Job
         row.result_sha256 = hashlib.sha256(blob).hexdigest()
         row.diagnostics = diagnostics
         row.provenance = provenance
+        gc.record_refs(s, services.store, cmp.id, cache.touched, "gram")
 
     jobs.commit_result(
         services.db,

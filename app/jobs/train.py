@@ -17,6 +17,7 @@ from app.store.datasets import dataset_key
 from app.store.orm import Dataset, Job, Model, Training
 from app.store.services import Services
 from app.store.values import clean_name
+from models.errors import TrainingCancelled
 from models.training import train
 
 __all__ = ["register_checkpoint", "run_training"]
@@ -70,20 +71,25 @@ def run_training(services: Services, job: Job, control: jobs.JobControl) -> None
     data: Any = ds.spec if ds.builtin else services.datasets.get(dataset_key(ds))
     p = tr.params
     with services.store.scratch() as tmp:
-        with services.store.writing():  # a full or read-only store fails with a sentence
-            path = Path(
-                train(
-                    tr.arch,
-                    data,
-                    epochs=p["epochs"],
-                    seed=p["seed"],
-                    out_dir=Path(tmp),
-                    batch_size=p["batch_size"],
-                    lr=p["lr"],
-                    progress=False,
-                    name=p.get("name") or tr.arch,
+        try:
+            with services.store.writing():  # a full or read-only store fails with a sentence
+                path = Path(
+                    train(
+                        tr.arch,
+                        data,
+                        epochs=p["epochs"],
+                        seed=p["seed"],
+                        out_dir=Path(tmp),
+                        batch_size=p["batch_size"],
+                        lr=p["lr"],
+                        progress=False,
+                        name=p.get("name") or tr.arch,
+                        on_step=control.on_batch,  # False once cancelled: stop between steps
+                    )
                 )
-            )
+        except TrainingCancelled as exc:
+            # Nothing was written but the scratch directory, which is removed on the way out.
+            raise Cancelled(f"training {tr.id} was cancelled: {exc}") from None
         if control.should_stop:
             raise Cancelled(f"training {tr.id} was cancelled")
         model, _ = register_checkpoint(

@@ -193,25 +193,40 @@ class ArtifactStore:
     def delete(self, sha: str, suffix: str = "") -> None:
         self.path(sha, suffix).unlink(missing_ok=True)
 
+    def relative(self, sha: str, suffix: str = "") -> str:
+        """The blob's path relative to the store's root (how references name it)."""
+        return self.path(sha, suffix).relative_to(self.root).as_posix()
+
 
 class StoreGramCache:
     """The engine's Gram cache under ``store.grams``, with the store's error sentences.
 
     A stored Gram that cannot be read (damaged by hand, say) counts as a miss and is
     recomputed; a Gram that cannot be written fails the job with a :class:`StoreError`.
+    ``touched`` collects the store-relative paths of every Gram and block read or written,
+    which the comparison records as its references (see :mod:`app.store.gc`).
     """
 
     def __init__(self, store: ArtifactStore) -> None:
         self.store = store
         self._inner = DirectoryGramCache(store.grams)
+        self.touched: set[str] = set()
+
+    def relative(self, key: str) -> str:
+        """Where ``key`` lives, relative to the store's root."""
+        return self._inner._path(key).relative_to(self.store.root).as_posix()
 
     def get(self, key: str) -> np.ndarray | None:
         try:
-            return self._inner.get(key)
+            value = self._inner.get(key)
         except (OSError, SafetensorError) as exc:
             log.warning("stored Gram %s is unreadable (%s); recomputing it", key[:12], exc)
             return None
+        if value is not None:
+            self.touched.add(self.relative(key))
+        return value
 
     def put(self, key: str, grams: Any) -> None:
         with self.store.writing():
             self._inner.put(key, grams)
+        self.touched.add(self.relative(key))

@@ -28,6 +28,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 __all__ = [
     "FINAL_STATES",
     "JOB_STATES",
+    "SCOPES",
+    "ApiToken",
+    "ArtifactRef",
     "Base",
     "Comparison",
     "ComparisonModel",
@@ -213,3 +216,43 @@ class Training(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     job: Mapped[Job] = relationship(lazy="joined")
+
+
+# Scopes of API tokens, each including the ones before it: read < write < admin.
+SCOPES = ("read", "write", "admin")
+
+
+class ApiToken(Base):
+    """A bearer token made by ``cka-atlas token create``; only its sha256 is kept.
+
+    Tokens are 32 random bytes, so a plain sha256 (no salt, no stretching) is enough: the
+    hash cannot be inverted and there is no dictionary to try. ``revoked_at`` set: refused.
+    """
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    scope: Mapped[str] = mapped_column(String(10))  # read | write | admin
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(12))  # the first characters, to recognise it
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column()
+    revoked_at: Mapped[datetime | None] = mapped_column()
+
+
+class ArtifactRef(Base):
+    """A stored Gram stack, HSIC block or heatmap that a comparison read or wrote.
+
+    ``path`` is relative to the artifact store's root. An artifact no row references is an
+    orphan: deleting the last comparison that references it (or ``cka-atlas gc``) removes it.
+    """
+
+    __tablename__ = "artifact_refs"
+
+    comparison_id: Mapped[int] = mapped_column(
+        ForeignKey("comparisons.id", ondelete="CASCADE"), primary_key=True
+    )
+    path: Mapped[str] = mapped_column(String(200), primary_key=True, index=True)
+    kind: Mapped[str] = mapped_column(String(10))  # gram | heatmap
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)

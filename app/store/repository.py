@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, delete, exists, func, select
 from sqlalchemy.orm import Session, defer
 
-from app.store.orm import Comparison, ComparisonModel, Dataset, Job, Model, Training
+from app.store.orm import ArtifactRef, Comparison, ComparisonModel, Dataset, Job, Model, Training
 
 __all__ = [
     "comparison_for_job",
@@ -23,8 +23,11 @@ __all__ = [
     "delete_trainings_of_dataset",
     "find_comparison_by_hash",
     "get",
+    "job_kinds",
+    "job_subjects",
     "list_comparisons",
     "list_datasets",
+    "list_jobs",
     "list_models",
     "list_trainings",
     "model_by_sha",
@@ -130,6 +133,38 @@ def list_trainings(
     return page(session, stmt, limit, offset)
 
 
+def list_jobs(
+    session: Session,
+    *,
+    limit: int,
+    offset: int,
+    kind: str | None = None,
+    status: str | None = None,
+) -> tuple[list[Job], int]:
+    """Every job of every kind, newest first."""
+    stmt = select(Job).order_by(Job.id.desc())
+    if kind:
+        stmt = stmt.where(Job.kind == kind)
+    if status:
+        stmt = stmt.where(Job.status == status)
+    return page(session, stmt, limit, offset)
+
+
+def job_kinds(session: Session) -> list[str]:
+    """The kinds of job the table holds (comparison, training, and whatever comes later)."""
+    return sorted(session.scalars(select(Job.kind).distinct()))
+
+
+def job_subjects(session: Session, job_ids: Sequence[int]) -> dict[int, tuple[str, int]]:
+    """``job id -> (collection, id)`` of the comparison or training each job produces."""
+    ids = list(job_ids)
+    out: dict[int, tuple[str, int]] = {}
+    for collection, cls in (("comparisons", Comparison), ("trainings", Training)):
+        for jid, rid in session.execute(select(cls.job_id, cls.id).where(cls.job_id.in_(ids))):
+            out[jid] = (collection, rid)
+    return out
+
+
 def find_comparison_by_hash(session: Session, request_hash: str) -> Comparison | None:
     return session.scalar(select(Comparison).where(Comparison.request_hash == request_hash))
 
@@ -157,6 +192,7 @@ def delete_comparison(session: Session, comparison_id: int) -> None:
     if cmp is None:
         return
     job_id = cmp.job_id
+    session.execute(delete(ArtifactRef).where(ArtifactRef.comparison_id == comparison_id))
     session.execute(delete(ComparisonModel).where(ComparisonModel.comparison_id == comparison_id))
     session.execute(delete(Comparison).where(Comparison.id == comparison_id))
     session.execute(delete(Job).where(Job.id == job_id))

@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings"]
@@ -38,7 +38,15 @@ class Settings(BaseSettings):
     celery_queue: str = Field(default="cka-atlas", description="Celery queue name.")
     api_tokens: str = Field(
         default="",
-        description="Comma-separated bearer tokens allowed to write. Empty: writes are open.",
+        description="Comma-separated bearer tokens with full access (write and admin); "
+        "scoped tokens come from `cka-atlas token create`. With no token anywhere, writes "
+        "are open.",
+    )
+    write_rate: str = Field(
+        default="",
+        description="Writes and uploads allowed per token (per client address without one), "
+        "e.g. `60/minute` or `10/second;500/hour`; beyond it 429 with Retry-After. Counted "
+        "in Redis when CKA_BROKER_URL is one, in memory otherwise. Empty: no limit.",
     )
     read_requires_token: bool = Field(
         default=False, description="Require a token for reads as well."
@@ -88,6 +96,15 @@ class Settings(BaseSettings):
     def tokens(self) -> frozenset[str]:
         """The accepted bearer tokens (empty set: writes need no token)."""
         return frozenset(t.strip() for t in self.api_tokens.split(",") if t.strip())
+
+    @field_validator("write_rate")
+    @classmethod
+    def _rate_parses(cls, value: str) -> str:
+        if value.strip():
+            from limits import parse_many
+
+            parse_many(value)  # ValueError: not a rate string
+        return value
 
     @property
     def resolved_database_url(self) -> str:

@@ -84,3 +84,21 @@ def test_zoo_skips_existing_checkpoints(
     assert "| tiny_mixer | 22,122 | 24,576 |" in table and "(cached)" in table
     second = training.build_zoo(tmp_path)
     assert second[0].accuracy == first[0].accuracy and not second[0].trained
+
+
+def test_on_step_false_stops_between_steps_and_writes_nothing(
+    small_digits: ImageDataset, tmp_path: Path
+) -> None:
+    calls: list[tuple[int, int]] = []
+
+    def on_step(done: int, total: int) -> bool:
+        calls.append((done, total))
+        return done < 2
+
+    with pytest.raises(models.TrainingCancelled, match="after 2 of 6 steps"):
+        training.train(
+            "mlp_digits", small_digits, epochs=2, batch_size=64, out_dir=tmp_path, on_step=on_step
+        )
+    # 192 training images in batches of 64: 3 steps an epoch, 6 in all; it stopped at step 2
+    assert calls == [(0, 6), (1, 6), (2, 6)]
+    assert list(tmp_path.iterdir()) == []

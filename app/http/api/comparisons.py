@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Response, status
 
 from app.http.api.deps import (
+    ADMIN,
     READ,
     WRITE,
     ComparisonId,
@@ -20,7 +21,7 @@ from app.http.problems import PROBLEM_RESPONSES
 from app.http.schemas import ID_MAX, NO_NUL, ComparisonIn, ComparisonOut, Page
 from app.jobs import states as jobs
 from app.jobs.submit import submit_comparison
-from app.store import repository
+from app.store import gc, repository
 from app.store.orm import Comparison
 
 __all__ = ["router"]
@@ -33,7 +34,8 @@ def view(services: Svc, comparison_id: int) -> dict[str, Any]:
         cmp = s.get(Comparison, comparison_id)
         if cmp is None:
             raise not_found("comparison", comparison_id)
-        return comparison_view(cmp)
+        size = gc.comparison_bytes(s, [comparison_id]).get(comparison_id, 0)
+        return comparison_view(cmp, size)
 
 
 @router.post(
@@ -82,7 +84,8 @@ def list_comparisons(
             status=status_,
             kernel=kernel,
         )
-        views = [comparison_view(c) for c in items]
+        sizes = gc.comparison_bytes(s, [c.id for c in items])
+        views = [comparison_view(c, sizes.get(c.id, 0)) for c in items]
     return {"items": views, "total": total, "limit": limit, "offset": offset}
 
 
@@ -103,11 +106,13 @@ def cancel_comparison(services: Svc, comparison_id: ComparisonId) -> dict[str, A
     return view(services, comparison_id)
 
 
-@router.delete("/{comparison_id}", status_code=status.HTTP_204_NO_CONTENT, **WRITE)
+@router.delete("/{comparison_id}", status_code=status.HTTP_204_NO_CONTENT, **ADMIN)
 def delete_comparison(services: Svc, comparison_id: ComparisonId) -> Response:
     """Delete the comparison and its job; a running job is abandoned without a result."""
     with services.db.session() as s:
         if s.get(Comparison, comparison_id) is None:
             raise not_found("comparison", comparison_id)
+        paths = gc.referenced_by(s, [comparison_id])
         repository.delete_comparison(s, comparison_id)
+    gc.release(services.db, services.store, paths)
     return Response(status_code=204)

@@ -9,10 +9,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile, status
 
 from analysis import DatasetError
-from app.http.api.deps import READ, WRITE, DatasetId, Limit, Offset, Svc, not_found
+from app.http.api.deps import ADMIN, READ, WRITE, DatasetId, Limit, Offset, Svc, not_found
 from app.http.problems import PROBLEM_RESPONSES, ProblemError
 from app.http.schemas import NO_NUL, DatasetOut, Page
-from app.store import repository
+from app.store import gc, repository
 from app.store.datasets import register_dataset_file
 from app.store.orm import Dataset
 
@@ -71,7 +71,7 @@ def get_dataset(services: Svc, dataset_id: DatasetId) -> Dataset:
     return row
 
 
-@router.delete("/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT, **WRITE)
+@router.delete("/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT, **ADMIN)
 def delete_dataset(
     services: Svc,
     dataset_id: DatasetId,
@@ -92,6 +92,7 @@ def delete_dataset(
                 "force=true to delete them too",
                 field="force",
             )
+        paths = gc.referenced_by(s, used)
         for cid in used:
             repository.delete_comparison(s, cid)
         repository.delete_trainings_of_dataset(s, dataset_id)
@@ -99,4 +100,5 @@ def delete_dataset(
         s.delete(row)
     if file_sha:
         services.store.delete(file_sha, suffix)
+    gc.release(services.db, services.store, paths)  # Grams, blocks, heatmaps if unshared
     return Response(status_code=204)

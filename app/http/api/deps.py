@@ -9,11 +9,12 @@ from fastapi import Depends, Path, Query, Request
 
 from app.http.problems import ProblemError
 from app.http.schemas import ID_MAX
-from app.http.security import require_read, require_write
+from app.http.security import require_admin, require_read, require_write
 from app.store.orm import Comparison, Job, JobState, Training
 from app.store.services import Services
 
 __all__ = [
+    "ADMIN",
     "READ",
     "WRITE",
     "ComparisonId",
@@ -46,6 +47,7 @@ ComparisonId = Annotated[int, Path(ge=1, le=ID_MAX, description="Comparison id")
 TrainingId = Annotated[int, Path(ge=1, le=ID_MAX, description="Training id")]
 READ: dict[str, Any] = {"dependencies": [Depends(require_read)]}
 WRITE: dict[str, Any] = {"dependencies": [Depends(require_write)]}
+ADMIN: dict[str, Any] = {"dependencies": [Depends(require_admin)]}  # deletes, tokens
 
 
 def not_found(kind: str, ident: int | str) -> ProblemError:
@@ -70,7 +72,8 @@ def job_fields(job: Job) -> dict[str, Any]:
     }
 
 
-def comparison_view(cmp: Comparison) -> dict[str, Any]:
+def comparison_view(cmp: Comparison, size_bytes: int = 0) -> dict[str, Any]:
+    """The API's view of a comparison; ``size_bytes``: its stored artifacts (app.store.gc)."""
     base = f"/v1/comparisons/{cmp.id}"
     return {
         "id": cmp.id,
@@ -80,6 +83,7 @@ def comparison_view(cmp: Comparison) -> dict[str, Any]:
         "diagnostics": cmp.diagnostics,
         "provenance": cmp.provenance,
         "created_at": cmp.created_at,
+        "size_bytes": size_bytes,
         "links": {
             "self": base,
             "result": f"{base}/result",

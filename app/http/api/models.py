@@ -11,11 +11,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile, status
 from fastapi.responses import FileResponse
 
-from app.http.api.deps import READ, WRITE, Limit, ModelId, Offset, Svc, not_found
+from app.http.api.deps import ADMIN, READ, WRITE, Limit, ModelId, Offset, Svc, not_found
 from app.http.problems import PROBLEM_RESPONSES, ProblemError
 from app.http.schemas import NO_NUL, ModelOut, Page
 from app.jobs.train import register_checkpoint
-from app.store import repository
+from app.store import gc, repository
 from app.store.artifacts import ArtifactStore
 from app.store.checkpoints import hub_checkpoint, pretrained_checkpoint, timm_checkpoint
 from app.store.orm import Model
@@ -157,7 +157,13 @@ def list_models(
         items, total = repository.list_models(
             s, limit=limit, offset=offset, arch=arch, q=q, source=source
         )
-    return {"items": items, "total": total, "limit": limit, "offset": offset}
+        sizes = gc.model_artifact_bytes(s, [m.id for m in items])
+    views = [_view(m, sizes.get(m.id, 0)) for m in items]
+    return {"items": views, "total": total, "limit": limit, "offset": offset}
+
+
+def _view(row: Model, artifact_bytes: int) -> dict[str, Any]:
+    return ModelOut.model_validate(row).model_dump() | {"artifact_bytes": artifact_bytes}
 
 
 def _get(services: Svc, model_id: int) -> Model:
@@ -169,8 +175,11 @@ def _get(services: Svc, model_id: int) -> Model:
 
 
 @router.get("/{model_id}", response_model=ModelOut, **READ)
-def get_model(services: Svc, model_id: ModelId) -> Model:
-    return _get(services, model_id)
+def get_model(services: Svc, model_id: ModelId) -> dict[str, Any]:
+    row = _get(services, model_id)
+    with services.db.session(readonly=True) as s:
+        size = gc.model_artifact_bytes(s, [model_id]).get(model_id, 0)
+    return _view(row, size)
 
 
 @router.get(
@@ -194,7 +203,7 @@ def download_sidecar(services: Svc, model_id: ModelId) -> dict[str, Any]:
     return _get(services, model_id).sidecar
 
 
-@router.delete("/{model_id}", status_code=status.HTTP_204_NO_CONTENT, **WRITE)
+@router.delete("/{model_id}", status_code=status.HTTP_204_NO_CONTENT, **ADMIN)
 def delete_model(
     services: Svc,
     model_id: ModelId,
@@ -213,10 +222,12 @@ def delete_model(
                 "delete them too",
                 field="force",
             )
+        paths = gc.referenced_by(s, used)
         for cid in used:
             repository.delete_comparison(s, cid)
         sha = row.sha256
         s.delete(row)
     services.store.delete(sha, ".safetensors")
     services.store.delete(sha, ".json")
+    gc.release(services.db, services.store, paths)  # its Grams, blocks, heatmaps if unshared
     return Response(status_code=204)

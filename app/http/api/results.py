@@ -22,6 +22,7 @@ from analysis.plot import render_atlas
 from app.http.api.deps import READ, ComparisonId, Svc, not_found
 from app.http.problems import PROBLEM_RESPONSES, ProblemError
 from app.http.schemas import MatrixOut
+from app.store import gc
 from app.store.cells import Cells
 from app.store.orm import Comparison
 
@@ -76,7 +77,7 @@ def _cache_headers(services: Svc, etag: str) -> dict[str, str]:
     # Revalidate every time (the ETag makes that cheap). "private" when reads need a token,
     # so that a shared cache never keeps a copy of a response that needed authorisation.
     settings = services.settings
-    scope = "private" if settings.read_requires_token and settings.tokens else "public"
+    scope = "private" if settings.read_requires_token else "public"
     return {"ETag": etag, "Cache-Control": f"{scope}, max-age=0, must-revalidate"}
 
 
@@ -200,6 +201,8 @@ def get_heatmap(
     else:
         data = render_atlas(_cached_atlas(services, cmp), fmt=fmt)
         services.store.put_as(data, key, suffix)
+    # The heatmap is this comparison's artifact (it may share it with an identical result).
+    gc.add_ref(services.db, services.store, cmp.id, services.store.relative(key, suffix), "heatmap")
     return Response(content=data, media_type=MEDIA[fmt], headers=headers)
 
 

@@ -57,7 +57,7 @@ def get_training(services: Svc, training_id: TrainingId) -> dict[str, Any]:
 
 @router.post("/{training_id}/cancel", response_model=TrainingOut, **WRITE)
 def cancel_training(services: Svc, training_id: TrainingId) -> dict[str, Any]:
-    """Cancel a queued training now; a running one stops when its training step returns."""
+    """Cancel a queued training now; a running one stops after its current training step."""
     with services.db.session() as s:
         tr = s.get(Training, training_id)
         if tr is None:

@@ -1,6 +1,7 @@
 """How the page gets the token: a login field, an HttpOnly cookie, never the URL.
 
-``POST /login`` checks the token typed into the login field against ``CKA_API_TOKENS`` and
+``POST /login`` checks the token typed into the login field (``CKA_API_TOKENS`` or a
+database token of any scope) and
 stores it in an ``HttpOnly``, ``SameSite=Strict`` cookie (``Secure`` over HTTPS); page
 scripts never see it. :mod:`app.http.security` accepts that cookie for reads, and for writes
 only together with the ``X-CKA-CSRF`` header that the page's scripts add (a cross-site form
@@ -15,7 +16,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
-from app.http.security import COOKIE_NAME, token_valid
+from app.http.security import COOKIE_NAME, InvalidToken, auth_required, authenticate
 from app.http.web.templating import templates
 
 __all__ = ["AuthState", "LoginRequired", "auth_state", "login_page", "page_reader", "router"]
@@ -49,13 +50,24 @@ class LoginRequired(Exception):
         self.next_path = next_path
 
 
+def _accepted(request: Request, token: str) -> bool:
+    """Whether ``token`` is a valid, unrevoked token (environment or database, any scope)."""
+    if not token:
+        return False
+    try:
+        authenticate(request.app.state.services, token)
+    except InvalidToken:
+        return False
+    return True
+
+
 def auth_state(request: Request) -> AuthState:
-    settings = request.app.state.services.settings
-    tokens: frozenset[str] = settings.tokens
+    services = request.app.state.services
+    configured = auth_required(services)
     return AuthState(
-        tokens_configured=bool(tokens),
-        read_requires_token=bool(settings.read_requires_token),
-        signed_in=bool(tokens) and token_valid(tokens, request.cookies.get(COOKIE_NAME, "")),
+        tokens_configured=configured,
+        read_requires_token=bool(services.settings.read_requires_token),
+        signed_in=configured and _accepted(request, request.cookies.get(COOKIE_NAME, "")),
     )
 
 
@@ -99,14 +111,14 @@ def post_login(
     next: Annotated[str, Form(max_length=2000)] = "/",
 ) -> Response:
     """Check the token and keep it in the HttpOnly cookie; 401 with the form again if wrong."""
-    tokens: frozenset[str] = request.app.state.services.settings.tokens
+    configured = auth_required(request.app.state.services)
     token = token.strip()
-    if tokens and not token_valid(tokens, token):
+    if configured and not _accepted(request, token):
         return login_page(
             request, next_path=next, error="That token is not accepted here.", status=401
         )
     response = RedirectResponse(_safe_next(next), status_code=303)
-    if tokens:
+    if configured:
         response.set_cookie(
             COOKIE_NAME,
             token,

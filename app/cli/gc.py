@@ -1,0 +1,53 @@
+"""``cka-atlas gc [--dry-run]``: remove orphaned artifacts and stale temporary files."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add ``gc`` to the ``cka-atlas`` parser."""
+    from app.store.gc import DEFAULT_GRACE_S
+
+    gc = subparsers.add_parser(
+        "gc",
+        help="remove stored artifacts nothing references, and stale temporary files",
+        description="List and remove Grams, blocks, heatmaps and blobs that no comparison, "
+        "model or dataset references, and temporary files left by killed writers. Files "
+        "newer than --grace seconds, or than the oldest running job, are kept.",
+    )
+    gc.add_argument("--dry-run", action="store_true", help="list only; remove nothing")
+    gc.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        help=f"keep files modified in the last GRACE seconds (default {DEFAULT_GRACE_S:g})",
+    )
+    gc.set_defaults(func=run_gc)
+
+
+def run_gc(args: argparse.Namespace) -> int:
+    from app.store.artifacts import ArtifactStore
+    from app.store.db import Database, ensure_schema
+    from app.store.gc import collect
+    from app.store.settings import Settings
+
+    settings = Settings()
+    db = Database(settings.resolved_database_url)
+    try:
+        ensure_schema(db.engine)
+        report = collect(
+            db, ArtifactStore(settings.data_dir), dry_run=args.dry_run, grace_s=args.grace
+        )
+    finally:
+        db.dispose()
+    verb = "would remove" if args.dry_run else "removed"
+    for label, items in (("orphan", report.orphans), ("temporary", report.temporary)):
+        for path, size in items:
+            print(f"{verb} {label}\t{size}\t{path}")
+    count = len(report.orphans) + len(report.temporary)
+    print(f"{verb} {count} files, {report.bytes} bytes")
+    return 0

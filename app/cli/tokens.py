@@ -1,0 +1,97 @@
+"""``cka-atlas token create | list | revoke``: API tokens with a scope, kept hashed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add ``token`` and its subcommands to the ``cka-atlas`` parser."""
+    token = subparsers.add_parser(
+        "token",
+        help="create, list and revoke API tokens",
+        description="API tokens with a scope: read (GET), write (uploads, comparisons, "
+        "trainings, cancels) or admin (also deletes and token management). The database "
+        "keeps only each token's sha256; the secret is printed once, at creation.",
+    )
+    sub = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
+    create = sub.add_parser("create", help="create a token and print its secret once")
+    create.add_argument("--name", required=True, help="who or what uses it, e.g. ci")
+    create.add_argument("--scope", choices=("read", "write", "admin"), default="write")
+    create.set_defaults(func=run_create)
+    listing = sub.add_parser("list", help="list tokens (never their secrets)")
+    listing.set_defaults(func=run_list)
+    revoke = sub.add_parser("revoke", help="revoke a token by id; it is refused (401) at once")
+    revoke.add_argument("id", type=int)
+    revoke.set_defaults(func=run_revoke)
+
+
+def _database() -> Any:
+    from app.store.db import Database, ensure_schema
+    from app.store.settings import Settings
+
+    db = Database(Settings().resolved_database_url)
+    ensure_schema(db.engine)
+    return db
+
+
+def run_create(args: argparse.Namespace) -> int:
+    from app.store.tokens import create_token
+
+    db = _database()
+    try:
+        with db.session() as s:
+            row, secret = create_token(s, args.name, args.scope)
+            ident, scope = row.id, row.scope
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        db.dispose()
+    print(f"token {ident} ({scope}) created; it is shown this once:", file=sys.stderr)
+    print(secret)
+    return 0
+
+
+def _when(value: Any) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else "-"
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from app.store.tokens import list_tokens
+
+    db = _database()
+    try:
+        with db.session(readonly=True) as s:
+            rows, _ = list_tokens(s, limit=10_000, offset=0)
+            lines = [
+                f"{t.id}\t{t.name}\t{t.scope}\t{t.prefix}…\tcreated {_when(t.created_at)}\t"
+                f"used {_when(t.last_used_at)}\t"
+                + (f"revoked {_when(t.revoked_at)}" if t.revoked_at else "active")
+                for t in rows
+            ]
+    finally:
+        db.dispose()
+    print("\n".join(lines) if lines else "no tokens")
+    return 0
+
+
+def run_revoke(args: argparse.Namespace) -> int:
+    from app.store.tokens import revoke_token
+
+    db = _database()
+    try:
+        with db.session() as s:
+            row = revoke_token(s, args.id)
+            found = row is not None
+    finally:
+        db.dispose()
+    if not found:
+        print(f"error: there is no token {args.id}", file=sys.stderr)
+        return 1
+    print(f"token {args.id} revoked")
+    return 0

@@ -1,0 +1,79 @@
+"""``/v1/tokens``: admins list, create and revoke API tokens (the CLI does the same).
+
+The secret is in the answer to the create request only; the database keeps its sha256.
+A revoked token stays listed (with ``revoked_at``) and is answered 401 from then on.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Response, status
+from pydantic import BaseModel, Field, StringConstraints
+
+from app.http.api.deps import ADMIN, Limit, Offset, Svc, not_found
+from app.http.problems import PROBLEM_RESPONSES
+from app.http.schemas import ID_MAX, NO_NUL, Page
+from app.store import tokens as token_store
+from app.store.orm import ApiToken
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=PROBLEM_RESPONSES)
+TokenId = Annotated[int, Path(ge=1, le=ID_MAX, description="Token id")]
+
+
+class TokenOut(BaseModel):
+    id: int = Field(examples=[3])
+    name: str = Field(examples=["ci"])
+    scope: Literal["read", "write", "admin"] = Field(examples=["write"])
+    prefix: str = Field(examples=["cka_Xb3k9Q"], description="The secret's first characters")
+    created_at: datetime
+    last_used_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="The secret, shown this once only")
+
+
+class TokenIn(BaseModel):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=100), NO_NUL] = Field(
+        examples=["ci"]
+    )
+    scope: Literal["read", "write", "admin"] = "write"
+
+
+def _out(row: ApiToken) -> dict[str, Any]:
+    return TokenOut.model_validate(row, from_attributes=True).model_dump()
+
+
+@router.get("", response_model=Page[TokenOut], **ADMIN)
+def list_tokens(services: Svc, limit: Limit = 50, offset: Offset = 0) -> dict[str, Any]:
+    with services.db.session(readonly=True) as s:
+        items, total = token_store.list_tokens(s, limit=limit, offset=offset)
+        views = [_out(t) for t in items]
+    return {"items": views, "total": total, "limit": limit, "offset": offset}
+
+
+@router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED, **ADMIN)
+def create_token(services: Svc, body: TokenIn, response: Response) -> dict[str, Any]:
+    """A new token; its secret is in this answer only."""
+    with services.db.session() as s:
+        row, secret = token_store.create_token(s, body.name, body.scope)
+        out = _out(row) | {"token": secret}
+    response.headers["Location"] = f"/v1/tokens/{out['id']}"
+    response.headers["Cache-Control"] = "no-store"
+    return out
+
+
+@router.post("/{token_id}/revoke", response_model=TokenOut, **ADMIN)
+def revoke_token(services: Svc, token_id: TokenId) -> dict[str, Any]:
+    """Revoke at once (idempotent): the token is answered 401 from now on."""
+    with services.db.session() as s:
+        row = token_store.revoke_token(s, token_id)
+        if row is None:
+            raise not_found("token", token_id)
+        s.flush()
+        return _out(row)

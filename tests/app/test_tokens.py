@@ -1,0 +1,156 @@
+"""Scoped tokens (read < write < admin), revocation, the login cookie, and write rate limits."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from app.cli import main
+from app.http.main import create_app
+from app.http.security import COOKIE_NAME, CSRF_HEADER
+from app.store.db import Database
+from app.store.orm import ApiToken
+from app.store.settings import Settings
+from tests.app.payloads import assert_problem
+
+REDIS = os.environ.get("CKA_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def cli_token(
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *args: str,
+) -> str:
+    monkeypatch.setenv("CKA_DATABASE_URL", str(settings.database_url))
+    monkeypatch.setenv("CKA_DATA_DIR", str(settings.data_dir))
+    assert main(["token", *args]) == 0
+    return capsys.readouterr().out.strip()
+
+
+def test_scopes_revocation_and_the_cli(
+    settings: Settings,
+    zoo: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    idle = settings.model_copy(update={"worker_threads": 0, "api_tokens": "from-env"})
+    with TestClient(create_app(idle)) as c:  # creates the schema; the CLI then adds tokens
+        admin = cli_token(
+            settings, monkeypatch, capsys, "create", "--scope", "admin", "--name", "ops"
+        )
+        writer = cli_token(
+            settings, monkeypatch, capsys, "create", "--scope", "write", "--name", "ci"
+        )
+        reader = cli_token(
+            settings, monkeypatch, capsys, "create", "--scope", "read", "--name", "bi"
+        )
+        assert len({admin, writer, reader}) == 3 and all(
+            t.startswith("cka_") for t in (admin, writer)
+        )
+        listed = cli_token(settings, monkeypatch, capsys, "list")
+        assert "\tci\twrite\t" in listed and writer not in listed  # the secret is never shown again
+        db = Database(str(settings.database_url))
+        with db.session(readonly=True) as s:
+            stored = {t.name: t.token_sha256 for t in s.scalars(select(ApiToken))}
+        db.dispose()
+        assert stored["ci"] == hashlib.sha256(writer.encode()).hexdigest()
+
+        # read: reads only
+        assert c.get("/v1/models", headers=bearer(reader)).status_code == 200
+        body = assert_problem(
+            c.post("/v1/jobs/1/cancel", headers=bearer(reader)), 403, "forbidden", "Authorization"
+        )
+        assert "read" in body["detail"] and "write" in body["detail"]
+        # write: uploads and cancels, but no deletes and no token management
+        r = c.post("/v1/models", headers=bearer(writer), files=_files(zoo["mlp_digits"]))
+        assert r.status_code == 201, r.text
+        model = r.json()["id"]
+        assert_problem(c.delete(f"/v1/models/{model}", headers=bearer(writer)), 403, "forbidden")
+        assert_problem(c.get("/v1/tokens", headers=bearer(writer)), 403, "forbidden")
+        # admin: lists tokens (never their secrets), revokes, deletes
+        tokens = c.get("/v1/tokens", headers=bearer(admin)).json()
+        assert tokens["total"] == 3 and writer not in str(tokens)
+        ci = next(t for t in tokens["items"] if t["name"] == "ci")
+        assert (
+            ci["scope"] == "write" and ci["last_used_at"] is not None and ci["revoked_at"] is None
+        )
+        revoked = c.post(f"/v1/tokens/{ci['id']}/revoke", headers=bearer(admin)).json()
+        assert revoked["revoked_at"] is not None
+        body = assert_problem(
+            c.post("/v1/jobs/1/cancel", headers=bearer(writer)), 401, "unauthorized"
+        )
+        assert "revoked" in body["detail"]
+        assert_problem(c.post("/v1/jobs/1/cancel", headers=bearer("cka_nope")), 401, "unauthorized")
+        assert_problem(c.post("/v1/jobs/1/cancel"), 401, "unauthorized")
+        assert c.delete(f"/v1/models/{model}", headers=bearer(admin)).status_code == 204
+        # CKA_API_TOKENS keeps its full access: writes and deletes
+        again = c.post("/v1/models", headers=bearer("from-env"), files=_files(zoo["mlp_digits"]))
+        assert again.status_code == 201
+        assert (
+            c.delete(f"/v1/models/{again.json()['id']}", headers=bearer("from-env")).status_code
+            == 204
+        )
+        # REST creation, then the CLI revokes it
+        made = c.post("/v1/tokens", headers=bearer(admin), json={"name": "bot", "scope": "read"})
+        assert made.status_code == 201 and made.json()["token"].startswith("cka_")
+        cli_token(settings, monkeypatch, capsys, "revoke", str(made.json()["id"]))
+        assert_problem(
+            c.get("/v1/tokens", headers=bearer(made.json()["token"])), 401, "unauthorized"
+        )
+
+
+def _files(path: Path) -> dict[str, tuple[str, bytes]]:
+    return {
+        "weights": ("w.safetensors", path.read_bytes()),
+        "sidecar": ("s.json", path.with_suffix(".json").read_bytes()),
+    }
+
+
+def test_login_cookie_takes_a_database_token(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with TestClient(create_app(settings.model_copy(update={"worker_threads": 0}))) as c:
+        writer = cli_token(settings, monkeypatch, capsys, "create", "--name", "page")
+        assert c.post("/login", data={"token": "cka_wrong"}).status_code == 401
+        ok = c.post("/login", data={"token": writer}, follow_redirects=False)
+        assert ok.status_code == 303 and c.cookies.get(COOKIE_NAME) == writer
+        assert_problem(c.post("/v1/jobs/1/cancel"), 401, "unauthorized")  # cookie without CSRF
+        assert_problem(c.post("/v1/jobs/1/cancel", headers={CSRF_HEADER: "1"}), 404, "not_found")
+
+
+@pytest.mark.parametrize("storage", ["memory", "redis"])
+def test_writes_past_the_rate_get_429_with_retry_after(settings: Settings, storage: str) -> None:
+    limited = settings.model_copy(
+        update={
+            "worker_threads": 0,
+            "api_tokens": "alpha,beta",
+            "write_rate": "3/minute",
+            "broker_url": REDIS if storage == "redis" else None,
+            "celery_queue": f"cka-test-{uuid.uuid4().hex[:10]}",  # its own Redis counters
+        }
+    )
+    with TestClient(create_app(limited)) as c:
+        for _ in range(3):  # counted, then answered (404: there is no such job)
+            assert_problem(c.post("/v1/jobs/1/cancel", headers=bearer("alpha")), 404, "not_found")
+        r = c.post("/v1/jobs/1/cancel", headers=bearer("alpha"))
+        body = assert_problem(r, 429, "rate_limited")
+        assert 1 <= int(r.headers["retry-after"]) <= 60 and "3 per 1 minute" in body["detail"]
+        # another token has its own budget; reads are never limited
+        assert c.post("/v1/jobs/1/cancel", headers=bearer("beta")).status_code == 404
+        assert all(c.get("/v1/jobs").status_code == 200 for _ in range(5))
+    # a fresh Settings: model_copy would keep the cached token set of the first one
+    open_limited = Settings(**(limited.model_dump() | {"api_tokens": ""}))
+    with TestClient(create_app(open_limited)) as c:  # no tokens: counted per client address
+        codes = [c.post("/v1/jobs/1/cancel").status_code for _ in range(4)]
+        assert codes == [404, 404, 404, 429]
