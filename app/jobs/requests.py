@@ -1,7 +1,10 @@
 """What a client asks a job to do: the bodies of a training and a comparison request.
 
 Validated here once, whether the request came over REST, from the CLI or from the web form;
-:mod:`app.jobs.submit` checks them against the database and queues the job.
+:mod:`app.jobs.submit` checks them against the database and queues the job. The comparison
+options are :class:`analysis.CompareOptions`: their types, allowed values, defaults and
+descriptions are taken from it (:func:`option`), with only the service's own caps added here
+(batch and bootstrap sizes a worker accepts, layer-name lengths a column holds).
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ from pydantic import (
     field_validator,
 )
 
-from analysis.options import MAX_PERMUTATIONS
+from analysis.hsic import Estimator
+from analysis.layers import FeaturePolicy as Feature
+from analysis.options import MAX_PERMUTATIONS, CompareOptions, Mode
 from app.store.values import NO_NUL, Id, Text
 
 __all__ = [
     "BASELINES",
+    "COMPARE_FIELDS",
     "MAX_BATCH",
     "MAX_LAYER_ITEMS",
     "MAX_MODELS",
@@ -40,9 +46,6 @@ __all__ = [
 
 # "linear", "rbf" (median heuristic) or "rbf:T" (bandwidth T × median distance).
 Kernel = Annotated[str, StringConstraints(pattern=r"^(linear|rbf(:[0-9.eE+-]{1,20})?)$")]
-Estimator = Literal["unbiased", "biased"]
-Mode = Literal["minibatch", "full"]
-Feature = Literal["flatten", "mean_tokens", "cls"]
 # A layer name or glob, or an index into the default layers (negative counts from the end);
 # an index is a JSON integer, never a boolean.
 LayerName = Annotated[str, StringConstraints(max_length=200), NO_NUL]
@@ -52,6 +55,20 @@ BASELINES: tuple[Baseline, ...] = ("random_init", "seed_ceiling")
 MAX_MODELS = 32
 MAX_BATCH = 8192
 MAX_LAYER_ITEMS = 200
+
+
+# The fields of a comparison request that are CompareOptions (the rest says what to compare).
+COMPARE_FIELDS = frozenset(
+    {"layers", "kernel", "estimator", "mode", "batch_size", "feature", "bootstrap"}
+    | {"permutations", "sensitivity"}
+)
+
+
+def option(name: str, **caps: Any) -> Any:
+    """A request field for comparison option ``name``: default and description from
+    :class:`analysis.CompareOptions`, plus the service's ``caps`` (e.g. ``le=MAX_BATCH``)."""
+    info = CompareOptions.model_fields[name]
+    return Field(default=info.default, description=info.description, **caps)
 
 
 class TrainingIn(BaseModel):
@@ -77,19 +94,8 @@ class Calibration(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    permutations: int = Field(
-        default=0,
-        ge=0,
-        le=MAX_PERMUTATIONS,
-        description="Permutations of the null per cell (p-value, null mean and 95 % quantile, "
-        "from the stored per-batch Grams, no extra forward pass); 0 for none. The web form "
-        "offers 200.",
-    )
-    sensitivity: bool = Field(
-        default=False,
-        description="Also compute CKA with each side's top principal component removed, and "
-        "warn where that moves a cell by more than a threshold",
-    )
+    permutations: int = option("permutations", ge=0, le=MAX_PERMUTATIONS)
+    sensitivity: bool = option("sensitivity")
     baselines: list[Baseline] = Field(
         default_factory=list,
         max_length=8,
@@ -155,14 +161,12 @@ class ComparisonIn(Calibration):
         "layers (negative counts from the end), or a list of these.",
         examples=[None, "blocks.*", ["blocks.0", "norm"]],
     )
-    kernel: Kernel = Field(default="linear", description="`linear`, `rbf` or `rbf:T`")
-    estimator: Estimator = "unbiased"
-    mode: Mode = "minibatch"
-    batch_size: int = Field(
-        default=256, ge=2, le=MAX_BATCH, description="≥ 4 for the unbiased estimator"
-    )
-    feature: Feature = "flatten"
-    bootstrap: int = Field(default=0, ge=0, le=1000)
+    kernel: Kernel = option("kernel")
+    estimator: Estimator = option("estimator")
+    mode: Mode = option("mode")
+    batch_size: int = option("batch_size", ge=2, le=MAX_BATCH)
+    feature: Feature = option("feature")
+    bootstrap: int = option("bootstrap", ge=0, le=1000)
     force: bool = Field(
         default=False, description="Recompute even if an identical comparison exists"
     )

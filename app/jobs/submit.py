@@ -22,9 +22,10 @@ import models
 from analysis import AnalysisError
 from analysis.kernels import parse_kernel
 from analysis.layers import resolve_layers
+from analysis.options import CompareOptions, OptionsError
 from app.errors import ProblemError
 from app.jobs import states as jobs
-from app.jobs.requests import ComparisonIn, TrainingIn
+from app.jobs.requests import COMPARE_FIELDS, ComparisonIn, TrainingIn
 from app.store import repository
 from app.store.orm import Comparison, ComparisonModel, Dataset, JobState, Model, Training
 from app.store.services import Services
@@ -78,19 +79,10 @@ def validate_comparison(
     """Check the request against the database; returns rows and the canonical params."""
     if len(set(body.model_ids)) != len(body.model_ids):
         raise _invalid("duplicate_model", "model_ids lists a model twice", "model_ids")
-    if body.estimator == "unbiased" and body.batch_size < 4:
-        raise _invalid(
-            "batch_too_small",
-            "the unbiased HSIC estimator needs batch_size >= 4",
-            "batch_size",
-        )
-    for field in ("permutations", "sensitivity"):
-        if getattr(body, field) and body.mode != "minibatch":
-            raise _invalid(
-                "calibration_needs_minibatch",
-                f"{field} works on the per-batch Grams and needs mode minibatch",
-                field,
-            )
+    try:  # the rules between options (batch size per estimator, …) live in CompareOptions
+        CompareOptions.build(None, **body.model_dump(include=set(COMPARE_FIELDS)))
+    except OptionsError as exc:
+        raise _invalid(exc.kind, str(exc), exc.field) from None
     with services.db.session(readonly=True) as s:
         found = repository.models_by_ids(s, body.model_ids)
         ds = s.get(Dataset, body.dataset_id)

@@ -23,8 +23,8 @@ import models
 from app.cli import main
 from app.store.cells import Cells
 from app.store.settings import Settings
-from tests.app.conftest import register, upload, wait
 from tests.app.payloads import assert_problem, npz_bytes
+from tests.helpers import register, upload, wait
 
 N, BATCH, BOOT, PERM = 96, 32, 20, 30  # three batches of a small slice of digits
 

@@ -22,7 +22,7 @@ from timm.data import resolve_data_config
 
 from app.cli import main as cli_main
 from app.store.settings import Settings
-from tests.app.conftest import make_settings, wait
+from tests.helpers import make_settings, wait
 from tests.hub_helpers import (
     HUB_MODELS,
     N_IMAGES,

@@ -16,8 +16,8 @@ from app.jobs import states as jobs
 from app.jobs.run import run_claimed
 from app.store.orm import Model, Training
 from app.store.services import Services
-from tests.app.conftest import digits_id, register
 from tests.app.payloads import assert_problem
+from tests.helpers import digits_id, register
 
 
 def _services(client: TestClient) -> Services:

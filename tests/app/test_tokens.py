@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import uuid
 from pathlib import Path
 
@@ -18,8 +17,6 @@ from app.store.db import Database
 from app.store.orm import ApiToken
 from app.store.settings import Settings
 from tests.app.payloads import assert_problem
-
-REDIS = os.environ.get("CKA_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -130,13 +127,17 @@ def test_login_cookie_takes_a_database_token(
 
 
 @pytest.mark.parametrize("storage", ["memory", "redis"])
-def test_writes_past_the_rate_get_429_with_retry_after(settings: Settings, storage: str) -> None:
+def test_writes_past_the_rate_get_429_with_retry_after(
+    settings: Settings, storage: str, request: pytest.FixtureRequest
+) -> None:
+    # Redis only when this case needs one: the session's server, or a throwaway one.
+    redis = request.getfixturevalue("redis_url") if storage == "redis" else None
     limited = settings.model_copy(
         update={
             "worker_threads": 0,
             "api_tokens": "alpha,beta",
             "write_rate": "3/minute",
-            "broker_url": REDIS if storage == "redis" else None,
+            "broker_url": redis,
             "celery_queue": f"cka-test-{uuid.uuid4().hex[:10]}",  # its own Redis counters
         }
     )
