@@ -322,12 +322,12 @@ class OptionSpec:
 
     ``kind``: ``choice`` (one of ``choices``), ``int`` (within ``minimum``..``maximum`` where
     given; a bound that depends on another option is in the description), ``text`` (a string
-    checked by the option's validator; ``examples`` shows valid ones) or ``layers`` (see
-    :data:`Layers`).
+    checked by the option's validator; ``examples`` shows valid ones), ``flag`` (a boolean) or
+    ``layers`` (see :data:`Layers`).
     """
 
     name: str
-    kind: Literal["choice", "int", "text", "layers"]
+    kind: Literal["choice", "int", "text", "flag", "layers"]
     default: Any
     description: str
     choices: tuple[str, ...] = ()
@@ -341,13 +341,15 @@ def option_specs() -> dict[str, OptionSpec]:
     props: dict[str, dict[str, Any]] = CompareOptions.model_json_schema()["properties"]
     specs = {}
     for name, prop in props.items():
-        kind: Literal["choice", "int", "text", "layers"]
+        kind: Literal["choice", "int", "text", "flag", "layers"]
         if "enum" in prop:
             kind = "choice"
         elif prop.get("type") == "integer":
             kind = "int"
         elif prop.get("type") == "string":
             kind = "text"
+        elif prop.get("type") == "boolean":
+            kind = "flag"
         else:
             kind = "layers"
         specs[name] = OptionSpec(

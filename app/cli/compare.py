@@ -27,24 +27,7 @@ def register(subparsers: Any) -> None:
         nargs="+",
         help="layer names, globs (blocks.*) or indices into the default list (default: all)",
     )
-    p.add_argument("--kernel", default="linear", help="linear, rbf or rbf:T (default linear)")
-    p.add_argument("--estimator", default="unbiased", choices=["unbiased", "biased"])
-    p.add_argument("--mode", default="minibatch", choices=["minibatch", "full"])
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--feature", default="flatten", choices=["flatten", "mean_tokens", "cls"])
-    p.add_argument("--bootstrap", type=int, default=0, metavar="B", help="bootstrap replicates")
-    p.add_argument(
-        "--permutations",
-        type=int,
-        default=0,
-        metavar="P",
-        help="permutations of the null per cell: p-value and null mean (default 0: none)",
-    )
-    p.add_argument(
-        "--sensitivity",
-        action="store_true",
-        help="also CKA with each side's top principal component removed",
-    )
+    _add_option_flags(p)
     p.add_argument(
         "--baselines",
         default="",
@@ -60,13 +43,30 @@ def register(subparsers: Any) -> None:
         metavar="CKPT",
         help="a checkpoint that is only a candidate seed sibling (repeatable)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and permutations")
     p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="autocast the forward pass")
     p.add_argument("--gram-cache", type=Path, metavar="DIR", help="keep per-batch Grams here")
     p.add_argument("--out", type=Path, help="write the atlas as JSON here")
     p.add_argument("--heatmap", type=Path, help="write the heatmap grid here (.png or .svg)")
     p.set_defaults(func=run)
+
+
+def _add_option_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per :class:`analysis.CompareOptions` field, typed, bounded and described by it
+    (``--layers`` is taken above, with ``nargs``)."""
+    from analysis import option_specs
+
+    for spec in option_specs().values():
+        flag = "--" + spec.name.replace("_", "-")
+        described = spec.description.replace("%", "%%")  # argparse formats help with %
+        help_text = f"{described} (default {spec.default})"
+        if spec.kind == "flag":
+            p.add_argument(flag, action="store_true", help=described)
+        elif spec.kind == "choice":
+            p.add_argument(flag, choices=spec.choices, default=spec.default, help=help_text)
+        elif spec.kind == "int":
+            p.add_argument(flag, type=int, default=spec.default, help=help_text)
+        elif spec.kind == "text":
+            p.add_argument(flag, default=spec.default, help=help_text)
 
 
 def _names(paths: list[Path]) -> list[str]:

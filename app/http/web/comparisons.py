@@ -20,6 +20,7 @@ from app.http.web.common import (
     render,
     services_of,
 )
+from app.jobs.requests import ComparisonIn
 from app.store import repository
 from app.store.cells import QUANTITIES, Cells
 from app.store.orm import JOB_STATES, Comparison, Dataset, Model
@@ -99,7 +100,24 @@ def new_comparison_page(request: Request, auth: Auth) -> Response:
         models=models,
         datasets=datasets,
         preselect=preselect,
+        options=form_options(),
     )
+
+
+def form_options() -> dict[str, dict[str, Any]]:
+    """Each comparison option as the form draws it: choices, bounds, default, description,
+    read from the REST schema, which takes them from :class:`analysis.CompareOptions`."""
+    props = ComparisonIn.model_json_schema()["properties"]
+    out: dict[str, dict[str, Any]] = {}
+    for name, prop in props.items():
+        out[name] = {
+            "choices": prop.get("enum", []),
+            "default": prop.get("default"),
+            "minimum": prop.get("minimum"),
+            "maximum": prop.get("maximum"),
+            "description": prop.get("description", ""),
+        }
+    return out
 
 
 def atlas_payload(result: dict[str, Any]) -> dict[str, Any]:
