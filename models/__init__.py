@@ -8,6 +8,9 @@ Importing the package registers the project's presets in timm's registry, so bot
     models.connections(model)          # Ω, connections per effective layer
     path = models.save(model, "out/sw_mlp_digits.safetensors", seed=1)
     model, meta = models.load(path)
+    config = models.validate_config("sw_mlp_digits", {"density": 0.125})  # or ConfigError
+    models.structure("sw_mlp_digits", config)  # Ω, m, p, S, C, γ without allocating weights
+    models.fixed_omega_grid("sw_mlp_digits", 24576, widths=[256, 512, 1024])
 
 Families (one module each): ``mixer`` (timm MlpMixer), ``rp_mixer`` (random-permuted Mixer),
 ``gmlp`` (timm gMLP), ``sw_mlp`` (static sparse-weight MLP and the dense ``mlp``).
@@ -37,10 +40,14 @@ from models.connections import (
 )
 from models.errors import CheckpointError, ConfigError, ModelError
 from models.factory import create
+from models.grids import GridPoint, fixed_omega_grid
+from models.options import STRUCTURE_KEYS, option_schema, structure, validate_config
 
 __all__ = [
+    "STRUCTURE_KEYS",
     "CheckpointError",
     "ConfigError",
+    "GridPoint",
     "InputSpec",
     "ModelError",
     "check_state_dict",
@@ -49,17 +56,21 @@ __all__ = [
     "describe",
     "effective_width",
     "file_sha256",
+    "fixed_omega_grid",
     "gmlp",
     "input_spec",
     "list_presets",
     "load",
     "mixer",
+    "option_schema",
     "parameter_count",
     "read_sidecar",
     "rp_mixer",
     "save",
     "sidecar_path",
+    "structure",
     "sw_mlp",
+    "validate_config",
     "validate_metadata",
     "weights_path",
 ]

@@ -12,7 +12,6 @@ config give bit-identical initial weights, masks and permutations, whatever the 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -22,19 +21,24 @@ from timm.models import build_model_with_cfg
 from torch import nn
 
 from models.errors import ConfigError
+from models.schema import check_options
 
 __all__ = [
     "FAMILIES",
     "PRESETS",
+    "PRESET_DEFAULTS",
     "build_preset",
     "check_divisible",
     "default_cfg",
     "list_presets",
+    "register",
     "seeded",
 ]
 
 # preset name -> family name ("mixer", "sw_mlp", ...), filled as the family modules register.
 PRESETS: dict[str, str] = {}
+# preset name -> its default config (family defaults overridden by the preset's sizes).
+PRESET_DEFAULTS: dict[str, dict[str, Any]] = {}
 
 # Keyword arguments that timm's ``create_model`` forwards to every entrypoint; they steer timm's
 # own machinery (pretrained cfg, placement) and are not part of an architecture's config.
@@ -84,12 +88,11 @@ def seeded(seed: int) -> Iterator[None]:
         yield
 
 
-def _jsonable(value: Any) -> Any:
-    """Tuples become lists; anything json cannot write is a config error."""
-    try:
-        return json.loads(json.dumps(value))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"option value {value!r} cannot be stored in a sidecar") from exc
+def register(family: str, presets: Mapping[str, Mapping[str, Any]]) -> None:
+    """Record presets of ``family`` with their default configs."""
+    for name, defaults in presets.items():
+        PRESETS[name] = family
+        PRESET_DEFAULTS[name] = dict(defaults)
 
 
 def build_preset(
@@ -102,27 +105,18 @@ def build_preset(
     *,
     pretrained: bool = False,
     feature_cfg: Mapping[str, Any] | None = None,
-    resolve: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> nn.Module:
     """Build ``variant`` of ``family`` from its defaults overridden by ``kwargs``.
 
     ``translate`` turns the config into ``model_cls`` kwargs (for instance expansion factors
-    relative to S into timm's ``mlp_ratio`` relative to C). ``resolve`` fills options whose
-    default depends on others (the SW-MLP density) so that the stored config is explicit.
-    Unknown options fail with a :class:`ConfigError` that lists the known ones.
+    relative to S into timm's ``mlp_ratio`` relative to C). The config is validated against
+    the family's declared options (:mod:`models.schema`), which also fills options whose
+    default depends on others (the SW-MLP density), so the stored config is explicit.
     """
     if pretrained:
         raise ConfigError(f"{variant} has no pretrained weights; train it or load a checkpoint")
     passthrough = {k: kwargs.pop(k) for k in _TIMM_PASSTHROUGH if k in kwargs}
-    unknown = sorted(set(kwargs) - set(defaults))
-    if unknown:
-        raise ConfigError(
-            f"unknown option(s) {', '.join(unknown)} for {variant}; "
-            f"known options are {', '.join(sorted(defaults))}"
-        )
-    config = _jsonable({**defaults, **kwargs})
-    if resolve is not None:
-        config = _jsonable(resolve(config))
+    config = check_options(variant, family, defaults, kwargs)
     model_kwargs = translate(dict(config))
     with seeded(int(config["seed"])):
         model = build_model_with_cfg(

@@ -20,7 +20,7 @@ from timm.models import MlpMixer, generate_default_cfgs, register_model
 from timm.models.mlp_mixer import SpatialGatingBlock
 from torch import nn
 
-from models._builder import PRESETS, build_preset, check_divisible, default_cfg
+from models._builder import build_preset, check_divisible, default_cfg, register
 
 __all__ = ["GMLP_DEFAULTS", "gmlp_cifar", "gmlp_digits"]
 
@@ -87,4 +87,7 @@ def gmlp_cifar(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     return _create("gmlp_cifar", CIFAR, pretrained, **kwargs)
 
 
-PRESETS.update({"gmlp_digits": "gmlp", "gmlp_cifar": "gmlp"})
+register(
+    "gmlp",
+    {"gmlp_digits": {**GMLP_DEFAULTS, **DIGITS}, "gmlp_cifar": {**GMLP_DEFAULTS, **CIFAR}},
+)

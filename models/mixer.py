@@ -20,7 +20,7 @@ from typing import Any
 from timm.models import MlpMixer, generate_default_cfgs, register_model
 from torch import nn
 
-from models._builder import PRESETS, build_preset, check_divisible, default_cfg
+from models._builder import build_preset, check_divisible, default_cfg, register
 from models.errors import ConfigError
 
 __all__ = ["MIXER_DEFAULTS", "mixer_cifar", "mixer_digits", "mixer_kwargs"]
@@ -124,4 +124,7 @@ def mixer_cifar(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     return _create("mixer_cifar", CIFAR, pretrained, **kwargs)
 
 
-PRESETS.update({"mixer_digits": "mixer", "mixer_cifar": "mixer"})
+register(
+    "mixer",
+    {"mixer_digits": {**MIXER_DEFAULTS, **DIGITS}, "mixer_cifar": {**MIXER_DEFAULTS, **CIFAR}},
+)

@@ -27,7 +27,7 @@ from timm.models import MlpMixer, generate_default_cfgs, register_model
 from timm.models.mlp_mixer import MixerBlock
 from torch import nn
 
-from models._builder import PRESETS, build_preset, default_cfg
+from models._builder import build_preset, default_cfg, register
 from models.mixer import CIFAR, DIGITS, MIXER_DEFAULTS, mixer_kwargs
 
 __all__ = ["RandomPermutedMixerBlock", "rp_mixer_cifar", "rp_mixer_digits"]
@@ -129,4 +129,10 @@ def rp_mixer_cifar(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     return _create("rp_mixer_cifar", CIFAR, pretrained, **kwargs)
 
 
-PRESETS.update({"rp_mixer_digits": "rp_mixer", "rp_mixer_cifar": "rp_mixer"})
+register(
+    "rp_mixer",
+    {
+        "rp_mixer_digits": {**MIXER_DEFAULTS, **DIGITS},
+        "rp_mixer_cifar": {**MIXER_DEFAULTS, **CIFAR},
+    },
+)

@@ -31,7 +31,7 @@ from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torch import nn
 
-from models._builder import PRESETS, build_preset, check_divisible, default_cfg
+from models._builder import build_preset, check_divisible, default_cfg, register
 from models.errors import ConfigError
 
 __all__ = [
@@ -308,37 +308,29 @@ def default_density(tokens: int, channels: int) -> float:
     return (1.0 / tokens + 1.0 / channels) / 2.0
 
 
-def _resolve(variant: str, dense: bool) -> Any:
-    def resolve(config: dict[str, Any]) -> dict[str, Any]:
-        if config["density"] is None:
-            tokens = check_divisible(variant, config["img_size"], config["patch_size"])
-            config["density"] = 1.0 if dense else default_density(tokens, config["embed_dim"])
-        return config
-
-    return resolve
-
-
 def _kwargs(variant: str, config: dict[str, Any]) -> dict[str, Any]:
     check_divisible(variant, config["img_size"], config["patch_size"])
     return dict(config)
 
 
-def _create(
-    variant: str, family: str, preset: dict[str, Any], pretrained: bool, **kwargs: Any
-) -> nn.Module:
-    dense = family == "mlp"
-    defaults = {**SW_MLP_DEFAULTS, **preset}
-    if dense:
-        defaults["density"] = 1.0
+def _presets(family: str) -> dict[str, dict[str, Any]]:
+    """Default configs of the SW-MLP (density unset: resolved to the Mixer's Ω) or dense MLP."""
+    density = {"density": 1.0} if family == "mlp" else {}
+    return {
+        f"{family}_digits": {**SW_MLP_DEFAULTS, **DIGITS, **density},
+        f"{family}_cifar": {**SW_MLP_DEFAULTS, **CIFAR, **density},
+    }
+
+
+def _create(variant: str, family: str, pretrained: bool, **kwargs: Any) -> nn.Module:
     return build_preset(
         variant,
         family,
         SparseWeightMlp,
-        defaults,
+        _presets(family)[variant],
         kwargs,
         partial(_kwargs, variant),
         pretrained=pretrained,
-        resolve=_resolve(variant, dense),
     )
 
 
@@ -355,32 +347,26 @@ default_cfgs = generate_default_cfgs(
 @register_model
 def sw_mlp_digits(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """SW-MLP for 8×8 digits: m = 16·32 = 512, γ = 2, p = 3/64, 4 blocks."""
-    return _create("sw_mlp_digits", "sw_mlp", DIGITS, pretrained, **kwargs)
+    return _create("sw_mlp_digits", "sw_mlp", pretrained, **kwargs)
 
 
 @register_model
 def sw_mlp_cifar(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """SW-MLP for 32×32 CIFAR images: m = 64·64 = 4096, γ = 4, p = 1/64, 8 blocks."""
-    return _create("sw_mlp_cifar", "sw_mlp", CIFAR, pretrained, **kwargs)
+    return _create("sw_mlp_cifar", "sw_mlp", pretrained, **kwargs)
 
 
 @register_model
 def mlp_digits(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """Dense MLP for 8×8 digits: m = 512, γ = 2, 4 blocks (the SW-MLP block with p = 1)."""
-    return _create("mlp_digits", "mlp", DIGITS, pretrained, **kwargs)
+    return _create("mlp_digits", "mlp", pretrained, **kwargs)
 
 
 @register_model
 def mlp_cifar(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """Dense MLP for 32×32 CIFAR images: m = 4096, γ = 4, 8 blocks; build it on meta or a GPU."""
-    return _create("mlp_cifar", "mlp", CIFAR, pretrained, **kwargs)
+    return _create("mlp_cifar", "mlp", pretrained, **kwargs)
 
 
-PRESETS.update(
-    {
-        "sw_mlp_digits": "sw_mlp",
-        "sw_mlp_cifar": "sw_mlp",
-        "mlp_digits": "mlp",
-        "mlp_cifar": "mlp",
-    }
-)
+register("sw_mlp", _presets("sw_mlp"))
+register("mlp", _presets("mlp"))

@@ -123,7 +123,7 @@ def test_rp_block_with_random_permutations_differs_from_the_mixer() -> None:
     ("options", "message"),
     [
         ({"colour": 1}, "unknown option"),
-        ({"img_size": 9}, "not a positive multiple"),
+        ({"img_size": 9}, "option .patch_size. of mixer_digits: 2 does not divide img_size 9"),
         ({"pretrained": True}, "no pretrained weights"),
     ],
 )

@@ -1,0 +1,124 @@
+"""Architecture options checked once, their schema, and a model's structure without its weights.
+
+What the service stores with every model and shows on its page::
+
+    config = models.validate_config("sw_mlp_digits", {"density": 0.125, "depth": 6})
+    models.structure("sw_mlp_digits", config)
+    # {"family": "sw_mlp", "omega": 65536, "effective_width": 512, "density": 0.125,
+    #  "S": 16, "C": 32, "gamma": 2.0}
+    models.option_schema("sw_mlp_digits")   # [{"key": "density", "type": "float", ...}, ...]
+
+:func:`validate_config` returns the *full* config (the preset's defaults filled in, aliases
+such as ``depth`` renamed, the SW-MLP's default density resolved), so two spellings of one
+architecture normalise to one dict. Any timm architecture that is not a preset has no declared
+schema: its options are passed through as JSON values and its structure is whatever a meta
+build can tell (``None`` where Ω is not defined).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import timm
+import torch
+from torch import nn
+
+from models._builder import PRESET_DEFAULTS, PRESETS, list_presets
+from models.connections import connections, effective_width
+from models.errors import ConfigError, ModelError
+from models.factory import create
+from models.schema import check_options, describe_options
+from models.sw_mlp import SparseWeightMlp
+
+__all__ = ["STRUCTURE_KEYS", "option_schema", "structure", "validate_config"]
+
+# The keys of :func:`structure`, in the order the service shows them.
+STRUCTURE_KEYS = ("family", "omega", "effective_width", "density", "S", "C", "gamma")
+
+
+def _family(arch: str) -> str:
+    if arch in PRESETS:
+        return PRESETS[arch]
+    if timm.is_model(arch):
+        return "timm"
+    raise ConfigError(
+        f"unknown architecture '{arch}'; presets are {', '.join(list_presets())}, "
+        "and any timm model name works too"
+    )
+
+
+def validate_config(arch: str, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The full normalised config of ``arch`` with ``config`` applied, or a ConfigError.
+
+    The error is one sentence naming the key: an unknown key, a wrong type, a value out of
+    range, or values that do not fit together (a patch size that does not divide the image).
+    """
+    given = dict(config or {})
+    family = _family(arch)
+    if family == "timm":
+        try:
+            return dict(json.loads(json.dumps(given)))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"options {given} for {arch} are not JSON values") from exc
+    return check_options(arch, family, PRESET_DEFAULTS[arch], given)
+
+
+def option_schema(arch: str) -> list[dict[str, Any]]:
+    """Every option of preset ``arch``: key, type, nullable, default, range, description, aliases.
+
+    ``range`` holds pydantic's bounds (``ge``, ``gt``, ``le``, ``lt``); a timm architecture
+    that is not a preset has no declared options (an empty list).
+    """
+    family = _family(arch)
+    if family == "timm":
+        return []
+    return describe_options(family, PRESET_DEFAULTS[arch])
+
+
+def _gamma(family: str, config: Mapping[str, Any], tokens: int, channels: int) -> float | None:
+    """γ such that the Mixer's Ω is γ·S·C·(S + C)/2; the expansion for the other families."""
+    if family in ("mixer", "rp_mixer"):
+        gt, gc = float(config["token_expansion"]), float(config["channel_expansion"])
+        return (gt * tokens + gc * channels) / (tokens + channels)
+    if "mlp_ratio" in config:
+        return float(config["mlp_ratio"])
+    return None
+
+
+def _count(fn: Any, model: nn.Module) -> int | None:
+    try:
+        return int(fn(model))
+    except ModelError:
+        return None
+
+
+def structure(arch: str, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Ω, effective width, density, S, C, γ and family of ``arch`` under ``config``.
+
+    The model is built on the meta device (no weights are allocated), so this is cheap even
+    for ``mlp_cifar``. ``density`` is the SW-MLP's p (1.0 for the dense MLP) and None for the
+    other families; ``gamma`` is the expansion γ of the Ω formulas (for a Mixer with
+    γt ≠ γc, the γ with Ω = γ·S·C·(S + C)/2).
+    """
+    full = validate_config(arch, config)
+    family = _family(arch)
+    with torch.device("meta"):
+        model = create(arch, **full)
+    stem = getattr(model, "stem", None)
+    tokens = getattr(stem, "num_patches", None)
+    channels = getattr(model, "embed_dim", None)
+    density = float(model.density) if isinstance(model, SparseWeightMlp) else None
+    gamma = None
+    if tokens is not None and channels is not None and family != "timm":
+        gamma = _gamma(family, full, int(tokens), int(channels))
+    return {
+        "family": family,
+        "omega": _count(connections, model),
+        "effective_width": _count(effective_width, model),
+        "density": density,
+        "S": None if tokens is None else int(tokens),
+        "C": None if channels is None else int(channels),
+        "gamma": gamma,
+    }
