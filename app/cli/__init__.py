@@ -18,7 +18,7 @@ __all__ = ["main"]
 
 # Each of these modules in app.cli exposes ``register(subparsers)``, which adds its parsers and sets
 # ``func`` on them; importing lazily keeps ``cka-atlas --help`` fast.
-COMMAND_MODULES = ("train", "compare", "service")
+COMMAND_MODULES = ("train", "compare", "service", "study")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,15 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.http.api import architectures, comparisons, datasets, models, results, trainings
+from app.http.api import (
+    architectures,
+    comparisons,
+    datasets,
+    models,
+    results,
+    studies,
+    trainings,
+)
 from app.http.ops import install_ops
 from app.http.problems import install_problem_handlers
 from app.http.security import BodyLimitMiddleware
@@ -84,7 +92,7 @@ def create_app(settings: Settings | None = None, *, start_worker: bool = True) -
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes)
 
-    for module in (architectures, models, datasets, trainings, comparisons, results):
+    for module in (architectures, models, datasets, trainings, comparisons, results, studies):
         app.include_router(module.router)
 
     install_ops(app)  # /healthz, /readyz, /metrics and the request timer (outermost)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from typing import Any
 
@@ -26,10 +27,12 @@ from app.errors import ProblemError
 from app.jobs import states as jobs
 from app.jobs.requests import ComparisonIn, TrainingIn
 from app.store import repository
+from app.store.checkpoints import refuse_loader_options
 from app.store.orm import Comparison, ComparisonModel, Dataset, JobState, Model, Training
 from app.store.services import Services
+from models.schema import ALIASES
 
-__all__ = ["skeleton", "submit_comparison", "submit_training"]
+__all__ = ["check_config", "skeleton", "submit_comparison", "submit_training"]
 
 # Limits on what one comparison may ask of a worker, checked before anything is queued: the
 # per-batch Gram matrices (float64 worst case, all selected layers of all models at once), the
@@ -174,8 +177,13 @@ def request_hash(rows: list[Model], ds: Dataset, params: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 
 
-def submit_comparison(services: Services, body: ComparisonIn) -> tuple[int, bool]:
-    """Queue a comparison, or find the identical one. Returns (comparison id, created)."""
+def submit_comparison(
+    services: Services, body: ComparisonIn, *, dispatch: bool = True
+) -> tuple[int, bool]:
+    """Queue a comparison, or find the identical one. Returns (comparison id, created).
+
+    ``dispatch=False`` leaves the queued job to the caller (a study runs its comparison).
+    """
     rows, ds, params = validate_comparison(services, body)
     digest = request_hash(rows, ds, params)
     try:
@@ -208,8 +216,32 @@ def submit_comparison(services: Services, body: ComparisonIn) -> tuple[int, bool
         if found is None:
             raise
         return found.id, False
-    services.dispatch(job_id)
+    if dispatch:
+        services.dispatch(job_id)
     return cmp_id, True
+
+
+_OPTION_IN_MESSAGE = re.compile(r"option '([A-Za-z0-9_]{1,64})'")
+
+
+def check_config(arch: str, config: dict[str, Any], field: str = "config") -> dict[str, Any]:
+    """The full validated options of ``arch`` (models.validate_config), or a 422.
+
+    The problem's ``field`` is ``config.KEY`` for the option the sentence names (an unknown
+    key, a wrong type, a value out of range), ``arch`` for an unknown architecture.
+    """
+    refuse_loader_options(config, field)
+    try:
+        return models.validate_config(arch, config)
+    except models.ConfigError as exc:
+        message = str(exc)
+        if message.startswith("unknown architecture"):
+            raise _invalid("invalid_architecture", message, "arch") from None
+        found = _OPTION_IN_MESSAGE.search(message)
+        key = found.group(1) if found else None
+        if key is not None and key not in config:  # reported under its canonical name
+            key = next((k for k in config if ALIASES.get(k) == key), key)
+        raise _invalid("invalid_config", message, f"{field}.{key}" if key else field) from None
 
 
 def submit_training(services: Services, body: TrainingIn) -> int:
@@ -217,8 +249,9 @@ def submit_training(services: Services, body: TrainingIn) -> int:
         ds = s.get(Dataset, body.dataset_id)
     if ds is None:
         raise _invalid("unknown_dataset", f"dataset {body.dataset_id} does not exist", "dataset_id")
+    config = check_config(body.arch, dict(body.config))
     try:
-        net = skeleton(body.arch, {})
+        net = skeleton(body.arch, config)
     except Exception as exc:
         raise _invalid(
             "invalid_architecture", f"cannot build {body.arch!r}: {exc}", "arch"
@@ -232,10 +265,17 @@ def submit_training(services: Services, body: TrainingIn) -> int:
             f"{tuple(ds.shape)}",
             "dataset_id",
         )
-    params = body.model_dump(exclude={"arch", "dataset_id"})
+    params = body.model_dump(exclude={"arch", "dataset_id", "config"})
+    params["config"] = {**config, "seed": body.seed} if "seed" in config else config
     with services.db.session() as s:
         job = jobs.enqueue(s, "training")
-        tr = Training(arch=body.arch, dataset_id=ds.id, params=params, job_id=job.id)
+        tr = Training(
+            arch=body.arch,
+            dataset_id=ds.id,
+            params=params,
+            job_id=job.id,
+            training_key=None,
+        )
         s.add(tr)
         s.flush()
         tr_id, job_id = tr.id, job.id

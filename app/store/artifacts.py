@@ -32,7 +32,7 @@ __all__ = ["SUFFIXES", "ArtifactStore", "StoreError", "StoreGramCache", "TooLarg
 
 log = logging.getLogger(__name__)
 
-SUFFIXES = frozenset({"", ".safetensors", ".json", ".npz", ".zip", ".png", ".svg"})
+SUFFIXES = frozenset({"", ".safetensors", ".json", ".npz", ".zip", ".png", ".svg", ".csv"})
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1 << 20
 
