@@ -174,6 +174,16 @@ def test_builtin_study_through_rest_then_reused(client: TestClient, trainer: Fak
     assert listing["total"] == 2 and listing["items"][0]["id"] == second["id"]
     assert_problem(client.get("/v1/studies/999/summary"), 404, "not_found")
 
+    page = client.get(f"/studies/{done['id']}").text  # the study page, server-rendered
+    assert (
+        f'src="{url}/plot.svg"' in page and f'href="/comparisons/{done["comparison_id"]}"' in page
+    )
+    assert page.count('<tr data-arm="') == 8
+    assert all(f'href="/models/{i}"' in page for i in model_ids)
+    assert "Start a built-in study" in client.get("/studies").text
+    form = client.get("/trainings/new").text
+    assert 'name="config.density"' in form and 'name="config.num_blocks"' in form
+
 
 def test_cancel_and_resume(settings: Settings, trainer: FakeTrainer) -> None:
     from app.jobs.requests import StudyIn
