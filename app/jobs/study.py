@@ -194,7 +194,7 @@ def _summarize(
         cmp = s.get(Comparison, comparison_id)
         assert cmp is not None and cmp.result is not None
         labels = {m.model_id: m.label for m in cmp.members}
-        atlas = analysis.Atlas.from_dict(cmp.result)
+        atlas: Any = analysis.Atlas.from_dict(cmp.result)  # an AtlasLike for summarize
     finished = [
         {"key": key, "name": labels[model.id], "accuracy": _accuracy(model)}
         for key, model in trained.items()
