@@ -11,6 +11,7 @@ Importing the package registers the project's presets in timm's registry, so bot
     config = models.validate_config("sw_mlp_digits", {"density": 0.125})  # or ConfigError
     models.structure("sw_mlp_digits", config)  # Ω, m, p, S, C, γ without allocating weights
     models.fixed_omega_grid("sw_mlp_digits", 24576, widths=[256, 512, 1024])
+    models.train("sw_mlp_digits", "digits", seed=0, density=0.125)  # -> checkpoint path
 
 Families (one module each): ``mixer`` (timm MlpMixer), ``rp_mixer`` (random-permuted Mixer),
 ``gmlp`` (timm gMLP), ``sw_mlp`` (static sparse-weight MLP and the dense ``mlp``).
@@ -42,6 +43,7 @@ from models.errors import CheckpointError, ConfigError, ModelError
 from models.factory import create
 from models.grids import GridPoint, fixed_omega_grid
 from models.options import STRUCTURE_KEYS, option_schema, structure, validate_config
+from models.training import train
 
 __all__ = [
     "STRUCTURE_KEYS",
@@ -70,6 +72,7 @@ __all__ = [
     "sidecar_path",
     "structure",
     "sw_mlp",
+    "train",
     "validate_config",
     "validate_metadata",
     "weights_path",

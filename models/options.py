@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 import timm
@@ -103,6 +104,13 @@ def structure(arch: str, config: Mapping[str, Any] | None = None) -> dict[str, A
     γt ≠ γc, the γ with Ω = γ·S·C·(S + C)/2).
     """
     full = validate_config(arch, config)
+    return dict(_structure(arch, json.dumps(full, sort_keys=True)))
+
+
+@lru_cache(maxsize=1024)
+def _structure(arch: str, config_json: str) -> dict[str, Any]:
+    """Structure of a validated config (cached: a meta build costs tens of milliseconds)."""
+    full = json.loads(config_json)
     family = _family(arch)
     with torch.device("meta"):
         model = create(arch, **full)

@@ -108,9 +108,12 @@ def _canonical(variant: str, given: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _sentence(variant: str, schema: type[_Common], exc: ValidationError) -> str:
+def _sentence(
+    variant: str, schema: type[_Common], exc: ValidationError, given: Mapping[str, Any]
+) -> str:
     error = exc.errors()[0]
     key = ".".join(str(part) for part in error["loc"]) or "?"
+    key = next((a for a, k in ALIASES.items() if k == key and a in given), key)
     if error["type"] == "extra_forbidden":
         known = ", ".join(schema.model_fields)
         return f"unknown option '{key}' for {variant}; known options are {known}"
@@ -147,7 +150,7 @@ def check_options(
     try:
         config = schema.model_validate(merged).model_dump()
     except ValidationError as exc:
-        raise ConfigError(_sentence(variant, schema, exc)) from None
+        raise ConfigError(_sentence(variant, schema, exc, given)) from None
     tokens = _tokens(variant, config)
     dim = config["embed_dim"]
     if family in ("mixer", "rp_mixer"):

@@ -1,0 +1,80 @@
+"""Studies: the fixed-Ω experiments of Hayase & Karakida as declarative specs, plans and summaries.
+
+A study spec (YAML/JSON, :class:`StudySpec`; built-ins ``sparsity`` and ``width`` ship in
+``analysis/studies/builtin/``) names a dataset, a training recipe, seeds, a reference arm and
+arms (a preset, fixed options, a grid of explicit values or of widths at fixed Ω). Running one
+takes two calls; everything between them (training, the atlas) belongs to the caller::
+
+    from analysis import studies
+
+    # 1. What to train. Each Training has a stable key over (arch, normalised options, seed,
+    #    dataset sha256, recipe): a checkpoint saved under that key is reused by any re-run.
+    plan = studies.plan("sparsity", seeds=2, quick=False)    # or a path, YAML text, a dict
+    for t in plan.trainings:
+        path = models.training.train(t.arch, t.dataset, out_dir=..., name=t.key,
+                                     **t.train_kwargs())
+
+    # 2. One atlas over every trained model (model names of your choosing), then the results.
+    atlas = analysis.compare({t.key: model_of(t) for t in plan.trainings}, data, **plan.cka)
+    result = studies.summarize(
+        plan, [{"key": t.key, "name": t.key, "accuracy": acc_of(t)} for t in plan.trainings],
+        atlas,
+    )
+    result.summary            # summary.json (issue 12 §6): reference, arms, baselines
+    result.table              # pandas DataFrame: results.csv (result.csv() gives the text)
+    result.plots["png"], result.plots["svg"]   # bytes; render_plot(summary, fmt) redraws
+
+``plan(...)`` → :class:`StudyPlan`: ``trainings`` (unique :class:`Training` objects, each
+with ``key``, ``arch``, ``dataset``, ``config``, ``seed``, ``recipe``, ``structure`` and
+``train_kwargs()``), ``entries`` (the summary's points), ``reference``, ``dataset``
+(name, sha256), ``cka`` (the comparison options). The atlas should compare on the dataset's
+test split (``load_dataset(plan.dataset["name"], split="test")``).
+``summarize(plan, finished, atlas)`` → :class:`StudyResult` (``summary``, ``table``,
+``plots``); ``finished`` lists ``{"key", "accuracy", "name"}`` (``name``: the model's name in
+the atlas, default the key); trainings not yet finished are left out of the statistics. The
+atlas may be any object with ``layers`` and ``matrix(a, b)``, like :class:`analysis.Atlas`.
+Errors a user can cause are :class:`StudyError` (an :class:`analysis.AnalysisError`) with one
+sentence, or a :class:`models.ConfigError` naming the offending option.
+"""
+
+from __future__ import annotations
+
+from analysis.studies.plan import KEY_VERSION, Entry, StudyPlan, Training, plan, training_key
+from analysis.studies.plots import PLOT_KINDS, render_plot
+from analysis.studies.results import TABLE_COLUMNS, StudyResult, summarize
+from analysis.studies.spec import (
+    BUILTIN_STUDIES,
+    Arm,
+    FixedOmegaGrid,
+    Recipe,
+    StudyError,
+    StudySpec,
+    builtin_text,
+    load_spec,
+)
+from analysis.studies.summary import ModelRecord, diagonal_summary, t_interval
+
+__all__ = [
+    "BUILTIN_STUDIES",
+    "KEY_VERSION",
+    "PLOT_KINDS",
+    "TABLE_COLUMNS",
+    "Arm",
+    "Entry",
+    "FixedOmegaGrid",
+    "ModelRecord",
+    "Recipe",
+    "StudyError",
+    "StudyPlan",
+    "StudyResult",
+    "StudySpec",
+    "Training",
+    "builtin_text",
+    "diagonal_summary",
+    "load_spec",
+    "plan",
+    "render_plot",
+    "summarize",
+    "t_interval",
+    "training_key",
+]

@@ -1,0 +1,135 @@
+"""The plot of a study, drawn from its summary dict alone (so a stored summary redraws it).
+
+``cka_vs_density`` (the sparsity study): diagonal CKA against the reference, against density
+on a log axis, for every entry with a density (SW-MLP points and the dense MLP at p = 1), with
+the 95 % interval as a band; the reference's matched p = (1/S + 1/C)/2 as a vertical line; the
+seed-to-seed baseline as a grey band; entries without a density (RP-Mixer, …) as dashed lines.
+
+``accuracy_vs_width`` (the width study): test accuracy against effective width m (log axis),
+one line per arm (family) with 95 % interval error bars.
+
+matplotlib's object API only (no pyplot), deterministic bytes as :mod:`analysis.plot`.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import defaultdict
+from fractions import Fraction
+from typing import Any
+
+from matplotlib import rc_context
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+__all__ = ["PLOT_KINDS", "render_plot"]
+
+PLOT_KINDS = ("cka_vs_density", "accuracy_vs_width")
+_METADATA: dict[str, dict[str, Any]] = {
+    "png": {"Software": None},
+    "svg": {"Date": None, "Creator": None},
+}
+
+
+def _ci(stat: dict[str, Any]) -> tuple[float | None, float | None]:
+    low, high = stat.get("ci") or [None, None]
+    return low, high
+
+
+def _fraction(p: float) -> str:
+    frac = Fraction(p).limit_denominator(4096)
+    return f"{frac.numerator}/{frac.denominator}" if frac.denominator > 1 else f"{p:g}"
+
+
+def _density_plot(ax: Axes, summary: dict[str, Any]) -> None:
+    points = [
+        a
+        for a in summary["arms"]
+        if a["density"] is not None and a["cka_diagonal"]["mean"] is not None
+    ]
+    points.sort(key=lambda a: a["density"])
+    xs = [a["density"] for a in points]
+    ys = [a["cka_diagonal"]["mean"] for a in points]
+    if points:
+        ax.plot(xs, ys, "o-", color="C0", label="SW-MLP / MLP (diagonal CKA)")
+        band: list[tuple[float, float, float]] = []
+        for x, arm in zip(xs, points, strict=True):
+            low, high = _ci(arm["cka_diagonal"])
+            if low is not None and high is not None:
+                band.append((x, low, high))
+        if band:
+            ax.fill_between(
+                [b[0] for b in band],
+                [b[1] for b in band],
+                [b[2] for b in band],
+                color="C0",
+                alpha=0.2,
+                label="95 % interval",
+            )
+    ref = summary["reference"]
+    if ref.get("S") and ref.get("C"):
+        matched = (1.0 / ref["S"] + 1.0 / ref["C"]) / 2.0
+        ax.axvline(matched, color="C3", linestyle=":", label=f"matched p = {_fraction(matched)}")
+    base = summary["baselines"]["seed_to_seed"]
+    if base["mean"] is not None:
+        ax.axhline(base["mean"], color="0.4", linewidth=1, label="seed to seed (reference)")
+        low, high = _ci(base)
+        if low is not None and high is not None:
+            ax.axhspan(low, high, color="0.5", alpha=0.2)
+    others = [
+        a for a in summary["arms"] if a["density"] is None and a["cka_diagonal"]["mean"] is not None
+    ]
+    for i, arm in enumerate(others):
+        color = f"C{(i + 4) % 10}"
+        ax.axhline(arm["cka_diagonal"]["mean"], color=color, linestyle="--", label=arm["name"])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("density p of the SW-MLP (log scale)")
+    ax.set_ylabel(f"mean diagonal CKA vs {ref['name']}")
+
+
+def _width_plot(ax: Axes, summary: dict[str, Any]) -> None:
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for arm in summary["arms"]:
+        if arm["accuracy"]["mean"] is not None and arm["effective_width"]:
+            groups[arm["arm"]].append(arm)
+    for i, (group, arms) in enumerate(groups.items()):
+        arms.sort(key=lambda a: a["effective_width"])
+        xs = [a["effective_width"] for a in arms]
+        ys = [a["accuracy"]["mean"] for a in arms]
+        lower, upper = [], []
+        for a, y in zip(arms, ys, strict=True):
+            low, high = _ci(a["accuracy"])
+            lower.append(0.0 if low is None else y - low)
+            upper.append(0.0 if high is None else high - y)
+        ax.errorbar(xs, ys, yerr=[lower, upper], fmt="o-", capsize=3, color=f"C{i}", label=group)
+    ax.set_xscale("log", base=2)
+    omegas = sorted({a["omega"] for arms in groups.values() for a in arms})
+    span = f"Ω {omegas[0]:,}–{omegas[-1]:,}" if omegas else "Ω"
+    ax.set_xlabel(f"effective width m = S·C (log scale; {span})")
+    ax.set_ylabel("test accuracy")
+
+
+def render_plot(summary: dict[str, Any], fmt: str = "png", *, dpi: int = 100) -> bytes:
+    """The study's plot (its ``plot`` kind) as PNG or SVG bytes."""
+    if fmt not in _METADATA:
+        raise ValueError(f"study plots are 'png' or 'svg', not {fmt!r}")
+    kind = summary.get("plot", "cka_vs_density")
+    if kind not in PLOT_KINDS:
+        raise ValueError(f"unknown study plot {kind!r}; use one of {PLOT_KINDS}")
+    fig = Figure(figsize=(6.4, 4.2), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    if kind == "cka_vs_density":
+        _density_plot(ax, summary)
+    else:
+        _width_plot(ax, summary)
+    seeds = summary.get("seeds") or []
+    dataset = (summary.get("dataset") or {}).get("name", "?")
+    ax.set_title(f"{summary['study']} on {dataset}, {len(seeds)} seed(s)", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    buf = io.BytesIO()
+    with rc_context({"svg.hashsalt": "cka-atlas"}):
+        fig.savefig(buf, format=fmt, metadata=_METADATA[fmt])
+    return buf.getvalue()
