@@ -18,11 +18,11 @@ from pydantic import ValidationError
 
 import models
 from analysis import studies
-from analysis.datasets import BUILTIN_DATASETS
 from app.errors import ProblemError
 from app.jobs import states as jobs
 from app.jobs.requests import MAX_MODELS, ComparisonIn, StudyIn
 from app.store.checkpoints import LOADER_OPTIONS
+from app.store.datasets import BUILTIN_DATASETS as SERVICE_DATASETS
 from app.store.datasets import builtin_dataset
 from app.store.orm import Study, StudyMember
 from app.store.services import Services
@@ -31,6 +31,8 @@ __all__ = ["MAX_TRAININGS", "comparison_body", "plan_study", "submit_study"]
 
 # One study trains at most this many models (arms × grid points × seeds).
 MAX_TRAININGS = 128
+# The datasets a study may name: the built-in ones (load_dataset specs).
+BUILTIN_DATASETS = tuple(spec for _name, spec, _split in SERVICE_DATASETS)
 
 
 def _invalid(detail: str, field: str, code: str = "invalid_study") -> ProblemError:
