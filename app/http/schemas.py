@@ -132,6 +132,10 @@ class TrainingOut(JobFields):
     dataset_id: int = Field(examples=[1])
     params: dict[str, Any]
     model_id: int | None = Field(default=None, description="The registered model once succeeded")
+    training_key: str | None = Field(
+        default=None,
+        description="Identity (arch, options, seed, dataset, recipe) a study reuses the model by",
+    )
     created_at: datetime
 
 

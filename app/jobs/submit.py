@@ -23,16 +23,25 @@ import models
 from analysis import AnalysisError
 from analysis.kernels import parse_kernel
 from analysis.layers import resolve_layers
+from analysis.studies import training_key
 from app.errors import ProblemError
 from app.jobs import states as jobs
 from app.jobs.requests import ComparisonIn, TrainingIn
 from app.store import repository
 from app.store.checkpoints import refuse_loader_options
+from app.store.datasets import dataset_key
 from app.store.orm import Comparison, ComparisonModel, Dataset, JobState, Model, Training
 from app.store.services import Services
 from models.schema import ALIASES
+from models.training import RECIPES
 
-__all__ = ["check_config", "skeleton", "submit_comparison", "submit_training"]
+__all__ = [
+    "check_config",
+    "skeleton",
+    "submit_comparison",
+    "submit_training",
+    "training_identity",
+]
 
 # Limits on what one comparison may ask of a worker, checked before anything is queued: the
 # per-batch Gram matrices (float64 worst case, all selected layers of all models at once), the
@@ -244,6 +253,37 @@ def check_config(arch: str, config: dict[str, Any], field: str = "config") -> di
         raise _invalid("invalid_config", message, f"{field}.{key}" if key else field) from None
 
 
+def training_identity(
+    services: Services, ds: Dataset, body: TrainingIn, given: dict[str, Any]
+) -> str | None:
+    """The training key of this request, as a study would compute it for the same training
+    (:func:`analysis.studies.training_key`), so that a study reuses the model; None for a
+    timm architecture or options that do not fit the dataset's images."""
+    if body.arch not in models.list_presets():
+        return None
+    data = services.datasets.get(f"builtin:{ds.spec}:train" if ds.builtin else dataset_key(ds))
+    channels, height, width = data.shape
+    fixed: dict[str, Any] = {"in_chans": channels}
+    if height == width:
+        fixed["img_size"] = height
+    if data.num_classes:
+        fixed["num_classes"] = data.num_classes
+    try:
+        config = models.validate_config(body.arch, {**fixed, **given})
+        family = models.structure(body.arch, config)["family"]
+    except models.ConfigError:
+        return None
+    base = RECIPES.get(family, RECIPES["timm"])
+    recipe = {
+        "epochs": body.epochs,
+        "batch_size": body.batch_size or base.batch_size,
+        "lr": float(body.lr or base.lr),
+        "weight_decay": float(base.weight_decay),
+    }
+    seeded = {**config, "seed": body.seed}
+    return training_key(body.arch, seeded, body.seed, data.sha256, recipe)
+
+
 def submit_training(services: Services, body: TrainingIn) -> int:
     with services.db.session(readonly=True) as s:
         ds = s.get(Dataset, body.dataset_id)
@@ -274,7 +314,7 @@ def submit_training(services: Services, body: TrainingIn) -> int:
             dataset_id=ds.id,
             params=params,
             job_id=job.id,
-            training_key=None,
+            training_key=training_identity(services, ds, body, dict(body.config)),
         )
         s.add(tr)
         s.flush()

@@ -17,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import analysis
+from analysis import studies
 from app.cli import main
 from app.jobs import states as jobs
 from app.jobs.run import execute
@@ -73,6 +74,18 @@ def test_training_options_are_checked_before_queuing(idle_client: TestClient) ->
     assert r.status_code == 202, r.text
     config = r.json()["params"]["config"]
     assert config["density"] == 0.125 and config["num_blocks"] == 6 and "depth" not in config
+
+    # A REST training carries the key a study computes for the same training, so a study
+    # reuses its model: TINY's quick reference at seed 1 is mixer_digits, 1 epoch, seed 1.
+    r = idle_client.post(
+        "/v1/trainings", json={"arch": "mixer_digits", "dataset_id": ds, "epochs": 1, "seed": 1}
+    )
+    planned = studies.plan(TINY, quick=True).reference.keys[1]
+    assert r.json()["training_key"] == planned
+    other = idle_client.post(
+        "/v1/trainings", json={"arch": "mixer_digits", "dataset_id": ds, "epochs": 2, "seed": 1}
+    )
+    assert other.json()["training_key"] not in (None, planned)
 
 
 def test_cli_train_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
