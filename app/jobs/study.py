@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -148,8 +149,15 @@ def _compare(
     worker = f"{control.worker_id}/comparison"
     stop = threading.Event()
     runner: threading.Thread | None = None
+    settings = services.settings
+    next_reap = 0.0
     try:
         while True:
+            if runner is None and time.monotonic() >= next_reap:
+                # Another process may have died running this comparison (a killed CLI run has
+                # no reaper of its own): put it back in the queue once its heartbeat is stale.
+                jobs.requeue_stale(services.db, settings.stale_after_s, settings.max_attempts)
+                next_reap = time.monotonic() + max(settings.stale_after_s / 4, 0.5)
             status, progress, error, job_id = _comparison_state(services, comparison_id)
             control.progress = (n + progress) / (n + 1)
             if status == JobState.SUCCEEDED:
