@@ -18,7 +18,7 @@ __all__ = ["main"]
 
 # Each of these modules in app.cli exposes ``register(subparsers)``, which adds its parsers and sets
 # ``func`` on them; importing lazily keeps ``cka-atlas --help`` fast.
-COMMAND_MODULES = ("train", "compare", "export", "hub", "service", "tokens", "gc")
+COMMAND_MODULES = ("train", "compare", "export", "hub", "study", "service", "tokens", "gc")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
-__all__ = ["register", "run_train", "run_zoo"]
+__all__ = ["parse_sets", "register", "run_train", "run_zoo"]
+
+
+def parse_sets(items: list[str] | None) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as options; VALUE is read as JSON (``0.125``, ``true``, ``[1, 2]``),
+    and anything that is not JSON is kept as a string."""
+    options: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
 
 
 def register(subparsers: Any) -> None:
@@ -30,6 +47,14 @@ def register(subparsers: Any) -> None:
     train.add_argument("--name", default=None, help="checkpoint name (default: the arch)")
     train.add_argument("--batch-size", type=int, default=None)
     train.add_argument("--lr", type=float, default=None)
+    train.add_argument(
+        "--set",
+        dest="options",
+        action="append",
+        metavar="KEY=VALUE",
+        help="an architecture option, repeatable; VALUE is JSON, e.g. --set density=0.125 "
+        "--set depth=6 (unknown keys and out-of-range values are refused before training)",
+    )
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.set_defaults(func=run_train)
 
@@ -45,9 +70,14 @@ def register(subparsers: Any) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from models import read_sidecar
+    from models import read_sidecar, validate_config
     from models.training import train
 
+    try:
+        options = parse_sets(args.options)
+    except argparse.ArgumentTypeError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    validate_config(args.arch, options)  # a ConfigError names the key, before any work
     path = train(
         args.arch,
         args.dataset,
@@ -58,6 +88,7 @@ def run_train(args: argparse.Namespace) -> int:
         lr=args.lr,
         progress=not args.no_progress,
         name=args.name,
+        **options,
     )
     test = read_sidecar(path)["metrics"]["test"]
     print(f"{path}: test accuracy {test['accuracy']:.2%} on {test['n']} images")

@@ -21,6 +21,7 @@ from app.http.api import (
     jobs,
     models,
     results,
+    studies,
     tokens,
     trainings,
 )
@@ -96,7 +97,17 @@ def create_app(settings: Settings | None = None, *, start_worker: bool = True) -
     app.state.write_limiter = make_limiter(settings)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes)
 
-    for module in (architectures, models, datasets, trainings, comparisons, results, jobs, tokens):
+    for module in (
+        architectures,
+        models,
+        datasets,
+        trainings,
+        comparisons,
+        results,
+        studies,
+        jobs,
+        tokens,
+    ):
         app.include_router(module.router)
 
     install_ops(app)  # /healthz, /readyz, /metrics and the request timer (outermost)

@@ -180,7 +180,7 @@ class ServiceCollector(Collector):
         jobs = GaugeMetricFamily(
             "cka_jobs", "Jobs in the jobs table by kind and status.", labels=["kind", "status"]
         )
-        for kind in sorted({k for k, _ in by_status} | {"comparison", "training"}):
+        for kind in sorted({k for k, _ in by_status} | {"comparison", "training", "study"}):
             for status in JOB_STATES:
                 jobs.add_metric([kind, status], by_status.get((kind, status), 0))
         yield jobs

@@ -13,6 +13,7 @@ from app.jobs.requests import (
     Feature,
     Kernel,
     Mode,
+    StudyIn,
     TrainingIn,
 )
 from app.store.orm import JobState
@@ -32,6 +33,8 @@ __all__ = [
     "Mode",
     "ModelOut",
     "Page",
+    "StudyIn",
+    "StudyOut",
     "TrainingIn",
     "TrainingOut",
     "clean_name",
@@ -82,6 +85,23 @@ class ModelOut(BaseModel):
         default=None, description="Ω, weights in the token/channel maps"
     )
     default_layers: list[str] = Field(examples=[["blocks.0", "blocks.1", "norm"]])
+    family: str | None = Field(default=None, examples=["sw_mlp"])
+    omega: int | None = Field(
+        default=None, description="Ω: connections per effective layer", examples=[24576]
+    )
+    effective_width: int | None = Field(
+        default=None, description="m = S·C for token-mixing families", examples=[512]
+    )
+    density: float | None = Field(
+        default=None, description="p of the SW-MLP (1 for the dense MLP)", examples=[0.046875]
+    )
+    S: int | None = Field(default=None, description="tokens", examples=[16])
+    C: int | None = Field(default=None, description="channels per token", examples=[32])
+    gamma: float | None = Field(default=None, description="expansion γ", examples=[2.0])
+    training_key: str | None = Field(
+        default=None,
+        description="Identity of a service training (arch, options, seed, dataset, recipe)",
+    )
     sidecar: dict[str, Any] = Field(description="The checkpoint's JSON sidecar (metrics, data)")
     preprocessing: dict[str, Any] | None = Field(
         default=None,
@@ -123,6 +143,10 @@ class TrainingOut(JobFields):
     dataset_id: int = Field(examples=[1])
     params: dict[str, Any]
     model_id: int | None = Field(default=None, description="The registered model once succeeded")
+    training_key: str | None = Field(
+        default=None,
+        description="Identity (arch, options, seed, dataset, recipe) a study reuses the model by",
+    )
     created_at: datetime
 
 
@@ -191,3 +215,40 @@ class MatrixOut(BaseModel):
         description="`random_init`: the same cell between untrained twins; `seed_ceiling`: the "
         "cell with a model replaced by its seed sibling (null where none); only those asked for",
     )
+
+
+class StudyMemberOut(BaseModel):
+    position: int
+    name: str = Field(examples=["sw_mlp[density=0.125]-s0"])
+    arch: str = Field(examples=["sw_mlp_digits"])
+    seed: int = Field(examples=[0])
+    training_key: str = Field(description="sha256 of (arch, options, seed, dataset, recipe)")
+    model_id: int | None = Field(default=None, description="Set once trained or reused")
+    reused: bool | None = Field(
+        default=None, description="True: an existing model with this key was reused"
+    )
+
+
+class StudyTrainingsOut(BaseModel):
+    total: int = Field(examples=[16])
+    done: int = Field(examples=[5])
+    reused: int = Field(examples=[3])
+    trained: int = Field(examples=[2])
+
+
+class StudyOut(JobFields):
+    id: int = Field(examples=[3])
+    name: str = Field(examples=["sparsity"])
+    dataset_id: int = Field(examples=[1])
+    params: dict[str, Any] = Field(
+        examples=[{"builtin": "sparsity", "seeds": [0, 1], "quick": True, "trainings": 16}]
+    )
+    stage: str = Field(
+        examples=["trainings"], description="queued, trainings, comparison, summary or done"
+    )
+    trainings: StudyTrainingsOut
+    models: list[StudyMemberOut]
+    comparison_id: int | None = None
+    spec: dict[str, Any] | None = Field(default=None, description="The expanded study spec")
+    created_at: datetime
+    links: dict[str, str]

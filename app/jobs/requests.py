@@ -19,6 +19,7 @@ from pydantic import (
     ValidationError,
     ValidatorFunctionWrapHandler,
     field_validator,
+    model_validator,
 )
 
 from analysis.hsic import Estimator
@@ -40,6 +41,7 @@ __all__ = [
     "Feature",
     "Kernel",
     "Mode",
+    "StudyIn",
     "TrainingIn",
 ]
 
@@ -75,7 +77,14 @@ class TrainingIn(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
-            "examples": [{"arch": "mixer_digits", "dataset_id": 1, "epochs": 5, "seed": 0}]
+            "examples": [
+                {"arch": "mixer_digits", "dataset_id": 1, "epochs": 5, "seed": 0},
+                {
+                    "arch": "sw_mlp_digits",
+                    "dataset_id": 1,
+                    "config": {"density": 0.125, "depth": 6},
+                },
+            ]
         },
     )
 
@@ -86,6 +95,12 @@ class TrainingIn(BaseModel):
     batch_size: int | None = Field(default=None, ge=1, le=8192, description="Default: the recipe's")
     lr: float | None = Field(default=None, gt=0, le=10, description="Default: the recipe's")
     name: Text | None = Field(default=None, description="Name of the resulting model")
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Architecture options (GET /v1/architectures/{name} lists a preset's), "
+        'e.g. {"density": 0.125, "depth": 6}; checked before anything is queued',
+    )
 
 
 class Calibration(BaseModel):
@@ -183,3 +198,39 @@ class ComparisonIn(Calibration):
                 "layers must be null, a layer name or glob of at most 200 characters, an "
                 f"integer index, or a list of at most {MAX_LAYER_ITEMS} of these"
             ) from None
+
+
+MAX_STUDY_SEEDS = 10
+
+
+class StudyIn(BaseModel):
+    """A study to run: a built-in one by name, or a whole spec document (a JSON object)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"builtin": "sparsity", "seeds": 3},
+                {"builtin": "width", "seeds": 2, "quick": True},
+            ]
+        },
+    )
+
+    builtin: Literal["sparsity", "width"] | None = Field(
+        default=None, description="A built-in study: `sparsity` or `width`"
+    )
+    spec: dict[str, Any] | None = Field(
+        default=None,
+        description="A study spec (the YAML document as JSON): name, dataset (built-in), recipe, "
+        "seeds, reference, arms, cka, plot",
+    )
+    seeds: int | None = Field(
+        default=None, ge=1, le=MAX_STUDY_SEEDS, description="Seeds 0..N-1 (default: the spec's)"
+    )
+    quick: bool = Field(default=False, description="The spec's quick recipe (1 epoch)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> StudyIn:
+        if (self.builtin is None) == (self.spec is None):
+            raise ValueError("give exactly one of builtin or spec")
+        return self

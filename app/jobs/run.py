@@ -16,6 +16,7 @@ import analysis
 from app.errors import problem_of
 from app.jobs import states as jobs
 from app.jobs.compare import run_comparison
+from app.jobs.study import run_study
 from app.jobs.train import run_training
 from app.logs import job_context
 from app.store.artifacts import StoreError
@@ -30,9 +31,15 @@ log = logging.getLogger(__name__)
 
 # One handler per job kind: ``handler(services, job, control)`` does the work and writes the
 # result through :func:`app.jobs.states.commit_result`.
+def _run_study(services: Services, job: Job, control: jobs.JobControl) -> None:
+    # A study runs its comparison as a job of its own, through run_claimed below.
+    run_study(services, job, control, run_claimed)
+
+
 HANDLERS: dict[str, Callable[[Services, Job, jobs.JobControl], None]] = {
     "comparison": run_comparison,
     "training": run_training,
+    "study": _run_study,
 }
 
 

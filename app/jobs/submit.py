@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from typing import Any
 
@@ -23,14 +24,25 @@ from analysis import AnalysisError
 from analysis.kernels import parse_kernel
 from analysis.layers import resolve_layers
 from analysis.options import CompareOptions, OptionsError
+from analysis.studies import training_key
 from app.errors import ProblemError
 from app.jobs import states as jobs
 from app.jobs.requests import COMPARE_FIELDS, ComparisonIn, TrainingIn
 from app.store import repository
+from app.store.checkpoints import refuse_loader_options
+from app.store.datasets import dataset_key
 from app.store.orm import Comparison, ComparisonModel, Dataset, JobState, Model, Training
 from app.store.services import Services
+from models.schema import ALIASES
+from models.training import RECIPES
 
-__all__ = ["skeleton", "submit_comparison", "submit_training"]
+__all__ = [
+    "check_config",
+    "skeleton",
+    "submit_comparison",
+    "submit_training",
+    "training_identity",
+]
 
 # Limits on what one comparison may ask of a worker, checked before anything is queued: the
 # per-batch Gram matrices (float64 worst case, all selected layers of all models at once), the
@@ -194,8 +206,13 @@ def request_hash(rows: list[Model], ds: Dataset, params: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 
 
-def submit_comparison(services: Services, body: ComparisonIn) -> tuple[int, bool]:
-    """Queue a comparison, or find the identical one. Returns (comparison id, created)."""
+def submit_comparison(
+    services: Services, body: ComparisonIn, *, dispatch: bool = True
+) -> tuple[int, bool]:
+    """Queue a comparison, or find the identical one. Returns (comparison id, created).
+
+    ``dispatch=False`` leaves the queued job to the caller (a study runs its comparison).
+    """
     rows, ds, params = validate_comparison(services, body)
     digest = request_hash(rows, ds, params)
     try:
@@ -228,8 +245,63 @@ def submit_comparison(services: Services, body: ComparisonIn) -> tuple[int, bool
         if found is None:
             raise
         return found.id, False
-    services.dispatch(job_id)
+    if dispatch:
+        services.dispatch(job_id)
     return cmp_id, True
+
+
+_OPTION_IN_MESSAGE = re.compile(r"option '([A-Za-z0-9_]{1,64})'")
+
+
+def check_config(arch: str, config: dict[str, Any], field: str = "config") -> dict[str, Any]:
+    """The full validated options of ``arch`` (models.validate_config), or a 422.
+
+    The problem's ``field`` is ``config.KEY`` for the option the sentence names (an unknown
+    key, a wrong type, a value out of range), ``arch`` for an unknown architecture.
+    """
+    refuse_loader_options(config, field)
+    try:
+        return models.validate_config(arch, config)
+    except models.ConfigError as exc:
+        message = str(exc)
+        if message.startswith("unknown architecture"):
+            raise _invalid("invalid_architecture", message, "arch") from None
+        found = _OPTION_IN_MESSAGE.search(message)
+        key = found.group(1) if found else None
+        if key is not None and key not in config:  # reported under its canonical name
+            key = next((k for k in config if ALIASES.get(k) == key), key)
+        raise _invalid("invalid_config", message, f"{field}.{key}" if key else field) from None
+
+
+def training_identity(
+    services: Services, ds: Dataset, body: TrainingIn, given: dict[str, Any]
+) -> str | None:
+    """The training key of this request, as a study would compute it for the same training
+    (:func:`analysis.studies.training_key`), so that a study reuses the model; None for a
+    timm architecture or options that do not fit the dataset's images."""
+    if body.arch not in models.list_presets():
+        return None
+    data = services.datasets.get(f"builtin:{ds.spec}:train" if ds.builtin else dataset_key(ds))
+    channels, height, width = data.shape
+    fixed: dict[str, Any] = {"in_chans": channels}
+    if height == width:
+        fixed["img_size"] = height
+    if data.num_classes:
+        fixed["num_classes"] = data.num_classes
+    try:
+        config = models.validate_config(body.arch, {**fixed, **given})
+        family = models.structure(body.arch, config)["family"]
+    except models.ConfigError:
+        return None
+    base = RECIPES.get(family, RECIPES["timm"])
+    recipe = {
+        "epochs": body.epochs,
+        "batch_size": body.batch_size or base.batch_size,
+        "lr": float(body.lr or base.lr),
+        "weight_decay": float(base.weight_decay),
+    }
+    seeded = {**config, "seed": body.seed}
+    return training_key(body.arch, seeded, body.seed, data.sha256, recipe)
 
 
 def submit_training(services: Services, body: TrainingIn) -> int:
@@ -237,8 +309,9 @@ def submit_training(services: Services, body: TrainingIn) -> int:
         ds = s.get(Dataset, body.dataset_id)
     if ds is None:
         raise _invalid("unknown_dataset", f"dataset {body.dataset_id} does not exist", "dataset_id")
+    config = check_config(body.arch, dict(body.config))
     try:
-        net = skeleton(body.arch, {})
+        net = skeleton(body.arch, config)
     except Exception as exc:
         raise _invalid(
             "invalid_architecture", f"cannot build {body.arch!r}: {exc}", "arch"
@@ -252,10 +325,17 @@ def submit_training(services: Services, body: TrainingIn) -> int:
             f"{tuple(ds.shape)}",
             "dataset_id",
         )
-    params = body.model_dump(exclude={"arch", "dataset_id"})
+    params = body.model_dump(exclude={"arch", "dataset_id", "config"})
+    params["config"] = {**config, "seed": body.seed} if "seed" in config else config
     with services.db.session() as s:
         job = jobs.enqueue(s, "training")
-        tr = Training(arch=body.arch, dataset_id=ds.id, params=params, job_id=job.id)
+        tr = Training(
+            arch=body.arch,
+            dataset_id=ds.id,
+            params=params,
+            job_id=job.id,
+            training_key=training_identity(services, ds, body, dict(body.config)),
+        )
         s.add(tr)
         s.flush()
         tr_id, job_id = tr.id, job.id

@@ -24,11 +24,18 @@ __all__ = ["register_checkpoint", "run_training"]
 
 
 def register_checkpoint(
-    services: Services, weights: Path, sidecar: Path, *, name: str | None, source: str
+    services: Services,
+    weights: Path,
+    sidecar: Path,
+    *,
+    name: str | None,
+    source: str,
+    training_key: str | None = None,
 ) -> tuple[Model, bool]:
     """Store a checkpoint pair and add its model row; idempotent by weights sha256.
 
-    Returns (model row, created).
+    ``training_key`` (a service training's identity, see :mod:`app.jobs.study`) is recorded
+    on the row, also on an existing row that had none. Returns (model row, created).
     """
     store: ArtifactStore = services.store
     sha, size, model = store_checkpoint(store, weights, sidecar)
@@ -37,6 +44,9 @@ def register_checkpoint(
     with services.db.session() as s:
         existing = repository.model_by_sha(s, sha)
         if existing is not None:
+            if training_key and existing.training_key is None:
+                existing.training_key = training_key
+                s.flush()
             return existing, False
         row = Model(
             name=(name or _default_name(sidecar_meta, info["arch"]))[:200],
@@ -44,6 +54,7 @@ def register_checkpoint(
             sha256=sha,
             size_bytes=size,
             sidecar=sidecar_meta,
+            training_key=training_key,
             **info,
         )
         s.add(row)
@@ -70,6 +81,8 @@ def run_training(services: Services, job: Job, control: jobs.JobControl) -> None
     # The built-in digits train on their fixed train split (the row itself is the test split).
     data: Any = ds.spec if ds.builtin else services.datasets.get(dataset_key(ds))
     p = tr.params
+    # The full validated options; the seed is train()'s own argument.
+    options = {k: v for k, v in (p.get("config") or {}).items() if k != "seed"}
     with services.store.scratch() as tmp:
         try:
             with services.store.writing():  # a full or read-only store fails with a sentence
@@ -84,7 +97,9 @@ def run_training(services: Services, job: Job, control: jobs.JobControl) -> None
                         lr=p["lr"],
                         progress=False,
                         name=p.get("name") or tr.arch,
+                        weight_decay=p.get("weight_decay"),
                         on_step=control.on_batch,  # False once cancelled: stop between steps
+                        **options,
                     )
                 )
         except TrainingCancelled as exc:
@@ -93,7 +108,12 @@ def run_training(services: Services, job: Job, control: jobs.JobControl) -> None
         if control.should_stop:
             raise Cancelled(f"training {tr.id} was cancelled")
         model, _ = register_checkpoint(
-            services, path, path.with_suffix(".json"), name=p.get("name"), source="training"
+            services,
+            path,
+            path.with_suffix(".json"),
+            name=p.get("name"),
+            source="training",
+            training_key=tr.training_key,
         )
 
     def write(s: Session) -> None:

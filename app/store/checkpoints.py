@@ -33,6 +33,7 @@ __all__ = [
     "pretrained_checkpoint",
     "refuse_loader_options",
     "store_checkpoint",
+    "structure_of",
     "timm_checkpoint",
 ]
 
@@ -107,15 +108,45 @@ def check_safetensors(path: Path) -> None:
             raise _bad(f"tensor {name[:80]!r} lies outside the safetensors file")
 
 
+def structure_of(model: Any) -> dict[str, Any]:
+    """``models.structure`` of a built model: family, Ω, effective width, density, S, C, γ.
+
+    Keys are those of :data:`models.STRUCTURE_KEYS`; a value is None where the architecture
+    does not define it (most timm models outside our families).
+    """
+    cfg = getattr(model, "atlas_config", {}) or {}
+    arch = str(cfg.get("arch", ""))
+    try:
+        return dict(models.structure(arch, dict(cfg.get("config", {}))))
+    except Exception:  # not a preset whose options validate, or a timm model without Ω
+        info: dict[str, Any] = dict.fromkeys(models.STRUCTURE_KEYS)
+        info["family"] = str(cfg.get("family") or "timm")
+        for key, fn in (("omega", models.connections), ("effective_width", models.effective_width)):
+            try:
+                info[key] = int(fn(model))
+            except Exception:
+                info[key] = None
+        return info
+
+
 def describe_model(model: Any) -> dict[str, Any]:
-    """Facts about a built model that the database keeps: shapes, sizes, default layers."""
+    """Facts about a built model that the database keeps: shapes, sizes, default layers,
+    and its structure (family, Ω, effective width, density, S, C, γ)."""
     spec = models.input_spec(model)
     try:
         connections: int | None = int(models.connections(model))
     except Exception:  # timm models outside our families may not define Ω
         connections = None
     cfg = getattr(model, "atlas_config", {}) or {}
+    info = structure_of(model)
     return {
+        "family": info["family"],
+        "omega": info["omega"],
+        "effective_width": info["effective_width"],
+        "density": info["density"],
+        "tokens": info["S"],
+        "channels": info["C"],
+        "gamma": info["gamma"],
         "arch": str(cfg.get("arch", type(model).__name__)),
         "config": dict(cfg.get("config", {})),
         "input_shape": [int(spec.channels), int(spec.height), int(spec.width)],
@@ -150,6 +181,8 @@ def store_checkpoint(store: ArtifactStore, weights: Path, sidecar: Path) -> tupl
         model, _ = _load_upload(lambda: models.load(w), w, options_field="sidecar")
         with weights.open("rb") as f:
             sha, size = store.put_stream(f, ".safetensors")
+    # The stored sidecar also records the structure the service computed for the model.
+    meta["structure"] = structure_of(model)
     store.put_as(json.dumps(meta, sort_keys=True).encode(), sha, ".json")
     return sha, size, model
 

@@ -16,6 +16,7 @@ from app.store.values import clean_name
 
 __all__ = [
     "BUILTIN_DATASETS",
+    "builtin_dataset",
     "dataset_key",
     "register_builtin_datasets",
     "register_dataset_file",
@@ -59,6 +60,14 @@ def register_builtin_datasets(services: Services) -> list[Dataset]:
         row = _row(data, name=name, builtin=True, spec=spec, split=split, size_bytes=0)
         out.append(_insert(services, row)[0])
     return out
+
+
+def builtin_dataset(services: Services, spec: str) -> Dataset:
+    """The row of built-in dataset ``spec``'s test split (e.g. ``digits-shifted``), added on
+    first use: the datasets a study trains on are compared on their test split."""
+    data = services.datasets.get(f"builtin:{spec}:test")
+    row = _row(data, name=spec, builtin=True, spec=spec, split="test", size_bytes=0)
+    return _insert(services, row)[0]
 
 
 def sniff_suffix(path: Path, filename: str | None) -> str:

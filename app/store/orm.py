@@ -38,6 +38,8 @@ __all__ = [
     "Job",
     "JobState",
     "Model",
+    "Study",
+    "StudyMember",
     "Training",
     "UTCDateTime",
     "utcnow",
@@ -122,7 +124,30 @@ class Model(Base):
     default_layers: Mapped[list[Any]] = mapped_column(JSON)
     # The input pipeline (input_size, interpolation, crop_pct, crop_mode, mean, std).
     preprocessing: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+    # The architecture's structure (models.structure): family, Ω, effective width m, the
+    # SW-MLP's density p, tokens S, channels C and expansion γ; None where undefined.
+    family: Mapped[str | None] = mapped_column(String(40), index=True)
+    omega: Mapped[int | None] = mapped_column(BigInteger, index=True)
+    effective_width: Mapped[int | None] = mapped_column(BigInteger)
+    density: Mapped[float | None] = mapped_column(Float)
+    tokens: Mapped[int | None] = mapped_column(Integer)
+    channels: Mapped[int | None] = mapped_column(Integer)
+    gamma: Mapped[float | None] = mapped_column(Float)
+    # sha256 of (arch, options, seed, dataset sha256, recipe) for models trained by the
+    # service (analysis.studies.training_key): a study reuses a model with its key.
+    training_key: Mapped[str | None] = mapped_column(String(64), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    @property
+    def S(self) -> int | None:
+        """Tokens S (the API's name for the ``tokens`` column)."""
+        return self.tokens
+
+    @property
+    def C(self) -> int | None:
+        """Channels C (the API's name for the ``channels`` column)."""
+        return self.channels
 
 
 class Dataset(Base):
@@ -151,7 +176,7 @@ class Job(Base):
     __tablename__ = "jobs"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    kind: Mapped[str] = mapped_column(String(20))  # comparison | training
+    kind: Mapped[str] = mapped_column(String(20))  # comparison | training | study
     status: Mapped[str] = mapped_column(String(20), index=True, default=JobState.QUEUED)
     progress: Mapped[float] = mapped_column(Float, default=0.0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -213,6 +238,7 @@ class Training(Base):
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
     model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id", ondelete="SET NULL"))
+    training_key: Mapped[str | None] = mapped_column(String(64), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     job: Mapped[Job] = relationship(lazy="joined")
@@ -256,3 +282,51 @@ class ArtifactRef(Base):
     path: Mapped[str] = mapped_column(String(200), primary_key=True, index=True)
     kind: Mapped[str] = mapped_column(String(10))  # gram | heatmap
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class StudyMember(Base):
+    """One training of a study (an arm's grid point at one seed) and, once done, its model."""
+
+    __tablename__ = "study_members"
+
+    study_id: Mapped[int] = mapped_column(
+        ForeignKey("studies.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    training_key: Mapped[str] = mapped_column(String(64), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    arch: Mapped[str] = mapped_column(String(200))
+    seed: Mapped[int] = mapped_column(Integer)
+    model_id: Mapped[int | None] = mapped_column(
+        ForeignKey("models.id", ondelete="SET NULL"), index=True
+    )
+    reused: Mapped[bool | None] = mapped_column(Boolean)  # None until the training is done
+
+
+class Study(Base):
+    """A study run: its validated spec, the job running it, its comparison and its results.
+
+    ``summary`` is summary.json; ``artifacts`` maps ``csv``/``png``/``svg`` to the sha256 of
+    the results table and plots in the artifact store.
+    """
+
+    __tablename__ = "studies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)  # seeds, quick, builtin
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    comparison_id: Mapped[int | None] = mapped_column(
+        ForeignKey("comparisons.id", ondelete="SET NULL")
+    )
+    stage: Mapped[str] = mapped_column(String(20), default="trainings")
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    artifacts: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    job: Mapped[Job] = relationship(lazy="joined")
+    members: Mapped[list[StudyMember]] = relationship(
+        order_by=StudyMember.position, lazy="selectin", cascade="all, delete-orphan"
+    )

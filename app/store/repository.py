@@ -12,7 +12,16 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, delete, exists, func, select
 from sqlalchemy.orm import Session, defer
 
-from app.store.orm import ArtifactRef, Comparison, ComparisonModel, Dataset, Job, Model, Training
+from app.store.orm import (
+    ArtifactRef,
+    Comparison,
+    ComparisonModel,
+    Dataset,
+    Job,
+    Model,
+    Study,
+    Training,
+)
 
 __all__ = [
     "comparison_for_job",
@@ -29,10 +38,12 @@ __all__ = [
     "list_datasets",
     "list_jobs",
     "list_models",
+    "list_studies",
     "list_trainings",
     "model_by_sha",
     "models_by_ids",
     "page",
+    "study_for_job",
     "training_for_job",
     "trainings_using_dataset",
 ]
@@ -71,10 +82,28 @@ def list_models(
     arch: str | None = None,
     q: str | None = None,
     source: str | None = None,
+    family: str | None = None,
+    omega_min: int | None = None,
+    omega_max: int | None = None,
+    density_min: float | None = None,
+    density_max: float | None = None,
+    training_key: str | None = None,
 ) -> tuple[list[Model], int]:
     stmt = select(Model).order_by(Model.id)
     if arch:
         stmt = stmt.where(Model.arch == arch)
+    if family:
+        stmt = stmt.where(Model.family == family)
+    if omega_min is not None:
+        stmt = stmt.where(Model.omega >= omega_min)
+    if omega_max is not None:
+        stmt = stmt.where(Model.omega <= omega_max)
+    if density_min is not None:
+        stmt = stmt.where(Model.density >= density_min)
+    if density_max is not None:
+        stmt = stmt.where(Model.density <= density_max)
+    if training_key:
+        stmt = stmt.where(Model.training_key == training_key)
     if source:
         stmt = stmt.where(Model.source == source)
     if q:
@@ -159,10 +188,40 @@ def job_subjects(session: Session, job_ids: Sequence[int]) -> dict[int, tuple[st
     """``job id -> (collection, id)`` of the comparison or training each job produces."""
     ids = list(job_ids)
     out: dict[int, tuple[str, int]] = {}
-    for collection, cls in (("comparisons", Comparison), ("trainings", Training)):
+    for collection, cls in (
+        ("comparisons", Comparison),
+        ("trainings", Training),
+        ("studies", Study),
+    ):
         for jid, rid in session.execute(select(cls.job_id, cls.id).where(cls.job_id.in_(ids))):
             out[jid] = (collection, rid)
     return out
+
+
+def list_studies(
+    session: Session,
+    *,
+    limit: int,
+    offset: int,
+    name: str | None = None,
+    status: str | None = None,
+) -> tuple[list[Study], int]:
+    """Newest first, without the (large) summary column."""
+    stmt = (
+        select(Study)
+        .join(Job, Study.job_id == Job.id)
+        .options(defer(Study.summary))
+        .order_by(Study.id.desc())
+    )
+    if name:
+        stmt = stmt.where(Study.name == name)
+    if status:
+        stmt = stmt.where(Job.status == status)
+    return page(session, stmt, limit, offset)
+
+
+def study_for_job(session: Session, job_id: int) -> Study | None:
+    return session.scalar(select(Study).where(Study.job_id == job_id))
 
 
 def find_comparison_by_hash(session: Session, request_hash: str) -> Comparison | None:

@@ -20,7 +20,16 @@ from app.store.db import (
 )
 from tests.helpers import make_settings
 
-TABLES = {"models", "datasets", "jobs", "comparisons", "comparison_models", "trainings"}
+TABLES = {
+    "models",
+    "datasets",
+    "jobs",
+    "comparisons",
+    "comparison_models",
+    "trainings",
+    "studies",
+    "study_members",
+}
 
 
 def test_empty_database_is_upgraded_on_start(db_url: str) -> None:
@@ -73,3 +82,36 @@ def test_script_location_is_the_installed_package() -> None:
     location = alembic_config().get_main_option("script_location")
     assert location == str(Path(migrations.__file__).parent)
     assert (Path(location) / "versions" / "0001_initial.py").is_file()
+
+
+def test_0002_adds_structure_and_studies_to_an_existing_database(db_url: str) -> None:
+    """A 0001 database keeps its models through 0002 (the new columns start empty), and 0002
+    goes back down to 0001."""
+    from alembic import command
+
+    from app.store.db import alembic_config
+
+    db = Database(db_url)
+    upgrade(db.engine, "0001")
+    with db.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO models (id, name, arch, source, sha256, size_bytes, config,"
+                " sidecar, input_shape, parameters, default_layers, created_at) VALUES"
+                " (1, 'm', 'mlp_digits', 'upload', 'ab', 1, '{}', '{}', '[1, 8, 8]', 10, '[]',"
+                " CURRENT_TIMESTAMP)"
+            )
+        )
+    upgrade(db.engine)
+    assert current_revision(db.engine) == head_revision()
+    with db.engine.connect() as conn:
+        row = conn.execute(text("SELECT name, omega, density, training_key FROM models")).one()
+    assert tuple(row) == ("m", None, None, None)
+    assert {"studies", "study_members"} <= set(inspect(db.engine).get_table_names())
+    cfg = alembic_config()
+    with db.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0001")
+    assert "studies" not in set(inspect(db.engine).get_table_names())
+    assert "omega" not in {c["name"] for c in inspect(db.engine).get_columns("models")}
+    db.dispose()

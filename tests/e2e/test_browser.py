@@ -244,3 +244,76 @@ def test_model_and_dataset_pages(page: Any, server: Server, results_dir: Path) -
     sha = server.api.get(f"/v1/datasets/{server.digits_id}").json()["sha256"]
     assert page.locator("#dataset-sha").inner_text() == sha
     shot(page, results_dir, "08-dataset")
+
+
+def test_start_and_watch_a_study(page: Any, server: Server, results_dir: Path) -> None:
+    """The built-in sparsity study (one seed, quick recipe) started from the form, watched live,
+    then read: the plot, the table of arms and the links to every model and to the atlas."""
+    page.goto(server.url + "/login?next=/studies")
+    page.fill('input[name="token"]', TOKEN)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url("**/studies")
+    page.select_option('select[name="builtin"]', "sparsity")
+    page.fill('input[name="seeds"]', "1")
+    page.check('input[name="quick"]')
+    shot(page, results_dir, "10-new-study")
+    page.get_by_role("button", name="Start study").click()
+    page.wait_for_url(re.compile(r"/studies/\d+$"))
+    study_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+
+    counts: list[int] = []
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if page.locator("#arms").count():
+            break
+        text = page.locator("#progress-text").inner_text()
+        found = re.match(r"trainings (\d+) of 8", text)
+        if found and (not counts or int(found.group(1)) != counts[-1]):
+            counts.append(int(found.group(1)))
+            if len(counts) == 2:
+                shot(page, results_dir, "11-study-progress")
+        page.wait_for_timeout(200)
+    assert page.locator("#arms").count() == 1, "the study page did not show its results"
+    assert counts == sorted(counts) and len(counts) >= 2, f"trainings seen: {counts}"
+
+    view = server.api.get(f"/v1/studies/{study_id}").json()
+    assert view["status"] == "succeeded" and view["trainings"]["total"] == 8
+    assert page.locator("#status-pill .pill").text_content() == "succeeded"
+    assert page.locator("#arms tbody tr").count() == 8  # the reference and seven arms
+    page.wait_for_function("() => document.getElementById('study-plot').naturalWidth > 0")
+    for member in view["models"]:
+        assert page.locator(f'#members a[href="/models/{member["model_id"]}"]').count() == 1
+    shot(page, results_dir, "12-study-finished")
+    page.locator("#atlas-link").click()
+    page.wait_for_url(f"**/comparisons/{view['comparison_id']}")
+    page.locator("#focus svg.heatmap").wait_for()
+
+    page.goto(f"{server.url}/models/{view['models'][1]['model_id']}")
+    model = server.api.get(f"/v1/models/{view['models'][1]['model_id']}").json()
+    assert page.locator("#structure-omega").inner_text().replace(",", "") == str(model["omega"])
+
+
+def test_training_form_refuses_an_option(page: Any, server: Server, results_dir: Path) -> None:
+    page.goto(server.url + "/login?next=/trainings/new")
+    page.fill('input[name="token"]', TOKEN)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url("**/trainings/new")
+    page.select_option('select[name="arch"]', "sw_mlp_digits")
+    page.fill('fieldset[data-arch="sw_mlp_digits"] input[name="config.density"]', "2")
+    page.get_by_role("button", name="Start training").click()
+    error = page.locator(
+        'fieldset[data-arch="sw_mlp_digits"] .field-error[data-for="config.density"]'
+    )
+    error.wait_for(state="visible")
+    assert "density" in error.inner_text() and "1" in error.inner_text()
+    before = server.api.get("/v1/trainings").json()["total"]
+    page.fill('fieldset[data-arch="sw_mlp_digits"] input[name="config.density"]', "0.125")
+    page.fill('fieldset[data-arch="sw_mlp_digits"] input[name="config.num_blocks"]', "2")
+    page.fill('input[name="epochs"]', "1")
+    page.get_by_role("button", name="Start training").click()
+    page.locator("#trained-model").wait_for(timeout=300_000)
+    shot(page, results_dir, "13-training")
+    assert server.api.get("/v1/trainings").json()["total"] == before + 1
+    model_id = int(page.locator("#trained-model").get_attribute("href").rsplit("/", 1)[1])
+    model = server.api.get(f"/v1/models/{model_id}").json()
+    assert model["density"] == 0.125 and model["config"]["num_blocks"] == 2

@@ -105,6 +105,7 @@ def training_view(tr: Training) -> dict[str, Any]:
         "dataset_id": tr.dataset_id,
         "params": tr.params,
         "model_id": tr.model_id,
+        "training_key": tr.training_key,
         "created_at": tr.created_at,
         **job_fields(tr.job),
     }

@@ -152,10 +152,34 @@ def list_models(
     q: Annotated[
         str | None, Query(max_length=200, description="Substring of the name"), NO_NUL
     ] = None,
+    family: Annotated[
+        str | None,
+        Query(max_length=40, description="mixer, rp_mixer, sw_mlp, mlp, gmlp, timm"),
+        NO_NUL,
+    ] = None,
+    omega_min: Annotated[int | None, Query(ge=0, le=2**62, description="Ω at least")] = None,
+    omega_max: Annotated[int | None, Query(ge=0, le=2**62, description="Ω at most")] = None,
+    density_min: Annotated[float | None, Query(ge=0, le=1, description="p at least")] = None,
+    density_max: Annotated[float | None, Query(ge=0, le=1, description="p at most")] = None,
+    training_key: Annotated[
+        str | None, Query(pattern="^[0-9a-f]{64}$", description="A training's key")
+    ] = None,
 ) -> dict[str, Any]:
+    """Newest last; filter by architecture, family, Ω or density range, or training key."""
     with services.db.session(readonly=True) as s:
         items, total = repository.list_models(
-            s, limit=limit, offset=offset, arch=arch, q=q, source=source
+            s,
+            limit=limit,
+            offset=offset,
+            arch=arch,
+            q=q,
+            source=source,
+            family=family,
+            omega_min=omega_min,
+            omega_max=omega_max,
+            density_min=density_min,
+            density_max=density_max,
+            training_key=training_key,
         )
         sizes = gc.model_artifact_bytes(s, [m.id for m in items])
     views = [_view(m, sizes.get(m.id, 0)) for m in items]

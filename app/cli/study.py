@@ -1,0 +1,226 @@
+"""``cka-atlas study run | list``: a study as one command, against the local database.
+
+``study run`` queues the study exactly as ``POST /v1/studies`` does and runs its job in this
+process (the same handler a worker runs), showing two progress bars: trainings k of n, then
+the atlas. A second run finds every checkpoint by its training key and trains nothing; an
+interrupted run (Ctrl-C) cancels its job, and the next run resumes from the finished
+trainings. The results are written to ``--out``: summary.json, results.csv, plot.png and
+plot.svg.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+POLL_S = 0.25
+
+
+def register(subparsers: Any) -> None:
+    """Add ``study run`` and ``study list`` to the ``cka-atlas`` parser."""
+    study = subparsers.add_parser(
+        "study",
+        help="run a study (sweeps × seeds → summary, table, plot) or list the stored ones",
+        description="Studies: the fixed-Ω experiments of Hayase & Karakida as one command.",
+    )
+    sub = study.add_subparsers(dest="study_command", metavar="ACTION", required=True)
+    run = sub.add_parser(
+        "run",
+        help="run a built-in study (sparsity, width) or a YAML/JSON spec file",
+        description="Train (or reuse) every model of the study, compare them once, and write "
+        "DIR/summary.json, DIR/results.csv, DIR/plot.png and DIR/plot.svg.",
+    )
+    run.add_argument("study", metavar="NAME_OR_SPEC_FILE", help="sparsity, width, or a file")
+    run.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the spec's)")
+    run.add_argument("--out", default=None, help="output directory (default: studies/NAME)")
+    run.add_argument("--quick", action="store_true", help="the spec's quick recipe (1 epoch)")
+    run.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    run.set_defaults(func=run_study_command)
+    listing = sub.add_parser("list", help="list the studies in the local database")
+    listing.add_argument("--limit", type=int, default=50)
+    listing.set_defaults(func=list_studies_command)
+
+
+def _services() -> Any:
+    from app.store.datasets import register_builtin_datasets
+    from app.store.db import ensure_schema
+    from app.store.services import Services
+    from app.store.settings import Settings
+
+    services = Services(Settings())
+    ensure_schema(services.db.engine)
+    register_builtin_datasets(services)
+    return services
+
+
+def _request(source: str, seeds: int | None, quick: bool) -> Any:
+    import yaml
+
+    from analysis.studies import BUILTIN_STUDIES
+    from app.jobs.requests import StudyIn
+
+    if source in BUILTIN_STUDIES:
+        return StudyIn(builtin=source, seeds=seeds, quick=quick)  # type: ignore[arg-type]
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"'{source}' is neither a built-in study ({', '.join(BUILTIN_STUDIES)}) nor a file"
+        )
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(document, dict):
+        raise FileNotFoundError(f"{source} does not hold a study spec (a YAML/JSON mapping)")
+    return StudyIn(spec=document, seeds=seeds, quick=quick)
+
+
+def _state(services: Any, study_id: int) -> dict[str, Any]:
+    from app.http.api.studies import study_view
+    from app.store.orm import Study
+
+    with services.db.session(readonly=True) as s:
+        study = s.get(Study, study_id)
+        assert study is not None
+        return study_view(study)
+
+
+class _Bars:
+    """The two bars: trainings k of n (with how many were reused), then the atlas in %."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        from tqdm.auto import tqdm
+
+        self._tqdm = tqdm
+        self.enabled = enabled
+        self.trainings = tqdm(total=total, desc="trainings", unit="model", disable=not enabled)
+        self.atlas: Any = None
+
+    def update(self, view: dict[str, Any]) -> None:
+        tr = view["trainings"]
+        self.trainings.n = tr["done"]
+        self.trainings.set_postfix_str(f"{tr['reused']} reused", refresh=False)
+        self.trainings.refresh()
+        if view["stage"] in ("comparison", "summary", "done") or view["status"] == "succeeded":
+            if self.atlas is None:
+                self.atlas = self._tqdm(total=100, desc="atlas", unit="%", disable=not self.enabled)
+            n = tr["total"]
+            share = 1.0 if view["status"] == "succeeded" else view["progress"] * (n + 1) - n
+            self.atlas.n = round(100 * min(max(share, 0.0), 1.0))
+            self.atlas.refresh()
+
+    def close(self) -> None:
+        self.trainings.close()
+        if self.atlas is not None:
+            self.atlas.close()
+
+
+def _run_job(services: Any, study_id: int, job_id: int, progress: bool) -> dict[str, Any]:
+    """Run the study's job in a thread of this process; the bars follow the database."""
+    from app.jobs import states as jobs
+    from app.jobs.run import execute
+    from app.store.orm import Study
+
+    shutdown = threading.Event()
+    worker = jobs.new_worker_id("cli")
+    thread = threading.Thread(
+        target=execute, args=(services, worker, job_id, shutdown), name="study", daemon=True
+    )
+    view = _state(services, study_id)
+    bars = _Bars(view["trainings"]["total"], progress)
+    thread.start()
+    try:
+        while True:
+            view = _state(services, study_id)
+            bars.update(view)
+            if view["status"] in ("succeeded", "failed", "cancelled") and not thread.is_alive():
+                return view
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        with services.db.session() as s:
+            study = s.get(Study, study_id)
+            if study is not None:
+                jobs.request_cancel(s, study.job_id)
+        thread.join()
+        raise
+    finally:
+        bars.close()
+
+
+def _write(services: Any, study_id: int, out: Path) -> list[Path]:
+    from app.store.orm import Study
+
+    with services.db.session(readonly=True) as s:
+        study = s.get(Study, study_id)
+        assert study is not None and study.summary is not None and study.artifacts is not None
+        summary, artifacts = study.summary, dict(study.artifacts)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "summary.json"]
+    written[0].write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    for kind, name in (("csv", "results.csv"), ("png", "plot.png"), ("svg", "plot.svg")):
+        target = out / name
+        target.write_bytes(services.store.path(artifacts[kind], f".{kind}").read_bytes())
+        written.append(target)
+    return written
+
+
+def run_study_command(args: argparse.Namespace) -> int:
+    from app.errors import ProblemError
+    from app.jobs.studies import submit_study
+
+    services = _services()
+    try:
+        body = _request(args.study, args.seeds, args.quick)
+        try:
+            study_id, job_id = submit_study(services, body, dispatch=False, local=True)
+        except ProblemError as exc:
+            print(f"error: {exc.detail}", file=sys.stderr)
+            return 2
+        started = time.perf_counter()
+        view = _run_job(services, study_id, job_id, not args.no_progress)
+        seconds = time.perf_counter() - started
+        tr = view["trainings"]
+        if view["status"] != "succeeded":
+            print(
+                f"error: study {study_id} {view['status']}: {view.get('error') or ''}".rstrip(),
+                file=sys.stderr,
+            )
+            return 1
+        out = Path(args.out) if args.out else Path("studies") / view["name"]
+        files = _write(services, study_id, out)
+        print(
+            f"study {study_id} ({view['name']}): {tr['total']} trainings, {tr['reused']} reused "
+            f"from earlier runs, {tr['trained']} trained; comparison {view['comparison_id']}; "
+            f"{seconds:.1f} s"
+        )
+        for path in files:
+            print(f"  {path}")
+        return 0
+    finally:
+        services.close()
+
+
+def list_studies_command(args: argparse.Namespace) -> int:
+    from app.http.api.studies import study_view
+    from app.store import repository
+
+    services = _services()
+    try:
+        with services.db.session(readonly=True) as s:
+            items, total = repository.list_studies(s, limit=args.limit, offset=0)
+            views = [study_view(st) for st in items]
+        print(f"{'id':>4}  {'name':<16} {'status':<10} {'trainings':>11}  created")
+        for v in views:
+            tr = v["trainings"]
+            print(
+                f"{v['id']:>4}  {v['name']:<16} {v['status']!s:<10} "
+                f"{tr['done']:>5}/{tr['total']:<5}  {v['created_at']:%Y-%m-%d %H:%M}"
+            )
+        print(f"{total} studies")
+        return 0
+    finally:
+        services.close()

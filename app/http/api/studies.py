@@ -1,0 +1,193 @@
+"""``/v1/studies``: run a study (a built-in or a spec) as one job; read its summary and plot."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query, Response, status
+
+from app.http.api.deps import READ, WRITE, Limit, Offset, Svc, job_fields, not_found
+from app.http.problems import PROBLEM_RESPONSES, ProblemError
+from app.http.schemas import ID_MAX, Page, StudyIn, StudyOut
+from app.jobs import states as jobs
+from app.jobs.studies import submit_study
+from app.store import repository
+from app.store.orm import Study
+
+__all__ = ["router", "study_view"]
+
+router = APIRouter(prefix="/v1/studies", tags=["studies"], responses=PROBLEM_RESPONSES)
+StudyId = Annotated[int, Path(ge=1, le=ID_MAX, description="Study id")]
+MEDIA = {"csv": "text/csv; charset=utf-8", "png": "image/png", "svg": "image/svg+xml"}
+
+
+def study_view(study: Study, *, with_summary: bool = False) -> dict[str, Any]:
+    """The REST shape of a study row: job fields, progress by trainings, models, links."""
+    base = f"/v1/studies/{study.id}"
+    members = [
+        {
+            "position": m.position,
+            "name": m.name,
+            "arch": m.arch,
+            "seed": m.seed,
+            "training_key": m.training_key,
+            "model_id": m.model_id,
+            "reused": m.reused,
+        }
+        for m in study.members
+    ]
+    done = [m for m in study.members if m.reused is not None]
+    view = {
+        "id": study.id,
+        "name": study.name,
+        "dataset_id": study.dataset_id,
+        "params": study.params,
+        "stage": study.stage,
+        "trainings": {
+            "total": len(members),
+            "done": len(done),
+            "reused": sum(1 for m in done if m.reused),
+            "trained": sum(1 for m in done if not m.reused),
+        },
+        "models": members,
+        "comparison_id": study.comparison_id,
+        "created_at": study.created_at,
+        "links": {
+            "self": base,
+            "summary": f"{base}/summary",
+            "results_csv": f"{base}/results.csv",
+            "plot_png": f"{base}/plot.png",
+            "plot_svg": f"{base}/plot.svg",
+            "cancel": f"{base}/cancel",
+            **(
+                {"comparison": f"/v1/comparisons/{study.comparison_id}"}
+                if study.comparison_id
+                else {}
+            ),
+        },
+        **job_fields(study.job),
+    }
+    if with_summary:
+        view["spec"] = study.spec
+    return view
+
+
+def _get(services: Svc, study_id: int) -> Study:
+    with services.db.session(readonly=True) as s:
+        study = s.get(Study, study_id)
+        if study is None:
+            raise not_found("study", study_id)
+        study.members  # noqa: B018 - load the members before the session closes
+        return study
+
+
+@router.post("", response_model=StudyOut, status_code=status.HTTP_202_ACCEPTED, **WRITE)
+def create_study(services: Svc, body: StudyIn, response: Response) -> dict[str, Any]:
+    """Check and queue a study (202); poll the Location until ``status`` is final.
+
+    The spec is expanded here: an invalid spec, an option a preset does not take, a dataset
+    that is not built in or too many trainings are refused (422) before anything is queued.
+    Trainings whose key (arch, options, seed, dataset, recipe) already has a model are
+    reused, not trained again.
+    """
+    study_id, _ = submit_study(services, body)
+    response.headers["Location"] = f"/v1/studies/{study_id}"
+    return study_view(_get(services, study_id), with_summary=True)
+
+
+@router.get("", response_model=Page[StudyOut], **READ)
+def list_studies(
+    services: Svc,
+    limit: Limit = 50,
+    offset: Offset = 0,
+    name: Annotated[str | None, Query(max_length=64, pattern=r"^[a-z0-9_.-]+$")] = None,
+    status_: str | None = Query(
+        None, alias="status", pattern="^(queued|running|succeeded|failed|cancelled)$"
+    ),
+) -> dict[str, Any]:
+    """Newest first."""
+    with services.db.session(readonly=True) as s:
+        items, total = repository.list_studies(
+            s, limit=limit, offset=offset, name=name, status=status_
+        )
+        views = [study_view(st) for st in items]
+    return {"items": views, "total": total, "limit": limit, "offset": offset}
+
+
+@router.get("/{study_id}", response_model=StudyOut, **READ)
+def get_study(services: Svc, study_id: StudyId) -> dict[str, Any]:
+    """Status, progress (trainings k of n, then the comparison), models and comparison."""
+    return study_view(_get(services, study_id), with_summary=True)
+
+
+@router.post("/{study_id}/cancel", response_model=StudyOut, **WRITE)
+def cancel_study(services: Svc, study_id: StudyId) -> dict[str, Any]:
+    """Cancel at once if queued; a running study stops after its current training (or at the
+    comparison's next batch)."""
+    with services.db.session() as s:
+        study = s.get(Study, study_id)
+        if study is None:
+            raise not_found("study", study_id)
+        jobs.request_cancel(s, study.job_id)
+    return study_view(_get(services, study_id), with_summary=True)
+
+
+def _finished(services: Svc, study_id: int) -> Study:
+    study = _get(services, study_id)
+    if study.summary is None or study.artifacts is None:
+        raise ProblemError(
+            409,
+            "not_finished",
+            f"study {study_id} is {study.job.status}; it has no results yet",
+        )
+    return study
+
+
+@router.get("/{study_id}/summary", **READ)
+def get_summary(services: Svc, study_id: StudyId) -> dict[str, Any]:
+    """summary.json: per arm accuracy and diagonal CKA (mean, 95 % interval), baselines."""
+    summary: dict[str, Any] = _finished(services, study_id).summary or {}
+    return summary
+
+
+def _artifact(services: Svc, study_id: int, kind: Literal["csv", "png", "svg"]) -> Response:
+    study = _finished(services, study_id)
+    sha = str((study.artifacts or {})[kind])
+    body = services.store.path(sha, f".{kind}").read_bytes()
+    name = {"csv": "results.csv", "png": "plot.png", "svg": "plot.svg"}[kind]
+    headers = {
+        "ETag": f'"{sha[:32]}"',
+        "Content-Disposition": f'inline; filename="study-{study_id}-{name}"',
+    }
+    return Response(body, media_type=MEDIA[kind], headers=headers)
+
+
+@router.get(
+    "/{study_id}/results.csv",
+    response_class=Response,
+    responses={200: {"content": {"text/csv": {}}}},
+    **READ,
+)
+def get_results_csv(services: Svc, study_id: StudyId) -> Response:
+    """Tidy table: one row per model, reference layer and model layer."""
+    return _artifact(services, study_id, "csv")
+
+
+@router.get(
+    "/{study_id}/plot.png",
+    response_class=Response,
+    responses={200: {"content": {"image/png": {}}}},
+    **READ,
+)
+def get_plot_png(services: Svc, study_id: StudyId) -> Response:
+    return _artifact(services, study_id, "png")
+
+
+@router.get(
+    "/{study_id}/plot.svg",
+    response_class=Response,
+    responses={200: {"content": {"image/svg+xml": {}}}},
+    **READ,
+)
+def get_plot_svg(services: Svc, study_id: StudyId) -> Response:
+    return _artifact(services, study_id, "svg")

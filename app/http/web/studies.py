@@ -1,0 +1,97 @@
+"""Study pages (the list with the start form, one study) and the new-training form.
+
+Writes go through ``/v1`` from the pages' scripts (``study.js``, ``training.js``), as on the
+comparison pages; a running study's page polls ``GET /v1/studies/{id}`` for its progress.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+import models
+from analysis.studies import BUILTIN_STUDIES
+from app.http.api.studies import study_view
+from app.http.web.auth import AuthState, page_reader
+from app.http.web.common import (
+    PAGE_SIZE,
+    Pager,
+    as_int,
+    is_id,
+    not_found_page,
+    render,
+    services_of,
+)
+from app.store import repository
+from app.store.orm import Dataset, Study
+
+__all__ = ["option_fields", "router"]
+
+router = APIRouter(include_in_schema=False)
+Auth = Annotated[AuthState, Depends(page_reader)]
+
+
+@router.get("/studies")
+def studies_page(request: Request, auth: Auth, page: str | None = None) -> Response:
+    number = as_int(page, minimum=1) or 1
+    with services_of(request).db.session(readonly=True) as s:
+        items, total = repository.list_studies(s, limit=PAGE_SIZE, offset=(number - 1) * PAGE_SIZE)
+        rows = [study_view(st) for st in items]
+    return render(
+        request,
+        "studies.html",
+        auth,
+        title="Studies",
+        rows=rows,
+        builtins=BUILTIN_STUDIES,
+        pager=Pager(number, total, PAGE_SIZE, "/studies", {}),
+    )
+
+
+@router.get("/studies/{study_id}")
+def study_page(request: Request, auth: Auth, study_id: int) -> Response:
+    if not is_id(study_id):
+        return not_found_page(request, auth, f"Study {study_id}")
+    with services_of(request).db.session(readonly=True) as s:
+        study = s.get(Study, study_id)
+        if study is None:
+            return not_found_page(request, auth, f"Study {study_id}")
+        view = study_view(study, with_summary=True)
+        summary = study.summary
+        dataset = s.get(Dataset, study.dataset_id)
+    return render(
+        request,
+        "study.html",
+        auth,
+        title=f"Study {study_id} · {view['name']}",
+        study=view,
+        summary=summary,
+        dataset=dataset,
+        meta={"id": study_id, "status": view["status"]},
+    )
+
+
+def option_fields(arch: str) -> list[dict[str, Any]]:
+    """The form fields of a preset's options (key, type, default, range, description)."""
+    try:
+        return models.option_schema(arch)
+    except models.ConfigError:
+        return []
+
+
+@router.get("/trainings/new")
+def new_training_page(request: Request, auth: Auth) -> Response:
+    presets = list(models.list_presets())
+    with services_of(request).db.session(readonly=True) as s:
+        datasets, _ = repository.list_datasets(s, limit=500, offset=0)
+    return render(
+        request,
+        "training_new.html",
+        auth,
+        title="New training",
+        presets=presets,
+        options={arch: option_fields(arch) for arch in presets},
+        datasets=datasets,
+    )

@@ -1,0 +1,167 @@
+"""Submitting a study: the spec checked and expanded before anything is queued.
+
+A study request (:class:`~app.jobs.requests.StudyIn`: a built-in name or a spec document) is
+expanded by :func:`analysis.studies.plan` into its trainings, each keyed by (arch, options,
+seed, dataset sha256, recipe). Everything a client can get wrong is a 422 here, with the
+field to change: a spec that does not validate, an option an arm's preset does not take, a
+dataset that is not built in (a spec sent to the server never names a server file), CKA
+options the comparison would refuse, too many trainings. The study row keeps the expanded
+spec (seeds resolved), so the job plans exactly the same trainings again, and one member row
+per training, which the job fills with its model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+import models
+from analysis import studies
+from app.errors import ProblemError
+from app.jobs import states as jobs
+from app.jobs.requests import MAX_MODELS, ComparisonIn, StudyIn
+from app.store.checkpoints import LOADER_OPTIONS
+from app.store.datasets import BUILTIN_DATASETS as SERVICE_DATASETS
+from app.store.datasets import builtin_dataset
+from app.store.orm import Study, StudyMember
+from app.store.services import Services
+
+__all__ = ["MAX_TRAININGS", "comparison_body", "plan_study", "submit_study"]
+
+# One study trains at most this many models (arms × grid points × seeds).
+MAX_TRAININGS = 128
+# The datasets a study may name: the built-in ones (load_dataset specs).
+BUILTIN_DATASETS = tuple(spec for _name, spec, _split in SERVICE_DATASETS)
+
+
+def _invalid(detail: str, field: str, code: str = "invalid_study") -> ProblemError:
+    return ProblemError(422, code, detail, field=field)
+
+
+def _option_keys(arm: studies.Arm) -> set[str]:
+    keys = set(arm.options)
+    grid = arm.grid
+    if isinstance(grid, dict):
+        keys |= set(grid)
+    elif grid is not None:
+        for item in [*(grid.widths or []), *(grid.shapes or [])]:
+            if isinstance(item, dict):
+                keys |= set(item)
+    return keys
+
+
+def _check_arms(spec: studies.StudySpec, field: str) -> None:
+    """Arms are presets, without loader options (a spec never makes the server fetch)."""
+    presets = set(models.list_presets())
+    for where, arm in [("reference", spec.reference)] + [
+        (f"arms.{i}", a) for i, a in enumerate(spec.arms)
+    ]:
+        if arm.arch not in presets:
+            raise _invalid(
+                f"arm '{arm.name}': {arm.arch!r} is not a preset; studies train the presets "
+                f"({', '.join(sorted(presets))})",
+                f"{field}.{where}.arch",
+            )
+        bad = sorted(_option_keys(arm) & LOADER_OPTIONS)
+        if bad:
+            raise _invalid(
+                f"arm '{arm.name}': the options {bad} are not accepted", f"{field}.{where}.options"
+            )
+
+
+def comparison_body(cka: dict[str, Any], model_ids: list[int], dataset_id: int) -> ComparisonIn:
+    """The comparison of a study's models with its ``cka`` options (ValidationError if bad).
+
+    A study may hold more models than a client's comparison request (MAX_MODELS); the
+    comparison's own size limits (layers, memory) still apply when it is submitted.
+    """
+    body = ComparisonIn.model_validate(
+        {**cka, "model_ids": model_ids[:MAX_MODELS] or [1], "dataset_id": dataset_id}
+    )
+    return body.model_copy(update={"model_ids": list(model_ids)})
+
+
+def plan_study(body: StudyIn, *, local: bool = False) -> studies.StudyPlan:
+    """Expand a request into its plan, or a 422 naming what to change.
+
+    ``local`` (the CLI on this machine) may name a dataset file; over REST only the built-in
+    datasets are accepted.
+    """
+    field = "builtin" if body.builtin is not None else "spec"
+    try:
+        spec = studies.load_spec(body.builtin if body.builtin is not None else body.spec or {})
+    except studies.StudyError as exc:
+        raise _invalid(str(exc), field) from None
+    if not local and spec.dataset not in BUILTIN_DATASETS:
+        raise _invalid(
+            f"study dataset {spec.dataset[:100]!r} is not a built-in dataset "
+            f"({', '.join(BUILTIN_DATASETS)})",
+            f"{field}.dataset",
+        )
+    _check_arms(spec, field)
+    try:
+        plan = studies.plan(spec, seeds=body.seeds, quick=body.quick)
+    except (studies.StudyError, models.ConfigError) as exc:
+        raise _invalid(str(exc), field) from None
+    if len(plan.trainings) > MAX_TRAININGS:
+        raise _invalid(
+            f"the study has {len(plan.trainings)} trainings, more than the {MAX_TRAININGS} "
+            "allowed; use fewer seeds, arms or grid points",
+            "seeds" if body.seeds else field,
+        )
+    try:
+        comparison_body(plan.cka, [1], 1)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        raise _invalid(
+            f"study cka option {where}: {error['msg']}", f"{field}.cka.{where}"
+        ) from None
+    return plan
+
+
+def stored_spec(plan: studies.StudyPlan) -> dict[str, Any]:
+    """The spec as stored with the study: its seeds resolved to the list that was planned."""
+    document: dict[str, Any] = plan.spec.model_dump(mode="json")
+    document["seeds"] = list(plan.seeds)
+    return document
+
+
+def submit_study(
+    services: Services, body: StudyIn, *, dispatch: bool = True, local: bool = False
+) -> tuple[int, int]:
+    """Queue a study; returns (study id, job id). ``dispatch=False`` leaves the job for the
+    caller to run (the CLI runs it in-process)."""
+    plan = plan_study(body, local=local)
+    if plan.dataset["name"] not in BUILTIN_DATASETS:  # only ``local`` gets here
+        raise _invalid("studies over a dataset file are not supported yet", "spec.dataset")
+    ds = builtin_dataset(services, plan.dataset["name"])
+    with services.db.session() as s:
+        job = jobs.enqueue(s, "study")
+        study = Study(
+            name=plan.spec.name,
+            spec=stored_spec(plan),
+            params={
+                "builtin": body.builtin,
+                "seeds": list(plan.seeds),
+                "quick": body.quick,
+                "trainings": len(plan.trainings),
+                "dataset": plan.dataset,
+            },
+            dataset_id=ds.id,
+            job_id=job.id,
+            stage="queued",
+            members=[
+                StudyMember(
+                    position=i, training_key=t.key, name=t.name[:200], arch=t.arch, seed=t.seed
+                )
+                for i, t in enumerate(plan.trainings)
+            ],
+        )
+        s.add(study)
+        s.flush()
+        study_id, job_id = study.id, job.id
+    if dispatch:
+        services.dispatch(job_id)
+    return study_id, job_id

@@ -1,0 +1,306 @@
+"""Architecture options, model structure, and studies through REST and the CLI.
+
+Every test runs on SQLite and PostgreSQL (the ``db_url`` fixture). Studies train through
+:class:`tests.app.study_tools.FakeTrainer` (the model as training builds it, without the
+optimisation), so a whole built-in study runs in seconds and the tests can count trainings.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+import analysis
+from analysis import studies
+from app.cli import main
+from app.jobs import states as jobs
+from app.jobs.run import execute
+from app.store.orm import Comparison
+from app.store.services import Services
+from app.store.settings import Settings
+from tests.app.conftest import digits_id, register, wait
+from tests.app.payloads import assert_problem
+from tests.app.study_tools import FakeTrainer, fake_accuracy
+
+# mixer_digits: S = 16 tokens of C = 32 channels, γ = 2.
+S, C, GAMMA = 16, 32, 2.0
+MATCHED = (1 / S + 1 / C) / 2  # 3/64
+TINY = {
+    "name": "tiny",
+    "dataset": "digits",
+    "seeds": 2,
+    "quick": {"epochs": 1},
+    "reference": {"name": "mixer", "arch": "mixer_digits"},
+    "arms": [{"name": "sw", "arch": "sw_mlp_digits", "grid": {"density": [0.125, "matched"]}}],
+    "cka": {"batch_size": 150},
+}
+
+
+@pytest.fixture
+def trainer(monkeypatch: pytest.MonkeyPatch) -> FakeTrainer:
+    fake = FakeTrainer()
+    monkeypatch.setattr("app.jobs.study.train", fake)
+    return fake
+
+
+# --- architecture options ----------------------------------------------------------------
+
+
+def test_training_options_are_checked_before_queuing(idle_client: TestClient) -> None:
+    ds = digits_id(idle_client)
+
+    def post(config: Any, arch: str = "sw_mlp_digits") -> Any:
+        return idle_client.post(
+            "/v1/trainings", json={"arch": arch, "dataset_id": ds, "config": config}
+        )
+
+    body = assert_problem(post({"densty": 0.1}), 422, "invalid_config", "config.densty")
+    assert "densty" in body["detail"] and "density" in body["detail"]
+    assert_problem(post({"density": 2}), 422, "invalid_config", "config.density")
+    assert_problem(post({"density": 0}), 422, "invalid_config", "config.density")
+    assert_problem(post({"depth": 1.5}), 422, "invalid_config", "config.depth")
+    assert_problem(post({"embed_dim": "wide"}), 422, "invalid_config", "config.embed_dim")
+    assert_problem(post({"patch_size": 3}), 422, "invalid_config", "config.patch_size")
+    assert_problem(post([1, 2]), 422, "validation_error", "config")
+    assert idle_client.get("/v1/trainings").json()["total"] == 0  # nothing was queued
+
+    r = post({"density": 0.125, "depth": 6})
+    assert r.status_code == 202, r.text
+    config = r.json()["params"]["config"]
+    assert config["density"] == 0.125 and config["num_blocks"] == 6 and "depth" not in config
+
+    # A REST training carries the key a study computes for the same training, so a study
+    # reuses its model: TINY's quick reference at seed 1 is mixer_digits, 1 epoch, seed 1.
+    r = idle_client.post(
+        "/v1/trainings", json={"arch": "mixer_digits", "dataset_id": ds, "epochs": 1, "seed": 1}
+    )
+    planned = studies.plan(TINY, quick=True).reference.keys[1]
+    assert r.json()["training_key"] == planned
+    other = idle_client.post(
+        "/v1/trainings", json={"arch": "mixer_digits", "dataset_id": ds, "epochs": 2, "seed": 1}
+    )
+    assert other.json()["training_key"] not in (None, planned)
+
+
+def test_cli_train_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli.train import parse_sets
+
+    assert parse_sets(["density=0.125", "depth=6", "act=gelu", "sizes=[1, 2]"]) == {
+        "density": 0.125,
+        "depth": 6,
+        "act": "gelu",
+        "sizes": [1, 2],
+    }
+    assert main(["train", "--arch", "sw_mlp_digits", "--set", "density=2"]) == 2
+    assert "'density'" in capsys.readouterr().err
+    assert main(["train", "--arch", "sw_mlp_digits", "--set", "widthh=3"]) == 2
+    assert "unknown option 'widthh'" in capsys.readouterr().err
+
+
+def test_model_structure_is_stored_returned_and_filterable(
+    client: TestClient, zoo: dict[str, Path]
+) -> None:
+    mixer, sw, mlp = register(client, zoo, "mixer_digits", "sw_mlp_digits", "mlp_digits")
+    m = client.get(f"/v1/models/{mixer}").json()
+    # Ω of the Mixer = γ·S·C·(S + C)/2 per block; the SW-MLP of width m = S·C at its default
+    # density p = (1/S + 1/C)/2 has γ·p·m² — the same number (Hayase & Karakida).
+    omega = int(GAMMA * S * C * (S + C) / 2)
+    assert (m["family"], m["omega"], m["S"], m["C"], m["gamma"]) == ("mixer", omega, S, C, GAMMA)
+    assert m["effective_width"] == S * C and m["density"] is None
+    s = client.get(f"/v1/models/{sw}").json()
+    assert s["family"] == "sw_mlp" and s["density"] == MATCHED
+    assert s["omega"] == round(GAMMA * MATCHED * (S * C) ** 2) == omega
+    d = client.get(f"/v1/models/{mlp}").json()
+    assert d["density"] == 1.0 and d["omega"] == round(GAMMA * (S * C) ** 2)
+    assert client.get(f"/v1/models/{sw}/sidecar").json()["structure"]["omega"] == omega
+
+    def ids(**params: Any) -> set[int]:
+        return {x["id"] for x in client.get("/v1/models", params=params).json()["items"]}
+
+    assert ids(family="sw_mlp") == {sw}
+    assert ids(omega_min=omega, omega_max=omega) == {mixer, sw}
+    assert ids(omega_min=omega + 1) == {mlp}
+    assert ids(density_max=0.5) == {sw}
+    page = client.get("/models/" + str(sw)).text
+    assert "Density p" in page and "0.04688" in page
+
+
+# --- studies over REST -------------------------------------------------------------------
+
+
+def test_study_requests_are_checked_before_queuing(idle_client: TestClient) -> None:
+    post = lambda **body: idle_client.post("/v1/studies", json=body)  # noqa: E731
+    assert_problem(post(builtin="nope"), 422, "validation_error", "builtin")
+    assert_problem(post(builtin="sparsity", spec=TINY), 422, "validation_error")
+    assert_problem(post(builtin="sparsity", seeds=0), 422, "validation_error", "seeds")
+    assert_problem(
+        post(spec={**TINY, "dataset": "/etc/passwd"}), 422, "invalid_study", "spec.dataset"
+    )
+    timm_arm = {**TINY, "arms": [{"name": "r", "arch": "resnet18"}]}
+    assert_problem(post(spec=timm_arm), 422, "invalid_study", "spec.arms.0.arch")
+    bad_option = {**TINY, "arms": [{"name": "sw", "arch": "sw_mlp_digits", "options": {"x": 1}}]}
+    body = assert_problem(post(spec=bad_option), 422, "invalid_study", "spec")
+    assert "'x'" in body["detail"]
+    assert_problem(
+        post(spec={**TINY, "cka": {"kernel": "poly"}}), 422, "invalid_study", "spec.cka.kernel"
+    )
+    assert idle_client.get("/v1/studies").json()["total"] == 0
+
+
+def test_builtin_study_through_rest_then_reused(client: TestClient, trainer: FakeTrainer) -> None:
+    r = client.post("/v1/studies", json={"builtin": "sparsity", "seeds": 2, "quick": True})
+    assert r.status_code == 202, r.text
+    url = r.headers["location"]
+    done = wait(client, url, timeout=300)
+    assert done["status"] == "succeeded", done
+    # reference + 5 densities + dense MLP + RP-Mixer, two seeds each
+    n = 8 * 2
+    assert done["trainings"] == {"total": n, "done": n, "reused": 0, "trained": n}
+    assert len(trainer.calls) == n and done["stage"] == "done"
+    summary = client.get(f"{url}/summary").json()
+    assert [a["name"] for a in summary["arms"]][:2] == [
+        "sw_mlp[density=0.015625]",
+        f"sw_mlp[density={MATCHED}]",
+    ]
+    model_ids = {m["model_id"] for m in done["models"]}
+    comparison = client.get(f"/v1/comparisons/{done['comparison_id']}").json()
+    assert {m["id"] for m in comparison["models"]} == model_ids and len(model_ids) == n
+    csv = client.get(f"{url}/results.csv")
+    assert csv.headers["content-type"].startswith("text/csv")
+    assert csv.text.splitlines()[0].startswith("model,key,arm")
+    assert client.get(f"{url}/plot.png").content[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"<svg" in client.get(f"{url}/plot.svg").content[:500]
+
+    again = client.post("/v1/studies", json={"builtin": "sparsity", "seeds": 2, "quick": True})
+    second = wait(client, again.headers["location"], timeout=300)
+    assert second["status"] == "succeeded"
+    assert second["trainings"] == {"total": n, "done": n, "reused": n, "trained": 0}
+    assert len(trainer.calls) == n  # nothing was trained again
+    assert second["comparison_id"] == done["comparison_id"]  # the same atlas, by its hash
+    listing = client.get("/v1/studies", params={"limit": 1}).json()
+    assert listing["total"] == 2 and listing["items"][0]["id"] == second["id"]
+    assert_problem(client.get("/v1/studies/999/summary"), 404, "not_found")
+
+    page = client.get(f"/studies/{done['id']}").text  # the study page, server-rendered
+    assert (
+        f'src="{url}/plot.svg"' in page and f'href="/comparisons/{done["comparison_id"]}"' in page
+    )
+    assert page.count('<tr data-arm="') == 8
+    assert all(f'href="/models/{i}"' in page for i in model_ids)
+    assert "Start a built-in study" in client.get("/studies").text
+    form = client.get("/trainings/new").text
+    assert 'name="config.density"' in form and 'name="config.num_blocks"' in form
+
+
+def test_cancel_and_resume(settings: Settings, trainer: FakeTrainer) -> None:
+    from app.jobs.requests import StudyIn
+    from app.jobs.studies import submit_study
+    from app.store.datasets import register_builtin_datasets
+    from app.store.db import ensure_schema
+    from app.store.orm import Study
+
+    services = Services(settings)
+    ensure_schema(services.db.engine)
+    register_builtin_datasets(services)
+    try:
+        body = StudyIn(spec=TINY, quick=True)
+        queued_id, queued_job = submit_study(services, body, dispatch=False)
+        with services.db.session() as s:
+            jobs.request_cancel(s, queued_job)  # a queued study is cancelled at once
+        study_id, job_id = submit_study(services, body, dispatch=False)
+
+        # The worker stops (a shutdown, as when it is killed) after the second training: the
+        # job goes back to the queue with two trainings done.
+        stop = threading.Event()
+        trainer.after = lambda calls: stop.set() if calls == 2 else None
+        execute(services, "w1", job_id, shutdown=stop)
+        with services.db.session(readonly=True) as s:
+            st = s.get(Study, study_id)
+            assert st is not None and st.job.status == "queued"
+            assert sum(m.model_id is not None for m in st.members) == 2
+            cancelled = s.get(Study, queued_id)
+            assert cancelled is not None and cancelled.job.status == "cancelled"
+        execute(services, "w2", job_id)
+        with services.db.session(readonly=True) as s:
+            st = s.get(Study, study_id)
+            assert st is not None and st.job.status == "succeeded", st.job.error
+            assert [m.reused for m in st.members] == [True, True, False, False, False, False]
+        assert len(trainer.calls) == 6  # 3 entries × 2 seeds, each trained once
+    finally:
+        services.close()
+
+
+# --- the CLI -------------------------------------------------------------------------------
+
+
+def _diagonal_mean(atlas: Any, a: str, b: str) -> float:
+    return float(np.mean(np.diagonal(atlas.matrix(a, b))))
+
+
+def test_cli_study_run_writes_summary_and_reuses(
+    db_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    trainer: FakeTrainer,
+) -> None:
+    monkeypatch.setenv("CKA_DATABASE_URL", db_url)
+    monkeypatch.setenv("CKA_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("CKA_DEVICE", "cpu")
+    out = tmp_path / "D"
+    argv = ["study", "run", "sparsity", "--seeds", "2", "--quick", "--out", str(out)]
+    assert main([*argv, "--no-progress"]) == 0
+    first = capsys.readouterr().out
+    assert "16 trainings, 0 reused" in first and len(trainer.calls) == 16
+    assert {p.name for p in out.iterdir()} == {
+        "summary.json",
+        "results.csv",
+        "plot.png",
+        "plot.svg",
+    }
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["study"] == "sparsity" and summary["dataset"]["name"] == "digits"
+    ref = summary["reference"]
+    assert ref["arch"] == "mixer_digits" and ref["omega"] == GAMMA * S * C * (S + C) / 2
+    assert ref["config"]["patch_size"] == 2
+    matched = next(a for a in summary["arms"] if a["name"] == f"sw_mlp[density={MATCHED}]")
+    assert matched["config"]["density"] == (1 / ref["S"] + 1 / ref["C"]) / 2 == 0.046875
+    for arm in summary["arms"]:
+        assert {"name", "family", "arch", "config", "omega", "effective_width", "seeds"} <= set(arm)
+        assert set(arm["accuracy"]) >= {"mean", "ci"} and len(arm["accuracy"]["ci"]) == 2
+        assert set(arm["cka_diagonal"]) >= {"mean", "ci", "per_layer"}
+        assert arm["seeds"] == [0, 1]
+    assert set(summary["baselines"]["seed_to_seed"]) >= {"mean", "ci"}
+
+    # The numbers, from the stored models and atlas by the formulas of issue 12 §4.
+    accs = [fake_accuracy("sw_mlp_digits", {"density": MATCHED}, seed) for seed in (0, 1)]
+    assert matched["accuracy"]["mean"] == pytest.approx(np.mean(accs))
+    services = Services(Settings())
+    try:
+        with services.db.session(readonly=True) as s:
+            cmp = s.get(Comparison, summary["comparison_id"])
+            assert cmp is not None and cmp.result is not None
+            atlas = analysis.Atlas.from_dict(cmp.result)
+            label = {m.model_id: m.label for m in cmp.members}
+    finally:
+        services.close()
+    refs = [label[i] for i in ref["model_ids"]]
+    arms = [label[i] for i in matched["model_ids"]]
+    pairs = [_diagonal_mean(atlas, r, a) for r in refs for a in arms]
+    assert matched["cka_diagonal"]["mean"] == pytest.approx(np.mean(pairs))
+    baseline = _diagonal_mean(atlas, refs[0], refs[1])
+    assert summary["baselines"]["seed_to_seed"]["mean"] == pytest.approx(baseline)
+
+    assert main(argv) == 0  # with progress bars this time
+    captured = capsys.readouterr()
+    assert "16 trainings, 16 reused" in captured.out and len(trainer.calls) == 16
+    assert "trainings" in captured.err and "atlas" in captured.err  # the two tqdm bars
+    assert main(["study", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert listing.count("sparsity") == 2 and "16/16" in listing
