@@ -17,7 +17,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import ProblemError, problem_of
+from analysis import AnalysisError
+from app.errors import AtlasError, ProblemError, problem_of
+from app.store.artifacts import StoreError
+from models import ModelError
 
 __all__ = [
     "PROBLEM_RESPONSES",
@@ -29,6 +32,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 MEDIA_TYPE = "application/problem+json"
+
+# Every error class that carries its problem code and status (see app.errors).
+CODED_ERRORS: tuple[type[Exception], ...] = (AtlasError, AnalysisError, ModelError, StoreError)
 
 _STATUS_CODES = {
     400: "bad_request",
@@ -132,13 +138,18 @@ def install_problem_handlers(app: FastAPI) -> None:
             exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None)
         )
 
+    async def _coded(_: Request, exc: Exception) -> JSONResponse:
+        status, code = problem_of(exc) or (500, "internal_error")
+        return problem_response(status, code, str(exc))
+
+    # Our errors and the libraries' carry their code and status (app.errors). They are
+    # registered by class, not caught as Exception: Starlette treats an Exception handler as
+    # the last resort for a crashed request, and re-raises the error after answering.
+    for coded in CODED_ERRORS:
+        app.add_exception_handler(coded, _coded)
+
     @app.exception_handler(Exception)
-    async def _any(_: Request, exc: Exception) -> JSONResponse:
-        # Our errors and the libraries' carry their code and status (app.errors); the rest
-        # is a bug, logged with its traceback and answered without one.
-        known = problem_of(exc)
-        if known is not None:
-            return problem_response(known[0], known[1], str(exc))
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
         return problem_response(500, "internal_error", "internal error; see the server log")
 

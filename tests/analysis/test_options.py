@@ -118,11 +118,11 @@ def test_option_specs_describe_what_is_accepted() -> None:
     assert list(specs) == list(CompareOptions.model_fields)
     assert specs["estimator"].choices == ("biased", "unbiased")
     assert specs["mode"].choices == ("minibatch", "full")
-    assert specs["feature"].choices == ("flatten", "mean_tokens")
+    assert specs["feature"].choices == ("flatten", "mean_tokens", "cls")
     assert specs["dtype"].choices == ("fp32", "bf16", "fp16")
     assert (specs["permutations"].minimum, specs["permutations"].maximum) == (0, 10_000)
     assert specs["batch_size"].minimum == 2 and specs["kernel"].kind == "text"
-    assert specs["layers"].kind == "layers"
+    assert specs["layers"].kind == "layers" and specs["sensitivity"].kind == "flag"
     assert all(s.description for s in specs.values())
     defaults = {name: spec.default for name, spec in specs.items()}
     assert CompareOptions(**defaults) == CompareOptions()
