@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Callable
 from typing import Any, Literal
 
 from cachetools import LRUCache
@@ -190,20 +191,16 @@ def get_heatmap(
 ) -> Response:
     """The atlas heatmap grid, rendered once and cached in the artifact store; has an ETag."""
     cmp = _finished(services, comparison_id, load_result=False)
-    key = hashlib.sha256(f"heatmap-v1:{cmp.result_sha256}:{fmt}".encode()).hexdigest()
-    headers = _cache_headers(services, f'"{key}"')
-    if _not_modified(request, headers["ETag"]):
-        return Response(status_code=304, headers=headers)
-    suffix = f".{fmt}"
-    path = services.store.path(key, suffix)
-    if path.is_file():
-        data = path.read_bytes()
-    else:
-        data = render_atlas(_cached_atlas(services, cmp), fmt=fmt)
-        services.store.put_as(data, key, suffix)
-    # The heatmap is this comparison's artifact (it may share it with an identical result).
-    gc.add_ref(services.db, services.store, cmp.id, services.store.relative(key, suffix), "heatmap")
-    return Response(content=data, media_type=MEDIA[fmt], headers=headers)
+    return _rendered(
+        services,
+        request,
+        cmp,
+        "heatmap-v1",
+        fmt,
+        lambda: render_atlas(_cached_atlas(services, cmp), fmt=fmt),
+        media_type=MEDIA[fmt],
+        ref_kind="heatmap",
+    )
 
 
 @router.get(
@@ -222,19 +219,51 @@ def get_cells(
     ci_high, p_value, null_mean, null_q95, random_init, seed_ceiling, sensitivity`` (empty/NaN
     where not computed), one row per cell of each model pair (a, b) with a at or before b."""
     cmp = _finished(services, comparison_id, load_result=False)
-    key = hashlib.sha256(f"cells-v1:{cmp.result_sha256}:{fmt}".encode()).hexdigest()
+
+    def table() -> bytes:
+        cells = _cached_cells(services, cmp)
+        return cells.to_csv() if fmt == "csv" else cells.to_parquet()
+
+    return _rendered(
+        services,
+        request,
+        cmp,
+        "cells-v1",
+        fmt,
+        table,
+        media_type=TABLE_MEDIA[fmt],
+        ref_kind="export",
+        filename=f"comparison-{comparison_id}-cells.{fmt}",
+    )
+
+
+def _rendered(
+    services: Svc,
+    request: Request,
+    cmp: Comparison,
+    what: str,
+    fmt: str,
+    render: Callable[[], bytes],
+    *,
+    media_type: str,
+    ref_kind: str,
+    filename: str | None = None,
+) -> Response:
+    """A ``fmt`` file derived from a finished result (``what``: its kind and version), rendered
+    once, kept in the artifact store under a key of the result's sha256, served with an ETag,
+    and recorded as the comparison's artifact so that deleting the comparison removes it."""
+    key = hashlib.sha256(f"{what}:{cmp.result_sha256}:{fmt}".encode()).hexdigest()
+    suffix = f".{fmt}"
     headers = _cache_headers(services, f'"{key}"')
     if _not_modified(request, headers["ETag"]):
         return Response(status_code=304, headers=headers)
-    suffix = f".{fmt}"
     path = services.store.path(key, suffix)
     if path.is_file():
         data = path.read_bytes()
     else:
-        cells = _cached_cells(services, cmp)
-        data = cells.to_csv() if fmt == "csv" else cells.to_parquet()
+        data = render()
         services.store.put_as(data, key, suffix)
-    headers["Content-Disposition"] = (
-        f'attachment; filename="comparison-{comparison_id}-cells.{fmt}"'
-    )
-    return Response(content=data, media_type=TABLE_MEDIA[fmt], headers=headers)
+    gc.add_ref(services.db, services.store, cmp.id, services.store.relative(key, suffix), ref_kind)
+    if filename:
+        headers["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return Response(content=data, media_type=media_type, headers=headers)
