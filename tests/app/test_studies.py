@@ -24,7 +24,7 @@ from app.jobs.run import execute
 from app.store.orm import Comparison
 from app.store.services import Services
 from app.store.settings import Settings
-from tests.app.conftest import digits_id, register, wait
+from tests.helpers import digits_id, register, wait
 from tests.app.payloads import assert_problem
 from tests.app.study_tools import FakeTrainer, fake_accuracy
 
