@@ -24,9 +24,9 @@ from app.jobs.run import execute
 from app.store.orm import Comparison
 from app.store.services import Services
 from app.store.settings import Settings
-from tests.helpers import digits_id, register, wait
 from tests.app.payloads import assert_problem
 from tests.app.study_tools import FakeTrainer, fake_accuracy
+from tests.helpers import digits_id, register, wait
 
 # mixer_digits: S = 16 tokens of C = 32 channels, γ = 2.
 S, C, GAMMA = 16, 32, 2.0
