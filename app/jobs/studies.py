@@ -101,6 +101,14 @@ def plan_study(body: StudyIn, *, local: bool = False) -> studies.StudyPlan:
         )
     _check_arms(spec, field)
     try:
+        comparison_body(spec.cka, [1], 1)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        raise _invalid(
+            f"study cka option {where}: {error['msg']}", f"{field}.cka.{where}"
+        ) from None
+    try:
         plan = studies.plan(spec, seeds=body.seeds, quick=body.quick)
     except (studies.StudyError, models.ConfigError) as exc:
         raise _invalid(str(exc), field) from None
@@ -110,14 +118,6 @@ def plan_study(body: StudyIn, *, local: bool = False) -> studies.StudyPlan:
             "allowed; use fewer seeds, arms or grid points",
             "seeds" if body.seeds else field,
         )
-    try:
-        comparison_body(plan.cka, [1], 1)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"])
-        raise _invalid(
-            f"study cka option {where}: {error['msg']}", f"{field}.cka.{where}"
-        ) from None
     return plan
 
 
