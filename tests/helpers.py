@@ -5,6 +5,7 @@ Fixtures live in the conftest files; everything a test imports lives here.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import time
 from pathlib import Path
@@ -74,3 +75,20 @@ def wait(
         if time.monotonic() > deadline:
             raise AssertionError(f"{url} did not finish: {body}")
         time.sleep(0.05)
+
+
+def assert_same_numbers(a: Any, b: Any, tol: float = 1e-9, where: str = "result") -> None:
+    """Equal structures; numbers within ``tol`` (NaN equals NaN)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), (where, sorted(a), sorted(b))
+        for k in a:
+            assert_same_numbers(a[k], b[k], tol, f"{where}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_numbers(x, y, tol, f"{where}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert a is not None and b is not None, (where, a, b)
+        assert (math.isnan(a) and math.isnan(b)) or abs(a - b) <= tol, (where, a, b)
+    else:
+        assert a == b, (where, a, b)

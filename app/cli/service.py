@@ -60,8 +60,20 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    import os
+    import re
+
     from app.store.settings import Settings
 
+    if args.name is not None:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", args.name):
+            print(
+                f"cka-atlas: error: --name {args.name!r} must be 1 to 64 letters, digits, "
+                "'.', '_' or '-'",
+                file=sys.stderr,
+            )
+            return 2
+        os.environ["CKA_WORKER_NAME"] = args.name  # read again by the Celery task's services
     settings = Settings()
     _logging(settings)
     try:
@@ -144,6 +156,12 @@ def register(subparsers: Any) -> None:
         help="Run jobs: a Celery worker when CKA_BROKER_URL is set, else a database poller.",
     )
     p.add_argument("--threads", type=int, default=None, help="Poller threads (no broker).")
+    p.add_argument(
+        "--name",
+        default=None,
+        help="Worker name (CKA_WORKER_NAME): the Celery node name NAME@host, so several "
+        "workers can run on one host, and part of the worker id jobs record.",
+    )
     p.set_defaults(func=run_worker)
 
     p = subparsers.add_parser("db", help="Database schema: upgrade or show the revision.")

@@ -56,7 +56,10 @@ def make_celery(settings: Settings) -> Celery:
 
 @cache
 def _services() -> Services:
-    return Services(Settings())
+    services = Services(Settings())
+    celery = make_celery(services.settings)
+    services.dispatch = lambda job_id: send_job(celery, job_id)  # a comparison's shards
+    return services
 
 
 def _run_job_task(job_id: int) -> None:
@@ -75,7 +78,8 @@ def _run_job_task(job_id: int) -> None:
 
 @cache
 def _worker_id() -> str:
-    return jobs.new_worker_id("celery")
+    name = _services().settings.worker_name
+    return jobs.new_worker_id(f"celery-{name}" if name else "celery")
 
 
 def send_job(celery: Celery, job_id: int) -> None:
@@ -93,9 +97,11 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
     threading.Thread(
         target=_reap_forever, args=(services, celery), name="stale-reaper", daemon=True
     ).start()
+    node = [f"--hostname={settings.worker_name}@%h"] if settings.worker_name else []
     celery.worker_main(
         [
             "worker",
+            *node,
             "--pool=solo",
             "--concurrency=1",
             "--prefetch-multiplier=1",

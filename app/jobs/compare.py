@@ -21,9 +21,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 import analysis
+from app.jobs import shards
 from app.jobs import states as jobs
 from app.jobs.baselines import Identity, find_siblings, random_init_baseline, seed_ceiling_baseline
-from app.store import gc, repository
+from app.jobs.inputs import engine_options, load_comparison, member_rows
+from app.store import gc
 from app.store.artifacts import StoreGramCache
 from app.store.datasets import dataset_key
 from app.store.orm import Comparison, Dataset, Job, Model
@@ -55,16 +57,6 @@ def _siblings(services: Services, members: dict[str, Model]) -> dict[str, Identi
     return find_siblings({label: _identity(row) for label, row in members.items()}, candidates)
 
 
-def _calibration(params: dict[str, Any]) -> dict[str, Any]:
-    """The permutation and sensitivity options, only when asked for (older params lack them)."""
-    out: dict[str, Any] = {}
-    if params.get("permutations"):
-        out["permutations"] = params["permutations"]
-    if params.get("sensitivity"):
-        out["sensitivity"] = True
-    return out
-
-
 def _layer_diagnostics(result: dict[str, Any]) -> dict[str, Any]:
     """Per model and layer, effective dimensionality and top-component share, when computed."""
     out: dict[str, Any] = {}
@@ -80,43 +72,39 @@ def _layer_diagnostics(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _compare(services: Services, cmp: Comparison, ds: Dataset, control: jobs.JobControl) -> None:
+def _compare(
+    services: Services, job: Job, cmp: Comparison, ds: Dataset, control: jobs.JobControl
+) -> None:
     params = cmp.params
-    with services.db.session(readonly=True) as s:
-        members = [(m.label, s.get(Model, m.model_id)) for m in cmp.members]
-    missing = [label for label, row in members if row is None]
-    if missing:
-        raise analysis.AnalysisError(f"models {missing} were deleted before the job ran")
-    rows = {label: row for label, row in members if row is not None}
+    rows = member_rows(services, cmp)
     shas = {label: row.sha256 for label, row in rows.items()}
+    data = services.datasets.get(dataset_key(ds))
+    # Sharded: the first run starts the shards and parks (shards.gather raises Parked); the
+    # run after the last shard combines their terms.
+    gathered = shards.gather(services, job, control, cmp.id, shards.plan(services, params, data))
     baselines = list(params.get("baselines") or [])
     siblings = _siblings(services, rows) if "seed_ceiling" in baselines else {}
-    data = services.datasets.get(dataset_key(ds))
     cache = StoreGramCache(services.store)
-    common: dict[str, Any] = {
-        "kernel": params["kernel"],
-        "estimator": params["estimator"],
-        "mode": params["mode"],
-        "batch_size": params["batch_size"],
-        "feature": params["feature"],
-        "device": services.device,
-        "progress": False,
-    }
+    common = engine_options(params, services.device)
+    calibration = {k: common.pop(k) for k in ("permutations", "sensitivity") if k in common}
     stored: dict[str, Any] = {}
     lease = list(shas.values()) + [sib.key for sib in siblings.values()]
     with services.models.lease(lease) as loaded:
         nets = {label: loaded[sha] for label, sha in shas.items()}
-        atlas = analysis.compare(
-            nets,
-            data,
-            layers=params["resolved_layers"],
-            bootstrap=params["bootstrap"],
-            gram_cache=cache,
-            model_keys=shas,
-            on_batch=control.on_batch,
-            **common,
-            **_calibration(params),
-        )
+        if gathered is not None:
+            atlas = analysis.combine(gathered[0])
+        else:
+            atlas = analysis.compare(
+                nets,
+                data,
+                layers=params["resolved_layers"],
+                bootstrap=params["bootstrap"],
+                gram_cache=cache,
+                model_keys=shas,
+                on_batch=control.on_batch,
+                **common,
+                **calibration,
+            )
         if "random_init" in baselines:
             stored["random_init"] = random_init_baseline(
                 nets, data, RANDOM_INIT_SEED, layers=params["resolved_layers"], **common
@@ -136,6 +124,8 @@ def _compare(services: Services, cmp: Comparison, ds: Dataset, control: jobs.Job
         result["baselines"] = stored
     blob = json.dumps(result, sort_keys=True, allow_nan=False).encode()
     diagnostics = dict(atlas.diagnostics)
+    if gathered is not None:
+        diagnostics["shards"] = gathered[1]
     if layers := _layer_diagnostics(result):
         diagnostics["layers"] = layers
     if "seed_ceiling" in stored:
@@ -180,6 +170,8 @@ def _compare(services: Services, cmp: Comparison, ds: Dataset, control: jobs.Job
         write,
         timeout=jobs.retry_s(services.settings),
     )
+    if gathered is not None:
+        shards.discard(services, cmp.id)
 
 
 def _torch_version() -> str:
@@ -187,9 +179,5 @@ def _torch_version() -> str:
 
 
 def run_comparison(services: Services, job: Job, control: jobs.JobControl) -> None:
-    with services.db.session(readonly=True) as s:
-        cmp = repository.comparison_for_job(s, job.id)
-        ds = s.get(Dataset, cmp.dataset_id) if cmp else None
-    if cmp is None or ds is None:
-        raise jobs.LostJob(f"job {job.id} has no comparison any more")
-    _compare(services, cmp, ds, control)
+    cmp, ds = load_comparison(services, job.id)
+    _compare(services, job, cmp, ds, control)

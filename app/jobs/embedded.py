@@ -38,7 +38,8 @@ class EmbeddedWorker:
     def start(self) -> None:
         self._reap()
         for i in range(self.threads):
-            worker_id = jobs.new_worker_id(f"embedded-{i}")
+            name = self.services.settings.worker_name or "embedded"
+            worker_id = jobs.new_worker_id(f"{name}-{i}")
             t = threading.Thread(target=self._loop, args=(worker_id,), name=worker_id, daemon=True)
             t.start()
             self._pool.append(t)

@@ -34,6 +34,7 @@ __all__ = [
     "MAX_LAYER_ITEMS",
     "MAX_MODELS",
     "MAX_PERMUTATIONS",
+    "MAX_SHARDS",
     "Baseline",
     "Calibration",
     "ComparisonIn",
@@ -57,6 +58,9 @@ BASELINES: tuple[Baseline, ...] = ("random_init", "seed_ceiling")
 MAX_MODELS = 32
 MAX_BATCH = 8192
 MAX_LAYER_ITEMS = 200
+# More shards than workers only adds per-shard overhead (every shard loads every model); 64
+# covers a host of 8 GPUs several times over.
+MAX_SHARDS = 64
 
 
 # The fields of a comparison request that are CompareOptions (the rest says what to compare).
@@ -182,6 +186,14 @@ class ComparisonIn(Calibration):
     batch_size: int = option("batch_size", ge=2, le=MAX_BATCH)
     feature: Feature = option("feature")
     bootstrap: int = option("bootstrap", ge=0, le=1000)
+    shards: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_SHARDS,
+        description="Split the comparison by ranges of batches into this many shard jobs, run "
+        "by any free workers and combined exactly (mode minibatch only). 1: one piece, unless "
+        "it has more batches than CKA_SHARD_BATCHES. Never changes the result.",
+    )
     force: bool = Field(
         default=False, description="Recompute even if an identical comparison exists"
     )

@@ -16,6 +16,7 @@ import analysis
 from app.errors import problem_of
 from app.jobs import states as jobs
 from app.jobs.compare import run_comparison
+from app.jobs.shards import run_shard
 from app.jobs.study import run_study
 from app.jobs.train import run_training
 from app.logs import job_context
@@ -40,6 +41,7 @@ HANDLERS: dict[str, Callable[[Services, Job, jobs.JobControl], None]] = {
     "comparison": run_comparison,
     "training": run_training,
     "study": _run_study,
+    "shard": run_shard,
 }
 
 
@@ -96,6 +98,8 @@ def run_claimed(
         try:
             _run(services, job, control)
             log.info("job %s succeeded", job.id)
+        except jobs.Parked as parked:
+            log.info("%s", parked)
         except Exception as exc:
             try:
                 _record_end(services, control, exc)
@@ -107,6 +111,20 @@ def run_claimed(
                     str(again).strip().splitlines()[0] if str(again).strip() else again,
                     services.settings.stale_after_s,
                 )
+    if job.parent_id is not None:
+        _settle(services, job.parent_id, worker_id, shutdown)
+
+
+def _settle(
+    services: Services, parent_id: int, worker_id: str, shutdown: threading.Event | None
+) -> None:
+    """After a shard ended: if none of its siblings is left, this worker ends the comparison
+    (combines the shards, or fails or cancels it as they ended)."""
+    if jobs.shards_left(services.db, parent_id):
+        return
+    parent = jobs.take_over(services.db, parent_id, worker_id)
+    if parent is not None:  # None: another worker took it, or it was cancelled meanwhile
+        run_claimed(services, parent, worker_id, shutdown)
 
 
 def _record_end(services: Services, control: jobs.JobControl, exc: Exception) -> None:

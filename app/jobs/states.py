@@ -7,6 +7,13 @@ worker id), so two workers can never both run one job and a worker that lost its
 cannot write a result: the result is written in the same transaction as the ``succeeded``
 transition, and that transition only matches while this worker still owns the job.
 
+A sharded comparison (:mod:`app.jobs.shards`) parks its job while its shards run: the job
+stays ``running`` but is owned by :data:`SHARD_OWNER` rather than a worker, every shard's
+heartbeat refreshes it and sets its progress to the shards' mean, and the worker that ends the
+last shard takes it back (:func:`take_over`, a compare-and-set, so only one does) to combine
+them. A cancel reaches every shard; the stale reaper never re-queues a parked job while a
+shard may still run, and re-queues it once they have all ended and nobody took it over.
+
 The database may go away for a while (a restart, a lost connection): heartbeats then fail
 and are tried again at the next beat, and the end-of-job writes are retried with backoff
 (:func:`app.store.db.retry`), so a finished result is not lost and is written once.
@@ -23,7 +30,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.store.db import Database, retry
@@ -31,8 +38,10 @@ from app.store.orm import Job, JobState, utcnow
 from app.store.settings import Settings
 
 __all__ = [
+    "SHARD_OWNER",
     "JobControl",
     "LostJob",
+    "Parked",
     "claim",
     "commit_result",
     "complete",
@@ -40,27 +49,48 @@ __all__ = [
     "fail",
     "mark_cancelled",
     "new_worker_id",
+    "park",
     "queued_ids",
     "release",
     "request_cancel",
     "requeue_stale",
     "retry_s",
+    "shards_left",
+    "take_over",
 ]
 
 log = logging.getLogger(__name__)
+
+# The owner of a parked comparison job while its shards run (never a worker id: those have
+# three colons).
+SHARD_OWNER = "shards"
 
 
 class LostJob(RuntimeError):
     """This worker no longer owns the job (it was re-queued or cancelled)."""
 
 
+class Parked(Exception):
+    """The job was handed to its shards (see :func:`park`); it ends when they do."""
+
+
 def new_worker_id(kind: str) -> str:
     return f"{kind}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def enqueue(session: Session, kind: str) -> Job:
-    """Add a queued job in the caller's transaction."""
-    job = Job(kind=kind, status=JobState.QUEUED, progress=0.0, cancel_requested=False, attempts=0)
+def enqueue(
+    session: Session, kind: str, *, parent_id: int | None = None, shard: int | None = None
+) -> Job:
+    """Add a queued job in the caller's transaction (a shard names its parent and index)."""
+    job = Job(
+        kind=kind,
+        status=JobState.QUEUED,
+        progress=0.0,
+        cancel_requested=False,
+        attempts=0,
+        parent_id=parent_id,
+        shard=shard,
+    )
     session.add(job)
     session.flush()
     return job
@@ -117,7 +147,44 @@ def heartbeat(db: Database, job_id: int, worker_id: str, progress: float) -> boo
         )
         if res.rowcount != 1:  # type: ignore[attr-defined]
             raise LostJob(f"job {job_id} is no longer owned by {worker_id}")
-        return bool(s.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
+        cancel, parent = s.execute(
+            select(Job.cancel_requested, Job.parent_id).where(Job.id == job_id)
+        ).one()
+        if parent is not None:
+            _beat_parent(s, parent)
+        return bool(cancel)
+
+
+def _beat_parent(session: Session, parent_id: int) -> None:
+    """Keep a parked comparison alive, its progress the mean of its shards'."""
+    mean = select(func.avg(Job.progress)).where(Job.parent_id == parent_id).scalar_subquery()
+    session.execute(
+        update(Job)
+        .where(_parked(parent_id))
+        .values(heartbeat_at=utcnow(), progress=func.coalesce(mean, 0.0))
+        .execution_options(synchronize_session=False)
+    )
+
+
+def _parked(job_id: int) -> Any:
+    return (Job.id == job_id) & (Job.status == JobState.RUNNING) & (Job.worker_id == SHARD_OWNER)
+
+
+def park(db: Database, job_id: int, worker_id: str) -> bool:
+    """Hand a running job this worker owns to its shards; False if it is no longer ours."""
+    return _set(db, job_id, worker_id, 10.0, worker_id=SHARD_OWNER, heartbeat_at=utcnow())
+
+
+def take_over(db: Database, job_id: int, worker_id: str) -> Job | None:
+    """Take a parked job back from its shards for this worker (at most one worker wins)."""
+    with db.session() as s:
+        res = s.execute(
+            update(Job)
+            .where(_parked(job_id))
+            .values(worker_id=worker_id, heartbeat_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+        return s.get(Job, job_id) if res.rowcount == 1 else None  # type: ignore[attr-defined]
 
 
 def complete(session: Session, job_id: int, worker_id: str) -> None:
@@ -213,11 +280,28 @@ def release(db: Database, job_id: int, worker_id: str, timeout: float = 10.0) ->
 
 
 def request_cancel(session: Session, job_id: int) -> None:
-    """Cancel a queued job at once; ask a running one to stop at its next batch."""
+    """Cancel a queued job at once; ask a running one to stop at its next batch.
+
+    The shards of a sharded comparison are cancelled with it; a parked comparison none of
+    whose shards still runs is cancelled at once.
+    """
     now = utcnow()
+    for target in (Job.id == job_id, Job.parent_id == job_id):
+        _cancel_where(session, target, now)
+    if not _live_shards(session, job_id):
+        session.execute(
+            update(Job)
+            .where(_parked(job_id))
+            .values(status=JobState.CANCELLED, finished_at=now, error_code="cancelled")
+            .execution_options(synchronize_session=False)
+        )
+    session.expire_all()
+
+
+def _cancel_where(session: Session, target: Any, now: Any) -> None:
     session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status == JobState.QUEUED)
+        .where(target, Job.status == JobState.QUEUED)
         .values(
             status=JobState.CANCELLED,
             cancel_requested=True,
@@ -228,11 +312,10 @@ def request_cancel(session: Session, job_id: int) -> None:
     )
     session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status == JobState.RUNNING)
+        .where(target, Job.status == JobState.RUNNING)
         .values(cancel_requested=True)
         .execution_options(synchronize_session=False)
     )
-    session.expire_all()
 
 
 def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> list[int]:
@@ -246,10 +329,15 @@ def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> 
     requeued: list[int] = []
     given_up: list[int] = []
     with db.session() as s:
-        stmt = select(Job.id, Job.attempts).where(
+        stmt = select(Job.id, Job.attempts, Job.worker_id, Job.parent_id).where(
             Job.status == JobState.RUNNING, Job.heartbeat_at < cutoff
         )
-        for jid, attempts in list(s.execute(stmt)):
+        for jid, attempts, owner, parent in list(s.execute(stmt)):
+            if owner == SHARD_OWNER:
+                # parked: wait while a shard may still run; re-run it to settle otherwise
+                if _live_shards(s, jid):
+                    continue
+                attempts = 0
             give_up = attempts >= max_attempts
             if give_up:
                 values: dict[str, Any] = {
@@ -270,11 +358,30 @@ def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> 
             )
             if res.rowcount == 1:  # type: ignore[attr-defined]
                 (given_up if give_up else requeued).append(jid)
+                if give_up and parent is not None:  # its comparison cannot finish either
+                    s.execute(
+                        update(Job)
+                        .where(_parked(parent))
+                        .values(**values)
+                        .execution_options(synchronize_session=False)
+                    )
     if requeued:
         log.warning("re-queued stale jobs %s", requeued)
     if given_up:
         log.error("failed stale jobs %s after %d attempts each", given_up, max_attempts)
     return requeued
+
+
+def _live_shards(session: Session, parent_id: int) -> int:
+    live = (JobState.QUEUED, JobState.RUNNING)
+    stmt = select(func.count()).where(Job.parent_id == parent_id, Job.status.in_(live))
+    return int(session.scalar(stmt) or 0)
+
+
+def shards_left(db: Database, parent_id: int) -> int:
+    """How many shards of a comparison job are still queued or running."""
+    with db.session(readonly=True) as s:
+        return _live_shards(s, parent_id)
 
 
 class JobControl:

@@ -95,6 +95,12 @@ def validate_comparison(
         CompareOptions.build(None, **body.model_dump(include=set(COMPARE_FIELDS)))
     except OptionsError as exc:
         raise _invalid(exc.kind, str(exc), exc.field) from None
+    if body.shards > 1 and body.mode != "minibatch":
+        raise _invalid(
+            "shards_need_minibatch",
+            f"shards {body.shards} need mode minibatch (mode full keeps every sample in one place)",
+            "shards",
+        )
     with services.db.session(readonly=True) as s:
         found = repository.models_by_ids(s, body.model_ids)
         ds = s.get(Dataset, body.dataset_id)
@@ -141,6 +147,7 @@ def validate_comparison(
         "permutations": body.permutations,
         "sensitivity": body.sensitivity,
         "baselines": list(body.baselines),
+        "shards": body.shards,  # how it runs, not what it computes: not in the request hash
     }
     return rows, ds, params
 

@@ -176,7 +176,7 @@ class Job(Base):
     __tablename__ = "jobs"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    kind: Mapped[str] = mapped_column(String(20))  # comparison | training | study
+    kind: Mapped[str] = mapped_column(String(20))  # comparison | training | study | shard
     status: Mapped[str] = mapped_column(String(20), index=True, default=JobState.QUEUED)
     progress: Mapped[float] = mapped_column(Float, default=0.0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -188,6 +188,13 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column()
     heartbeat_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
+    # A shard: the comparison job it is part of, its index, and what it did (worker, host,
+    # batches, seconds) once it succeeded (see app.jobs.shards).
+    parent_id: Mapped[int | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+    )
+    shard: Mapped[int | None] = mapped_column(Integer)
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class ComparisonModel(Base):

@@ -169,6 +169,7 @@ def list_jobs(
     offset: int,
     kind: str | None = None,
     status: str | None = None,
+    parent_id: int | None = None,
 ) -> tuple[list[Job], int]:
     """Every job of every kind, newest first."""
     stmt = select(Job).order_by(Job.id.desc())
@@ -176,6 +177,8 @@ def list_jobs(
         stmt = stmt.where(Job.kind == kind)
     if status:
         stmt = stmt.where(Job.status == status)
+    if parent_id is not None:
+        stmt = stmt.where(Job.parent_id == parent_id)
     return page(session, stmt, limit, offset)
 
 

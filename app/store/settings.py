@@ -79,6 +79,19 @@ class Settings(BaseSettings):
         gt=0,
         description="Longest job; the broker's visibility timeout exceeds it.",
     )
+    shard_batches: int = Field(
+        default=0,
+        ge=0,
+        description="Split a minibatch comparison of more batches than this into shards of at "
+        "most this many batches, run by any free worker and combined exactly (0: only when "
+        "a request asks, with `shards`).",
+    )
+    worker_name: str = Field(
+        default="",
+        pattern=r"^[A-Za-z0-9_.-]{0,64}$",
+        description="Name of this worker process (`cka-atlas worker --name`): the Celery node "
+        "name, and part of the worker id that jobs and shard diagnostics record.",
+    )
     model_cache_size: int = Field(
         default=8, ge=1, description="Checkpoints kept loaded per process."
     )

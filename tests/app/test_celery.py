@@ -7,10 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -21,7 +23,7 @@ from app.jobs import states as jobs
 from app.store.orm import Comparison, Job, utcnow
 from app.store.services import Services
 from app.store.settings import Settings
-from tests.helpers import digits_id, register, wait
+from tests.helpers import assert_same_numbers, digits_id, register, wait
 
 
 @pytest.fixture
@@ -39,8 +41,10 @@ def broker_settings(settings: Settings, redis_url: str) -> Iterator[Settings]:
     client.close()
 
 
-def _worker(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
-    """``cka-atlas worker`` in its own process group, output to ``log``."""
+def _worker(
+    settings: Settings, log: Path, name: str | None = None, stale_after_s: float = 30
+) -> subprocess.Popen[bytes]:
+    """``cka-atlas worker [--name NAME]`` in its own process group, output to ``log``."""
     env = os.environ | {
         "CKA_DATABASE_URL": settings.resolved_database_url,
         "CKA_DATA_DIR": str(settings.data_dir),
@@ -48,12 +52,12 @@ def _worker(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
         "CKA_CELERY_QUEUE": settings.celery_queue,
         "CKA_DEVICE": "cpu",
         "CKA_HEARTBEAT_S": "0.2",
-        "CKA_STALE_AFTER_S": "30",
+        "CKA_STALE_AFTER_S": str(stale_after_s),
         "OMP_NUM_THREADS": "1",
     }
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "worker"],
+            [sys.executable, "-m", "app.cli", "worker", *(["--name", name] if name else [])],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -95,3 +99,76 @@ def test_celery_worker_runs_queued_and_stale_jobs(
         assert first["provenance"]["worker"].startswith("celery:")
         with services.db.session() as s:
             assert s.get(Job, dead.id).attempts == 2  # type: ignore[union-attr]
+
+
+def _shards_of(client: TestClient, services: Services, comparison_id: int) -> list[dict[str, Any]]:
+    with services.db.session(readonly=True) as s:
+        parent = s.get(Comparison, comparison_id).job_id  # type: ignore[union-attr]
+    page = client.get("/v1/jobs", params={"kind": "shard", "parent_id": parent}).json()
+    return sorted(page["items"], key=lambda j: j["shard"])
+
+
+def _node(worker_id: str) -> str:
+    return worker_id.split(":")[0]  # "celery-w1:host:pid:uuid" -> "celery-w1"
+
+
+def test_two_workers_share_a_sharded_comparison_and_survive_a_kill(
+    broker_settings: Settings, zoo: dict[str, Path], tmp_path: Path
+) -> None:
+    settings = broker_settings
+    with TestClient(create_app(settings)) as client:
+        services: Services = client.app.state.services  # type: ignore[attr-defined]
+        ids = register(client, zoo, "mixer_digits", "gmlp_digits", "mlp_digits")
+        # 450 images in batches of 10: 45 batches, slow enough to kill a worker in one
+        body = {"model_ids": ids, "dataset_id": digits_id(client), "batch_size": 10}
+        body |= {"bootstrap": 20, "permutations": 40}
+        workers = {
+            name: _worker(settings, tmp_path / f"{name}.log", name=name, stale_after_s=4)
+            for name in ("w1", "w2")
+        }
+        try:
+            whole = client.post("/v1/comparisons", json=body)
+            one = wait(client, whole.headers["location"], timeout=300)
+            assert one["status"] == "succeeded", one
+
+            two = client.post("/v1/comparisons", json=body | {"shards": 2, "force": True})
+            done = wait(client, two.headers["location"], timeout=300)
+            assert done["status"] == "succeeded", done
+            assert {_node(s["worker"]) for s in done["diagnostics"]["shards"]} == {
+                "celery-w1",
+                "celery-w2",
+            }
+
+            # four shards; w1 is killed while it runs one: w2 re-runs it and ends the job
+            four = client.post("/v1/comparisons", json=body | {"shards": 4, "force": True})
+            cid = four.json()["id"]
+            deadline = time.monotonic() + 120
+            victim = None
+            while victim is None and time.monotonic() < deadline:
+                for shard in _shards_of(client, services, cid):
+                    if shard["status"] == "running" and _node(shard["worker"]) == "celery-w1":
+                        victim = shard
+                time.sleep(0.02)
+            assert victim is not None, "w1 never ran a shard"
+            os.killpg(workers["w1"].pid, signal.SIGKILL)
+            workers["w1"].wait(timeout=30)
+            killed = wait(client, four.headers["location"], timeout=300, alive=workers["w2"])
+        finally:
+            for proc in workers.values():
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(timeout=60)
+        logs = {n: (tmp_path / f"{n}.log").read_text(errors="replace") for n in workers}
+        assert killed["status"] == "succeeded", (killed, logs["w2"])
+        redone = _shards_of(client, services, cid)[victim["shard"]]
+        assert redone["attempts"] == 2 and _node(redone["detail"]["worker"]) == "celery-w2"
+        assert [s["shard"] for s in killed["diagnostics"]["shards"]] == [0, 1, 2, 3]
+        for sharded in (two, four):
+            url = sharded.headers["location"]
+            for a, b in (("mixer_digits", "gmlp_digits"), ("mlp_digits", "mixer_digits")):
+                m1 = client.get(f"{whole.headers['location']}/matrix", params={"a": a, "b": b})
+                mk = client.get(f"{url}/matrix", params={"a": a, "b": b})
+                assert_same_numbers(m1.json(), mk.json())
+        with services.db.session(readonly=True) as s:  # one result: the job succeeded once
+            job = s.get(Job, s.get(Comparison, cid).job_id)  # type: ignore[union-attr]
+            assert job is not None and job.status == "succeeded" and job.finished_at is not None

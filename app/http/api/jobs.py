@@ -33,9 +33,18 @@ class JobOut(JobFields):
     cancel_requested: bool = False
     created_at: datetime
     heartbeat_at: datetime | None = None
+    parent_id: int | None = Field(
+        default=None, description="A shard: the comparison job it is part of"
+    )
+    shard: int | None = Field(default=None, description="A shard: its index, from 0")
+    detail: dict[str, Any] | None = Field(
+        default=None,
+        examples=[{"batches": [0, 8], "of": 2, "worker": "celery-w1:host:41:ab12cd34"}],
+        description="A shard: its batch range and, once done, its worker, host and seconds",
+    )
     links: dict[str, str] = Field(
         examples=[{"self": "/v1/jobs/12", "cancel": "/v1/jobs/12/cancel"}],
-        description="self, cancel, and the comparison or training it produces",
+        description="self, cancel, the comparison or training it produces, a shard's parent",
     )
 
 
@@ -49,6 +58,8 @@ def _view(job: Job, subject: tuple[str, int] | None) -> dict[str, Any]:
     if subject is not None:
         collection, ident = subject
         links[collection.removesuffix("s")] = f"/v1/{collection}/{ident}"
+    if job.parent_id is not None:
+        links["parent"] = f"/v1/jobs/{job.parent_id}"
     return {
         "id": job.id,
         "kind": job.kind,
@@ -56,6 +67,9 @@ def _view(job: Job, subject: tuple[str, int] | None) -> dict[str, Any]:
         "cancel_requested": job.cancel_requested,
         "created_at": job.created_at,
         "heartbeat_at": job.heartbeat_at,
+        "parent_id": job.parent_id,
+        "shard": job.shard,
+        "detail": job.detail,
         "links": links,
         **job_fields(job),
     }
@@ -78,11 +92,14 @@ def list_jobs(
     status_: str | None = Query(
         None, alias="status", pattern="^(queued|running|succeeded|failed|cancelled)$"
     ),
+    parent_id: int | None = Query(
+        None, ge=1, le=ID_MAX, description="Only the shards of this comparison job"
+    ),
 ) -> dict[str, Any]:
     """Newest first."""
     with services.db.session(readonly=True) as s:
         items, total = repository.list_jobs(
-            s, limit=limit, offset=offset, kind=kind, status=status_
+            s, limit=limit, offset=offset, kind=kind, status=status_, parent_id=parent_id
         )
         subjects = repository.job_subjects(s, [j.id for j in items])
         views = [_view(j, subjects.get(j.id)) for j in items]

@@ -1,0 +1,204 @@
+"""One sharded comparison on 1 and on 2 Celery workers: wall time, speed-up, efficiency.
+
+Everything goes through the product: a throwaway store (SQLite file and artifact directory),
+the REST app (which only enqueues when a broker is set), Redis, and real ``cka-atlas worker
+--name`` processes with one thread each. The workload is two random-init 224-pixel timm models
+(``mixer_s16_224`` and ``resmlp_12_224``, 10 classes) imported as Hugging Face folders, over an
+image folder of ``--images`` random photos, batches of ``--batch``, in ``--shards`` shards.
+Each worker count starts from an empty store, so no run reuses another's Grams. Wall time is
+from the POST until the comparison reads succeeded.
+
+It also prints the per-batch costs the cost model in BENCHMARKS.md uses: one forward pass per
+model, the Gram products and the HSIC matrix of a batch, measured in this process (1 thread).
+
+    .venv/bin/python bench/bench_shards.py                # Redis at 127.0.0.1:6379
+    .venv/bin/python bench/bench_shards.py --redis redis://host:6379/3 --images 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import timm
+import torch
+from fastapi.testclient import TestClient
+from PIL import Image
+from timm.models import save_for_hf
+
+from analysis.hsic import hsic_from_grams
+from analysis.kernels import gram, parse_kernel
+from app.http.main import create_app
+from app.store.settings import Settings
+
+MODELS = ("mixer_s16_224", "resmlp_12_224")
+
+
+def photos_zip(n: int, seed: int = 0) -> bytes:
+    """An ImageFolder zip of ``n`` random RGB photos of mixed sizes, in two classes."""
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for i in range(n):
+            w, h = int(rng.integers(160, 320)), int(rng.integers(160, 320))
+            pixels = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+            out = io.BytesIO()
+            Image.fromarray(pixels, "RGB").save(out, "JPEG", quality=90)
+            zf.writestr(f"photos/{'ab'[i % 2]}/{i:04d}.jpg", out.getvalue())
+    return buf.getvalue()
+
+
+def hub_zip(name: str, root: Path) -> bytes:
+    """A random-init ``name`` written by timm's save_for_hf, zipped."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, num_classes=10).eval()
+    folder = root / name
+    save_for_hf(model, folder, safe_serialization=True)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for p in sorted(folder.rglob("*")):
+            zf.write(p, f"{name}/{p.relative_to(folder).as_posix()}")
+    return buf.getvalue()
+
+
+def start_worker(settings: Settings, name: str, log: Path) -> subprocess.Popen[bytes]:
+    env = os.environ | {
+        "CKA_DATABASE_URL": settings.resolved_database_url,
+        "CKA_DATA_DIR": str(settings.data_dir),
+        "CKA_BROKER_URL": str(settings.broker_url),
+        "CKA_CELERY_QUEUE": settings.celery_queue,
+        "CKA_DEVICE": "cpu",
+        "CKA_LOG_LEVEL": "warning",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "worker", "--name", name],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def run(
+    workers: int, shards: int, args: argparse.Namespace, zips: dict[str, bytes], photos: bytes
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-shards-") as tmp:
+        root = Path(tmp)
+        settings = Settings(
+            database_url=f"sqlite:///{root / 'cka.db'}",
+            data_dir=root / "data",
+            broker_url=args.redis,
+            celery_queue=f"bench-{uuid.uuid4().hex[:8]}",
+            device="cpu",
+            api_tokens="",
+            worker_threads=0,
+        )
+        with TestClient(create_app(settings)) as client:
+            ids = []
+            for name, blob in zips.items():
+                r = client.post("/v1/models", files={"hub": (f"{name}.zip", blob)})
+                r.raise_for_status()
+                ids.append(r.json()["id"])
+            r = client.post("/v1/datasets", files={"file": ("photos.zip", photos)})
+            r.raise_for_status()
+            body = {"model_ids": ids, "dataset_id": r.json()["id"], "batch_size": args.batch}
+            procs = [
+                start_worker(settings, f"bench{i}", root / f"w{i}.log") for i in range(workers)
+            ]
+            try:
+                time.sleep(args.settle)  # workers import torch and connect before the clock
+                began = time.perf_counter()
+                r = client.post("/v1/comparisons", json=body | {"shards": shards})
+                r.raise_for_status()
+                url = r.headers["location"]
+                while (state := client.get(url).json())["status"] not in (
+                    "succeeded",
+                    "failed",
+                    "cancelled",
+                ):
+                    time.sleep(0.1)
+                wall = time.perf_counter() - began
+            finally:
+                for p in procs:
+                    os.killpg(p.pid, signal.SIGTERM)
+                    p.wait(timeout=60)
+        if state["status"] != "succeeded":
+            raise SystemExit(f"the comparison ended {state['status']}: {state.get('error')}")
+        parts = state["diagnostics"].get("shards", [])
+        return {
+            "workers": workers,
+            "shards": shards,
+            "wall": wall,
+            "per_shard": [(p["worker"].split(":")[0], p["seconds"]) for p in parts],
+            "layers": sum(len(v) for v in state["params"]["resolved_layers"].values()),
+        }
+
+
+def per_batch_costs(batch: int, layers: int) -> dict[str, float]:
+    """Seconds per batch, one thread: each model's forward, the Grams, the HSIC product."""
+    torch.set_num_threads(1)
+    x = torch.randn(batch, 3, 224, 224)
+    out: dict[str, float] = {}
+    for name in MODELS:
+        model = timm.create_model(name, pretrained=False, num_classes=10).eval()
+        with torch.inference_mode():
+            model.forward_intermediates(x[:2])
+            began = time.perf_counter()
+            _, feats = model.forward_intermediates(x)
+            out[f"forward {name}"] = time.perf_counter() - began
+    kern = parse_kernel("linear")
+    f = feats[0].flatten(1)
+    began = time.perf_counter()
+    grams = torch.stack([gram(f, kern) for _ in range(layers)])
+    out["grams (all layers)"] = time.perf_counter() - began
+    began = time.perf_counter()
+    hsic_from_grams(grams, "unbiased")
+    out["HSIC product"] = time.perf_counter() - began
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--redis", default="redis://127.0.0.1:6379/15")
+    ap.add_argument("--images", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--settle", type=float, default=15.0, help="seconds to let workers start")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        zips = {name: hub_zip(name, Path(tmp)) for name in MODELS}
+    photos = photos_zip(args.images)
+    rows = [run(w, args.shards, args, zips, photos) for w in args.workers]
+    base = rows[0]["wall"]  # the first worker count (1 by default) is the reference
+    print(f"\n{args.images} images, batch {args.batch}, {args.shards} shards, models {MODELS}")
+    print("| workers | shards | wall (s) | speed-up | efficiency | shard seconds (worker) |")
+    print("|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        speed = base / r["wall"]
+        shards = ", ".join(f"{s:.1f} ({w})" for w, s in r["per_shard"])
+        print(
+            f"| {r['workers']} | {r['shards']} | {r['wall']:.1f} | {speed:.2f} | "
+            f"{speed / r['workers']:.0%} | {shards} |"
+        )
+    print(f"\nper-batch costs (batch {args.batch}, 1 thread, {rows[0]['layers']} layers):")
+    for what, seconds in per_batch_costs(args.batch, rows[0]["layers"]).items():
+        print(f"  {what}: {seconds:.3f} s")
+
+
+if __name__ == "__main__":
+    main()

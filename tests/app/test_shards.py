@@ -1,0 +1,187 @@
+"""Sharded comparisons through the service: equal to one piece, shard jobs, cancel, failure,
+the stale reaper. (Two Celery workers and a killed one: tests/app/test_celery.py.)"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select, update
+
+from app.jobs import run
+from app.jobs import states as jobs
+from app.jobs.run import execute, run_claimed
+from app.store.orm import Comparison, Job, utcnow
+from app.store.services import Services
+from tests.app.payloads import assert_problem
+from tests.helpers import assert_same_numbers, digits_id, register, wait
+
+
+def _services(client: TestClient) -> Services:
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+    return services
+
+
+def _job_of(services: Services, comparison_id: int) -> int:
+    with services.db.session(readonly=True) as s:
+        cmp = s.get(Comparison, comparison_id)
+        assert cmp is not None
+        return cmp.job_id
+
+
+def test_sharded_comparison_equals_one_piece(client: TestClient, zoo: dict[str, Path]) -> None:
+    ids = register(client, zoo, "mixer_digits", "gmlp_digits", "mlp_digits")
+    body = {
+        "model_ids": ids,
+        "dataset_id": digits_id(client),
+        "batch_size": 50,  # 450 test images: 9 batches
+        "bootstrap": 30,
+        "permutations": 15,
+        "sensitivity": True,
+    }
+    whole = client.post("/v1/comparisons", json=body)
+    one = wait(client, whole.headers["location"])
+    sharded = client.post("/v1/comparisons", json=body | {"shards": 3, "force": True})
+    assert sharded.status_code == 202, sharded.text
+    three = wait(client, sharded.headers["location"])
+    assert one["status"] == three["status"] == "succeeded", three
+    assert three["params"]["shards"] == 3
+
+    url_one, url_three = whole.headers["location"], sharded.headers["location"]
+    for a, b in (("mixer_digits", "gmlp_digits"), ("mlp_digits", "mlp_digits")):
+        m1 = client.get(f"{url_one}/matrix", params={"a": a, "b": b}).json()
+        m3 = client.get(f"{url_three}/matrix", params={"a": a, "b": b}).json()
+        assert {"ci_low", "p_value", "null_mean"} <= set(m3)
+        assert_same_numbers(m1, m3)
+
+    shards = three["diagnostics"].pop("shards")
+    assert [s["shard"] for s in shards] == [0, 1, 2]
+    assert [s["batches"] for s in shards] == [[0, 3], [3, 6], [6, 9]]  # tiles the plan
+    assert sum(s["n"] for s in shards) == three["diagnostics"]["n_used"] == 450
+    assert all(s["worker"] and s["host"] and s["seconds"] >= 0 for s in shards)
+    assert three["diagnostics"]["forward_passes"] == one["diagnostics"]["forward_passes"]
+
+    job_id = _job_of(_services(client), sharded.json()["id"])
+    listed = client.get("/v1/jobs", params={"kind": "shard", "parent_id": job_id}).json()
+    assert listed["total"] == 3
+    assert {j["status"] for j in listed["items"]} == {"succeeded"}
+    assert {j["links"]["parent"] for j in listed["items"]} == {f"/v1/jobs/{job_id}"}
+    assert not (_services(client).store.tmp / f"shards-{sharded.json()['id']}").exists()
+
+
+def test_sharding_is_refused_for_full_mode(client: TestClient, zoo: dict[str, Path]) -> None:
+    ids = register(client, zoo, "mlp_digits")
+    body = {"model_ids": ids, "dataset_id": digits_id(client), "mode": "full", "shards": 2}
+    r = client.post("/v1/comparisons", json=body)
+    assert_problem(r, 422, "shards_need_minibatch")
+    assert r.json()["field"] == "shards"
+    too_many = body | {"mode": "minibatch", "shards": 65}
+    assert client.post("/v1/comparisons", json=too_many).status_code == 422
+
+
+def _park(client: TestClient, zoo: dict[str, Path], shards: int = 3) -> tuple[int, list[int]]:
+    """A sharded comparison whose job has run once: parked, its shards queued."""
+    services = _services(client)
+    ids = register(client, zoo, "mlp_digits", "mixer_digits")
+    body = {"model_ids": ids, "dataset_id": digits_id(client), "shards": shards}
+    cmp = client.post("/v1/comparisons", json=body | {"batch_size": 60}).json()
+    parent = _job_of(services, cmp["id"])
+    assert execute(services, "test:host:1:parent", parent) is not None
+    with services.db.session(readonly=True) as s:
+        row = s.get(Job, parent)
+        assert row is not None and (row.status, row.worker_id) == ("running", jobs.SHARD_OWNER)
+        children = list(s.scalars(select(Job.id).where(Job.parent_id == parent)))
+    assert len(children) == shards
+    return parent, children
+
+
+def _status(services: Services, job_id: int) -> str:
+    with services.db.session(readonly=True) as s:
+        row = s.get(Job, job_id)
+        assert row is not None
+        return row.status
+
+
+def test_cancel_reaches_every_shard(idle_client: TestClient, zoo: dict[str, Path]) -> None:
+    client, services = idle_client, _services(idle_client)
+    parent, children = _park(client, zoo)
+    running = jobs.claim(services.db, "test:host:2:w", children[0])
+    assert running is not None
+
+    r = client.post(f"/v1/jobs/{parent}/cancel")
+    assert r.json()["status"] == "running"  # one shard still runs: it stops at its next batch
+    assert [_status(services, c) for c in children] == ["running", "cancelled", "cancelled"]
+    with services.db.session(readonly=True) as s:
+        assert s.get(Job, children[0]).cancel_requested  # type: ignore[union-attr]
+
+    # the running shard sees the request, stops, and the comparison ends cancelled with it
+    run_claimed(services, running, "test:host:2:w")
+    assert _status(services, children[0]) == "cancelled"
+    assert client.get(f"/v1/jobs/{parent}").json()["status"] == "cancelled"
+
+
+def test_a_failed_shard_fails_the_comparison(idle_client: TestClient, zoo: dict[str, Path]) -> None:
+    client, services = idle_client, _services(idle_client)
+    parent, children = _park(client, zoo, shards=2)
+    claimed = jobs.claim(services.db, "test:host:3:w", children[0])
+    assert claimed is not None
+    jobs.fail(services.db, children[0], "test:host:3:w", "a bad batch", "invalid_input")
+    assert execute(services, "test:host:4:w", children[1]) is not None  # the last one settles
+    assert _status(services, children[1]) == "succeeded"
+    job = client.get(f"/v1/jobs/{parent}").json()
+    assert job["status"] == "failed"
+    assert job["error"] == "shard 1 of 2 failed: a bad batch"
+    assert job["error_code"] == "invalid_input"
+
+
+def test_progress_sums_the_shards_and_the_reaper_waits_for_them(
+    idle_client: TestClient, zoo: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, services = idle_client, _services(idle_client)
+    parent, children = _park(client, zoo, shards=2)
+    first = jobs.claim(services.db, "test:host:5:w", children[0])
+    assert first is not None
+    jobs.heartbeat(services.db, children[0], "test:host:5:w", 0.5)
+    assert client.get(f"/v1/jobs/{parent}").json()["progress"] == 0.25  # (0.5 + 0) / 2
+
+    def age(job_id: int) -> None:
+        with services.db.session() as s:
+            old = utcnow() - timedelta(hours=1)
+            s.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=old))
+
+    age(parent)
+    # a shard may still run: the parked comparison is left alone, the stale shard re-queued
+    age(children[0])
+    assert jobs.requeue_stale(services.db, 60.0) == [children[0]]
+    assert _status(services, parent) == "running"
+
+    # both shards end, but the worker of the last one dies before it takes the comparison
+    # over: once stale, the comparison is re-queued, and its next run combines the shards
+    monkeypatch.setattr(run, "_settle", lambda *args: None)
+    for child in children:
+        assert execute(services, "test:host:6:w", child) is not None
+        assert _status(services, child) == "succeeded"
+    age(parent)
+    assert jobs.requeue_stale(services.db, 60.0) == [parent]
+    assert execute(services, "test:host:7:w", parent) is not None
+    done = client.get(f"/v1/jobs/{parent}").json()
+    assert done["status"] == "succeeded" and done["worker"] == "test:host:7:w"
+
+
+def test_many_batches_are_sharded_by_the_setting(tmp_path: Path, zoo: dict[str, Path]) -> None:
+    from app.http.main import create_app
+    from tests.helpers import make_settings
+
+    settings = make_settings(f"sqlite:///{tmp_path / 'a.db'}", tmp_path / "data", shard_batches=4)
+    with TestClient(create_app(settings)) as client:
+        ids = register(client, zoo, "mlp_digits")
+        body = {"model_ids": ids, "dataset_id": digits_id(client), "batch_size": 45}
+        done = wait(client, client.post("/v1/comparisons", json=body).headers["location"])
+    assert done["status"] == "succeeded"
+    # 450 images in batches of 45: 10 batches, at most 4 per shard -> 3 shards tiling them
+    ranges = [s["batches"] for s in done["diagnostics"]["shards"]]
+    assert len(ranges) == 3 and ranges[0][0] == 0 and ranges[-1][1] == 10
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
