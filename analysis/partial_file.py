@@ -65,7 +65,7 @@ class Partial:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         os.close(fd)
         try:
-            contiguous = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+            contiguous = {k: np.asarray(v, order="C") for k, v in arrays.items()}  # 0-d stays 0-d
             save_file(contiguous, tmp, metadata={"partial": json.dumps(meta, allow_nan=False)})
             os.replace(tmp, target)
         except BaseException:
