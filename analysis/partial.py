@@ -198,8 +198,11 @@ def run_partial(
     if window is None and not run.batches:
         raise EstimatorError(_NO_BATCH)
     config["dataset"] = src.key  # hashed only when the cache needed it
-    span = window or range(0, run.seen)
-    width = run.total_layers
+    span = window if window is not None else range(0, run.seen)
+    kept = None  # the per-batch terms, for the bootstrap
+    if per_batch is not None and opts.bootstrap:
+        width = run.total_layers
+        kept = np.stack(per_batch) if per_batch else np.zeros((0, width, width))
     return Partial(
         names=names,
         selected={m: list(v) for m, v in run.selected.items()},
@@ -208,11 +211,7 @@ def run_partial(
         stop=span.stop,
         total_batches=run.seen if window is None else int(src.total or 0),
         hsic=np.asarray(h, dtype=np.float64),
-        per_batch=None
-        if per_batch is None or not opts.bootstrap
-        else np.stack(per_batch)
-        if per_batch
-        else np.zeros((0, width, width)),
+        per_batch=kept,
         null=None if run.null is None else run.null.sums.cpu().numpy(),
         spectra=None if run.spectra is None else run.spectra.state(),
         counters=run.counters(),
