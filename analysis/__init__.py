@@ -13,6 +13,7 @@ from analysis.errors import AnalysisError, Cancelled, DatasetError, EstimatorErr
 from analysis.gram_cache import DirectoryGramCache, GramCache
 from analysis.layers import default_layers, resolve_layers
 from analysis.options import CompareOptions, OptionsError, option_specs
+from analysis.partial import Partial, batch_count, combine, compare_partial, shard_ranges
 from analysis.significance import CKATest, cka_test
 
 __all__ = [
@@ -28,12 +29,17 @@ __all__ = [
     "ImageDataset",
     "LayerError",
     "OptionsError",
+    "Partial",
+    "batch_count",
     "cka_from_features",
     "cka_test",
+    "combine",
     "compare",
+    "compare_partial",
     "default_layers",
     "load_dataset",
     "option_specs",
     "random_init_twin",
     "resolve_layers",
+    "shard_ranges",
 ]

@@ -37,6 +37,12 @@ per-batch terms, so the null HSIC of a cell for permutation p is the sum over ba
 per-batch null terms. Permuting both sides of a Gram changes nothing, so each layer's
 self-HSIC, the CKA denominator, is the observed one: null CKA = null HSIC / sqrt(HSIC_KK·HSIC_LL).
 
+**Seeds.** Batch i draws its permutations from its own random stream,
+``SeedSequence([seed, _STREAM, i])`` with i the batch's index in the whole plan (dropped
+batches keep their index), so the null does not depend on which batches one process saw: a
+comparison split into ranges of batches (:mod:`analysis.partial`) sums to the null of the
+unsplit run.
+
 **Summary.** One-sided p-value with the +1 correction (Phipson & Smyth 2010):
 ``p = (1 + #{p : null_p ≥ observed}) / (1 + P)``, never 0; the smallest is 1/(1+P). Values
 within :data:`TIE_TOLERANCE` below the observed CKA count as reaching it: the trace term runs
@@ -207,15 +213,16 @@ class PermutationNull:
         if permutations < 1:
             raise ValueError("a permutation null needs at least one permutation")
         self.sizes, self.permutations, self.estimator = list(sizes), permutations, estimator
-        self.dtype, self.device = dtype, device
-        self.rng = np.random.default_rng(np.random.SeedSequence([seed, _STREAM]))
+        self.dtype, self.device, self.seed = dtype, device, seed
         total = sum(self.sizes)
         self.sums = torch.zeros(permutations, total, total, dtype=torch.float64, device=device)
 
-    def add(self, rows: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """One batch: fresh permutations for every model, drawn in model order."""
+    def add(self, rows: tuple[torch.Tensor, torch.Tensor], *, batch: int) -> None:
+        """Batch number ``batch`` of the plan: its permutations for every model, in model order,
+        from the batch's own stream (the same whichever batches were added before)."""
         n = rows[1].shape[1]
-        perms = np.stack([draw_permutations(self.rng, self.permutations, n) for _ in self.sizes])
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, _STREAM, batch]))
+        perms = np.stack([draw_permutations(rng, self.permutations, n) for _ in self.sizes])
         pt = torch.from_numpy(perms).to(self.device)
         accumulate_null(self.sums, rows, self.sizes, pt, self.estimator, self.dtype)
 

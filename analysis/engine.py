@@ -9,6 +9,10 @@ of models, so stored pairs are reused), and the only host transfer of the batch 
 float64 matrix. Terms are summed over batches in float64, so memory does not grow with n
 (``bootstrap`` keeps the per-batch terms: ``batches × L_total²`` floats).
 
+A comparison is :func:`analysis.partial.combine` of one :class:`analysis.partial.Partial`
+over the whole batch plan; the plan can also be run in ranges of batches on different
+workers and combined to the same atlas (:mod:`analysis.partial`).
+
 Batch plan (``minibatch``): fixed consecutive batches of ``batch_size`` in data order (a
 DataLoader's own batches as they come). A batch smaller than the estimator's minimum (4
 samples unbiased, 2 biased), normally a ragged last one, is dropped and reported in
@@ -28,16 +32,14 @@ import torch
 from torch import nn
 
 from analysis.atlas import Atlas
-from analysis.bootstrap import bootstrap_intervals
-from analysis.errors import AnalysisError, EstimatorError
-from analysis.flags import calibration_flags
+from analysis.errors import EstimatorError
 from analysis.gram_cache import GramCache
 from analysis.hsic import MIN_SAMPLES, cka_from_hsic, hsic_from_grams
 from analysis.kernels import Kernel, gram
 from analysis.options import CompareOptions
-from analysis.preprocessing import model_input
-from analysis.sources import DataLike, batch_source, image_files, load_data
-from analysis.streaming import StreamingRun, full_hsic
+from analysis.partial import combine, run_partial
+from analysis.sources import DataLike
+from analysis.streaming import full_hsic
 
 __all__ = ["cka_from_features", "compare"]
 
@@ -83,94 +85,19 @@ def compare(
     component removed; either also records per-layer effective dimension and top-component
     share, and warnings (:mod:`analysis.flags`) in ``diagnostics``.
     """
-    opts = CompareOptions.build(options, **shortcuts)
-    names = list(models)
-    if not names:
-        raise AnalysisError("no models to compare")
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    run = StreamingRun(models, opts, device=dev, progress=progress, on_batch=on_batch)
-    data = load_data(data)
-    files = image_files(data) is not None  # image files: every model through its pipeline
-    inputs = {m: model_input(models[m], files) for m in names}
-    run.inputs = {m: inputs[m] for m in names if inputs[m].pipeline is not None}
-    src = batch_source(data, opts.batch_size, dataset_key, files=files)
-    if model_keys:  # a model's Grams depend on its pipeline as much as on its weights
-        model_keys = {m: f"{k}|input:{inputs[m].key}" for m, k in model_keys.items() if m in inputs}
-    amp = opts.autocast
-    layers = opts.layers
-    config: dict[str, Any] = {
-        "kernel": opts.kernel,
-        "estimator": opts.estimator,
-        "mode": opts.mode,
-        "batch_size": opts.batch_size,
-        "feature": opts.feature,
-        "layers": run.selected if isinstance(layers, Mapping) else _jsonable(layers),
-        "device": str(dev),
-        "dtype": None if amp is None else str(amp).removeprefix("torch."),
-        "bootstrap": opts.bootstrap,
-        "permutations": opts.permutations,
-        "sensitivity": opts.sensitivity,
-        "seed": opts.seed,
-    }
-    training = {m: models[m].training for m in names}
-    try:
-        for m in names:
-            models[m].to(dev).eval()
-        if opts.mode == "full":
-            h, per_batch = run.full(src), None
-        else:
-            cache_parts = None
-            if gram_cache is not None and model_keys:
-                fp = src.fingerprint()
-                if fp is not None:
-                    cache_parts = {"dataset": fp, "plan": opts.batch_size, "feature": opts.feature}
-                    cache_parts |= {"kernel": opts.kernel, "dtype": config["dtype"]}
-            run.cache_note = (
-                "off"
-                if gram_cache is None
-                else "on"
-                if cache_parts
-                else "skipped: no model_keys or no dataset fingerprint (pass dataset_key)"
-            )
-            h, per_batch = run.minibatch(src, gram_cache, model_keys or {}, cache_parts)
-    finally:
-        for m in names:
-            models[m].train(training[m])
-    ci_low = ci_high = None
-    if opts.bootstrap and per_batch is not None and len(per_batch):
-        ci_low, ci_high = bootstrap_intervals(np.stack(per_batch), opts.bootstrap, opts.seed)
-    config["dataset"] = src.key  # hashed only when the cache needed it
-    atlas = Atlas(names, run.selected, h, run.n, config, {}, ci_low, ci_high)
-    _finish_calibration(run, atlas)
-    atlas.diagnostics = run.diagnostics(atlas)
-    if run.spectra is not None:
-        warnings, flags = calibration_flags(atlas, run.n / max(run.batches, 1))
-        atlas.diagnostics |= {"warnings": warnings, "flags": flags}
-    return atlas
-
-
-def _finish_calibration(run: StreamingRun, atlas: Atlas) -> None:
-    """Move the run's null summary, spectra and deflated CKA into ``atlas``."""
-    if run.null is not None:
-        atlas.null, _ = run.null.summary(atlas.hsic)
-    if run.spectra is None:
-        return
-    pr, share = run.spectra.means()
-    atlas.layer_effective_dim, atlas.layer_top_share = pr.numpy(), share.numpy()
-    if run.spectra.sensitivity:
-        cross = run.spectra.deflated_cross.numpy()
-        own = run.spectra.deflated_self.numpy()
-        d = np.diag(atlas.hsic)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            drop = cross / np.sqrt(np.outer(own, d))
-        drop[~np.isfinite(atlas.cka)] = np.nan
-        atlas.cka_drop = np.where(np.isfinite(drop), drop, np.nan)
-
-
-def _jsonable(layers: str | int | Sequence[str | int] | None) -> str | int | list[str | int] | None:
-    if layers is None or isinstance(layers, str | int):
-        return layers
-    return list(layers)
+    part = run_partial(
+        models,
+        data,
+        CompareOptions.build(options, **shortcuts),
+        batches=None,
+        device=device,
+        progress=progress,
+        gram_cache=gram_cache,
+        model_keys=model_keys,
+        on_batch=on_batch,
+        dataset_key=dataset_key,
+    )
+    return combine([part])
 
 
 def cka_from_features(

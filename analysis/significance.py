@@ -73,13 +73,13 @@ def cka_test(
     null = PermutationNull([1, 1], permutations, seed, estimator, cpu, torch.float64)
     h = torch.zeros(2, 2, dtype=torch.float64)
     used = 0
-    for i in range(0, n, size):
+    for batch, i in enumerate(range(0, n, size)):
         if min(size, n - i) < MIN_SAMPLES[estimator]:
             continue
         grams = torch.stack([gram(fx[i : i + size], kern), gram(fy[i : i + size], kern)])
         rows = centred_rows(grams, estimator)
         h += hsic_block(rows, rows, estimator)
-        null.add(rows)
+        null.add(rows, batch=batch)  # batch 0 alone when batch_size is None
         used += 1
     if not used:
         raise EstimatorError("no batch was large enough for the estimator; use more data")

@@ -1,7 +1,8 @@
 """Where the engine's batches come from: tensors, arrays, datasets, paths and DataLoaders.
 
 Every form becomes a :class:`BatchSource`: a replayable iterator of raw batches in data
-order, the batch count when it is known, and a dataset identity for the Gram store. A raw
+order, the batch count when it is known, and a dataset identity for the Gram store. A source
+reads a range of batches as cheaply as its form allows (see :meth:`BatchSource.indexed`). A raw
 batch is a (b, C, H, W) tensor, or, for image files read with ``files=True``, an
 :class:`ImageBatch` of decoded images that each model's pipeline turns into its own tensor.
 """
@@ -9,6 +10,7 @@ batch is a (b, C, H, W) tensor, or, for image files read with ``files=True``, an
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -47,12 +49,26 @@ def image_files(data: Any) -> ImageFiles | None:
 
 @dataclass
 class BatchSource:
-    """Fixed consecutive batches of a dataset, replayable, with the dataset's identity."""
+    """Fixed consecutive batches of a dataset, replayable, with the dataset's identity.
 
-    batches: Callable[[], Iterator[torch.Tensor]]
+    ``batches(first, stop)`` yields the batches ``first, first + 1, …`` before ``stop`` (None:
+    to the end) of the plan.
+    """
+
+    batches: Callable[[int, int | None], Iterator[Any]]
     total: int | None
     key: str | None  # a dataset identity known without work (sha256 of an ImageDataset, or given)
     array: torch.Tensor | np.ndarray | None = None
+
+    def indexed(self, window: range | None = None) -> Iterator[tuple[int, Any]]:
+        """(global batch index, raw batch) for the batches in ``window`` (None: all), in order.
+
+        Arrays and tensors are sliced and image files decoded only for the window's batches;
+        an iterable (a DataLoader) cannot seek, so the batches before the window are read and
+        skipped.
+        """
+        first, stop = (0, None) if window is None else (window.start, window.stop)
+        return enumerate(self.batches(first, stop), first)
 
     def fingerprint(self) -> str | None:
         """The dataset identity, hashing an in-memory array once when none was given."""
@@ -75,6 +91,11 @@ def _batch_tensor(item: Any) -> torch.Tensor:
     return item
 
 
+def _end(n: int, stop: int | None, batch_size: int) -> int:
+    """The sample index where batch ``stop`` begins (the end of the data for None)."""
+    return n if stop is None else min(n, stop * batch_size)
+
+
 def load_data(data: DataLike) -> Any:
     """A dataset spec or path loaded; anything else as it is."""
     return load_dataset(os.fspath(data)) if isinstance(data, str | os.PathLike) else data
@@ -89,9 +110,9 @@ def batch_source(
     if files and found is not None:
         raw = found
 
-        def decoded() -> Iterator[torch.Tensor]:
-            for i in range(0, len(raw), batch_size):
-                yield ImageBatch(raw.batch(i, i + batch_size))  # type: ignore[misc]
+        def decoded(first: int, stop: int | None) -> Iterator[ImageBatch]:
+            for i in range(first * batch_size, _end(len(raw), stop, batch_size), batch_size):
+                yield ImageBatch(raw.batch(i, i + batch_size))
 
         return BatchSource(decoded, math.ceil(len(raw) / batch_size), dataset_key or raw.sha256)
     if isinstance(data, ImageFiles):
@@ -108,8 +129,8 @@ def batch_source(
             raise DatasetError(f"images must be shaped (N, C, H, W), not {tuple(arr.shape)}")
         n = int(arr.shape[0])
 
-        def batches() -> Iterator[torch.Tensor]:
-            for i in range(0, n, batch_size):
+        def batches(first: int, stop: int | None) -> Iterator[torch.Tensor]:
+            for i in range(first * batch_size, _end(n, stop, batch_size), batch_size):
                 part = arr[i : i + batch_size]
                 # a copy per batch: the array may be read-only, and then no view may be shared
                 yield part if isinstance(part, torch.Tensor) else torch.from_numpy(np.array(part))
@@ -118,5 +139,9 @@ def batch_source(
     if isinstance(data, Iterable):
         loader = data
         total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
-        return BatchSource(lambda: (_batch_tensor(i) for i in loader), total, dataset_key)
+
+        def read(first: int, stop: int | None) -> Iterator[torch.Tensor]:
+            return (_batch_tensor(b) for b in itertools.islice(loader, first, stop))
+
+        return BatchSource(read, total, dataset_key)
     raise DatasetError(f"cannot read images from a {type(data).__name__}")

@@ -26,6 +26,7 @@ as good an answer.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from analysis.hsic import centred_rows, hsic_block
@@ -111,6 +112,17 @@ class SpectrumAccumulator:
             self.deflated_cross += hsic_block(deflated, rows, self.estimator).cpu()
             fd, rd = deflated
             self.deflated_self += hsic_block((fd, rd), (fd, rd), self.estimator).diagonal().cpu()
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The sums as float64 arrays (``batches`` a 0-d int64): summing the states of runs
+        over disjoint batches gives the state of one run over all of them."""
+        return {
+            "pr": self.pr.numpy().copy(),
+            "share": self.share.numpy().copy(),
+            "deflated_cross": self.deflated_cross.numpy().copy(),
+            "deflated_self": self.deflated_self.numpy().copy(),
+            "batches": np.array(self.batches, dtype=np.int64),
+        }
 
     def means(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Participation ratio and top share per layer, averaged over the batches seen."""

@@ -44,7 +44,7 @@ from analysis.options import CompareOptions
 from analysis.sources import BatchSource
 from analysis.spectrum import SpectrumAccumulator
 
-__all__ = ["StreamingRun", "full_hsic"]
+__all__ = ["StreamingRun", "diagnostics", "full_hsic"]
 
 Rows = tuple[torch.Tensor, torch.Tensor]
 
@@ -90,7 +90,7 @@ class StreamingRun:
         self.total_layers = total
         wide = any(p.dtype == torch.float64 for m in self.names for p in models[m].parameters())
         self.gdtype = torch.float64 if wide else torch.float32
-        self.n = self.batches = self.hits = self.misses = 0
+        self.n = self.batches = self.seen = self.hits = self.misses = 0
         self.blocks_reused = self.blocks_computed = 0
         self.dropped: list[dict[str, int]] = []
         self.forwards = dict.fromkeys(self.names, 0)
@@ -114,9 +114,9 @@ class StreamingRun:
         """Whether every batch needs every model's Grams for the null or the spectra."""
         return self.null is not None or self.spectra is not None
 
-    def _calibrate(self, grams: torch.Tensor, rows: Rows) -> None:
+    def _calibrate(self, i: int, grams: torch.Tensor, rows: Rows) -> None:
         if self.null is not None:
-            self.null.add(rows)
+            self.null.add(rows, batch=i)
         if self.spectra is not None:
             self.spectra.add(grams, rows)
 
@@ -149,17 +149,20 @@ class StreamingRun:
             gram(f, self.kern, out=out[j])
         return out
 
-    def _loop(self, src: BatchSource) -> Iterator[tuple[int, torch.Tensor]]:
-        bar = tqdm(total=src.total, disable=not self.progress, desc="CKA", unit="batch")
+    def _loop(self, src: BatchSource, window: range | None) -> Iterator[tuple[int, torch.Tensor]]:
+        """(global index, batch) of the batches in ``window`` (None: all) that are kept."""
+        total = src.total if window is None else len(window)
+        bar = tqdm(total=total, disable=not self.progress, desc="CKA", unit="batch")
         try:
-            for i, x in enumerate(src.batches()):
+            for done, (i, x) in enumerate(src.indexed(window), 1):
+                self.seen = done
                 if x.shape[0] < MIN_SAMPLES[self.estimator]:
                     self.dropped.append({"batch": i, "size": int(x.shape[0])})
                 else:
                     yield i, x
                 bar.update(1)
-                if self.on_batch is not None and self.on_batch(i + 1, src.total or 0) is False:
-                    raise Cancelled(f"cancelled after {i + 1} batches")
+                if self.on_batch is not None and self.on_batch(done, total or 0) is False:
+                    raise Cancelled(f"cancelled after {done} batches")
         finally:
             bar.close()
 
@@ -169,8 +172,10 @@ class StreamingRun:
         cache: GramCache | None,
         keys: Mapping[str, str],
         parts: dict[str, Any] | None,
+        window: range | None = None,
     ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Summed per-batch HSIC (L_total, L_total), and the per-batch terms for the bootstrap.
+        """Summed per-batch HSIC (L_total, L_total), and the per-batch terms for the bootstrap,
+        over the batches in ``window`` (None: all; zeros when none was kept).
 
         With ``cache`` and ``parts`` (what else the Grams depend on), the models named in
         ``keys`` have their Grams and blocks read from and written to the store.
@@ -180,18 +185,19 @@ class StreamingRun:
         if cache is None or parts is None:
             keys = {}
         with torch.inference_mode():
-            for i, x in self._loop(src):
-                h = self._batch_stored(i, x, cache, keys, parts or {}) if keys else self._batch(x)
+            for i, x in self._loop(src, window):
+                if keys:
+                    h = self._batch_stored(i, x, cache, keys, parts or {})
+                else:
+                    h = self._batch(i, x)
                 acc += h
                 if self.options.bootstrap:
                     per_batch.append(h)
                 self.n += int(x.shape[0])
                 self.batches += 1
-        if not self.batches:
-            raise EstimatorError("no batch was large enough for the estimator; use more data")
         return acc, per_batch
 
-    def _batch(self, x: torch.Tensor) -> np.ndarray:
+    def _batch(self, i: int, x: torch.Tensor) -> np.ndarray:
         """The HSIC matrix of a batch without the store: one product over the stacked Grams."""
         xs = self._per_model(x)
         b = int(x.shape[0])
@@ -202,7 +208,7 @@ class StreamingRun:
             return hsic_from_grams(stack, self.estimator).cpu().numpy()  # the batch's one transfer
         rows = centred_rows(stack, self.estimator)
         h = hsic_block(rows, rows, self.estimator)
-        self._calibrate(stack, rows)
+        self._calibrate(i, stack, rows)
         return ((h + h.T) / 2).cpu().numpy()  # as hsic_from_grams
 
     def _batch_stored(
@@ -268,7 +274,7 @@ class StreamingRun:
         if self.calibrating:
             ordered = [rows[m] for m in self.names]
             stacked = (torch.cat([r[0] for r in ordered]), torch.cat([r[1] for r in ordered]))
-            self._calibrate(torch.cat([stacks[m] for m in self.names]), stacked)
+            self._calibrate(i, torch.cat([stacks[m] for m in self.names]), stacked)
 
         h = torch.zeros(self.total_layers, self.total_layers, dtype=torch.float64, device=self.dev)
         for a, c in pairs:
@@ -298,7 +304,7 @@ class StreamingRun:
         """Exact float64 HSIC over every sample at once (features kept in memory)."""
         parts: list[list[torch.Tensor]] = [[] for _ in range(self.total_layers)]
         with torch.inference_mode():
-            for _, x in self._loop(src):
+            for _, x in self._loop(src, None):
                 inp = self._per_model(x)
                 for m in self.names:
                     for j, f in enumerate(self._features(m, inp(m))):
@@ -312,39 +318,56 @@ class StreamingRun:
             xs = [torch.cat(p).to(torch.float64) for p in parts]
             return full_hsic(xs, self.kern, self.estimator).cpu().numpy()
 
-    def diagnostics(self, atlas: Atlas) -> dict[str, Any]:
-        """What the run did and what to be careful about in its result."""
-        bootstrap, seed = self.options.bootstrap, self.options.seed
-        owners = [(m, name) for m in self.names for name in self.selected[m]]
-        undefined = [
-            {"model": owners[i][0], "layer": owners[i][1], "reason": why}
-            for i, why in sorted(undefined_reasons(atlas.hsic).items())
-        ]
-        negative = []
-        for a, b in atlas.pairs():
-            cka = atlas.matrix(a, b)
-            count = int(np.sum(np.nan_to_num(cka, nan=0.0) < 0))
-            if count:
-                negative.append({"a": a, "b": b, "count": count, "min": float(np.nanmin(cka))})
+    def counters(self) -> dict[str, Any]:
+        """What the run did, as plain values that add up over runs of disjoint batches."""
         return {
-            "n_used": self.n,
+            "n": self.n,
             "batches": self.batches,
-            "dropped_batches": self.dropped,
-            "dropped_samples": sum(d["size"] for d in self.dropped),
-            "forward_passes": self.forwards,
-            "gram_cache": {
-                "mode": self.cache_note,
-                "hits": self.hits,
-                "misses": self.misses,
-                "blocks_reused": self.blocks_reused,
-                "blocks_computed": self.blocks_computed,
-            },
-            "undefined_layers": undefined,
-            "negative_cells": negative,
-            "bootstrap": {"replicates": bootstrap, "seed": seed, "level": 0.95}
-            if bootstrap
-            else None,
+            "dropped": [dict(d) for d in self.dropped],
+            "forwards": dict(self.forwards),
+            "hits": self.hits,
+            "misses": self.misses,
+            "blocks_reused": self.blocks_reused,
+            "blocks_computed": self.blocks_computed,
+            "cache_note": self.cache_note,
         }
+
+
+def diagnostics(
+    atlas: Atlas, counters: Mapping[str, Any], config: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What a run did (its :meth:`StreamingRun.counters`) and what to be careful about in its
+    result ``atlas``; ``config`` gives the bootstrap settings."""
+    bootstrap, seed = config["bootstrap"], config["seed"]
+    owners = [(m, name) for m in atlas.models for name in atlas.layers[m]]
+    undefined = [
+        {"model": owners[i][0], "layer": owners[i][1], "reason": why}
+        for i, why in sorted(undefined_reasons(atlas.hsic).items())
+    ]
+    negative = []
+    for a, b in atlas.pairs():
+        cka = atlas.matrix(a, b)
+        count = int(np.sum(np.nan_to_num(cka, nan=0.0) < 0))
+        if count:
+            negative.append({"a": a, "b": b, "count": count, "min": float(np.nanmin(cka))})
+    dropped = [dict(d) for d in counters["dropped"]]
+    return {
+        "n_used": counters["n"],
+        "batches": counters["batches"],
+        "dropped_batches": dropped,
+        "dropped_samples": sum(d["size"] for d in dropped),
+        "forward_passes": dict(counters["forwards"]),
+        "gram_cache": {
+            "mode": counters["cache_note"],
+            "hits": counters["hits"],
+            "misses": counters["misses"],
+            "blocks_reused": counters["blocks_reused"],
+            "blocks_computed": counters["blocks_computed"],
+        },
+        "undefined_layers": undefined,
+        "negative_cells": negative,
+        "bootstrap": {"replicates": bootstrap, "seed": seed, "level": 0.95} if bootstrap else None,
+    }
 
 
 def full_hsic(xs: list[torch.Tensor], kern: Kernel, estimator: str) -> torch.Tensor:
