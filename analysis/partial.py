@@ -228,6 +228,11 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+def _what(config: dict[str, Any]) -> dict[str, Any]:
+    """What a comparison computes: its config less where it ran (shards on several GPUs)."""
+    return {k: v for k, v in config.items() if k != "device"}
+
+
 def _check(parts: list[Partial]) -> None:
     """Equal names, layers and config, and ranges that tile the plan exactly once."""
     first = parts[0]
@@ -236,8 +241,8 @@ def _check(parts: list[Partial]) -> None:
         here = f"partial [{p.start}, {p.stop})"
         if p.names != first.names or _canonical(p.selected) != _canonical(first.selected):
             raise AnalysisError(f"{here} compares other models or layers than partial {where}")
-        if _canonical(p.config) != _canonical(first.config):
-            keys = sorted(set(p.config) | set(first.config))
+        if _canonical(_what(p.config)) != _canonical(_what(first.config)):
+            keys = sorted(set(p.config) | set(first.config) - {"device"})
             mine, theirs = p.config.get, first.config.get
             diff = next(k for k in keys if _canonical(mine(k)) != _canonical(theirs(k)))
             raise AnalysisError(
@@ -297,13 +302,15 @@ def _merge_counters(parts: list[Partial]) -> dict[str, Any]:
 def combine(partials: Sequence[Partial]) -> Atlas:
     """The :class:`Atlas` that :func:`analysis.compare` gives for the whole plan, from partials
     (in any order) that tile it exactly once with equal models, layers and config; anything
-    else is an :class:`AnalysisError` that names the problem."""
+    else is an :class:`AnalysisError` that names the problem. Only the device may differ
+    (shards run on several GPUs): ``config["device"]`` lists each one once, in batch order."""
     parts = sorted(partials, key=lambda p: (p.start, p.stop))
     if not parts:
         raise AnalysisError("no partials to combine")
     _check(parts)
     first = parts[0]
     config, counters = dict(first.config), _merge_counters(parts)
+    config["device"] = ", ".join(dict.fromkeys(str(p.config["device"]) for p in parts))
     if config["mode"] != "full" and not counters["batches"]:
         raise EstimatorError(_NO_BATCH)
     hsic = _sum([p.hsic for p in parts], "HSIC")

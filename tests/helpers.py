@@ -77,16 +77,18 @@ def wait(
         time.sleep(0.05)
 
 
-def assert_same_numbers(a: Any, b: Any, tol: float = 1e-9, where: str = "result") -> None:
-    """Equal structures; numbers within ``tol`` (NaN equals NaN)."""
+def assert_same_numbers(
+    a: Any, b: Any, tol: float = 1e-9, where: str = "result", ignore: tuple[str, ...] = ()
+) -> None:
+    """Equal structures; numbers within ``tol`` (NaN equals NaN); keys in ``ignore`` skipped."""
     if isinstance(a, dict):
         assert isinstance(b, dict) and set(a) == set(b), (where, sorted(a), sorted(b))
-        for k in a:
-            assert_same_numbers(a[k], b[k], tol, f"{where}.{k}")
+        for k in set(a) - set(ignore):
+            assert_same_numbers(a[k], b[k], tol, f"{where}.{k}", ignore)
     elif isinstance(a, list):
         assert isinstance(b, list) and len(a) == len(b), where
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same_numbers(x, y, tol, f"{where}[{i}]")
+            assert_same_numbers(x, y, tol, f"{where}[{i}]", ignore)
     elif isinstance(a, float) or isinstance(b, float):
         assert a is not None and b is not None, (where, a, b)
         assert (math.isnan(a) and math.isnan(b)) or abs(a - b) <= tol, (where, a, b)

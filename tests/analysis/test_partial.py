@@ -237,6 +237,9 @@ def test_combine_refuses_what_does_not_tile_one_comparison(
     }
     a, b, c, overlapping = parts[0], parts[3], parts[7], parts[2]
     combine([c, a, b])  # fine in any order
+    # shards on two GPUs are parts of one comparison; the atlas names both devices
+    on_gpu = dataclasses.replace(c, config=c.config | {"device": "cuda:1"})
+    assert combine([a, b, on_gpu]).config["device"] == "cpu, cuda:1"
     with pytest.raises(AnalysisError, match=r"gap: batches \[3, 7\)"):
         combine([a, c])
     with pytest.raises(AnalysisError, match=r"gap: batches \[7, 10\)"):

@@ -6,18 +6,20 @@ from __future__ import annotations
 import itertools
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
+from app.http.main import create_app
 from app.jobs import run
 from app.jobs import states as jobs
 from app.jobs.run import execute, run_claimed
 from app.store.orm import Comparison, Job, utcnow
 from app.store.services import Services
 from tests.app.payloads import assert_problem
-from tests.helpers import assert_same_numbers, digits_id, register, wait
+from tests.helpers import assert_same_numbers, digits_id, make_settings, register, wait
 
 
 def _services(client: TestClient) -> Services:
@@ -32,44 +34,58 @@ def _job_of(services: Services, comparison_id: int) -> int:
         return cmp.job_id
 
 
-def test_sharded_comparison_equals_one_piece(client: TestClient, zoo: dict[str, Path]) -> None:
-    ids = register(client, zoo, "mixer_digits", "gmlp_digits", "mlp_digits")
-    body = {
-        "model_ids": ids,
-        "dataset_id": digits_id(client),
+def _result(services: Services, comparison_id: int) -> dict[str, Any]:
+    with services.db.session(readonly=True) as s:
+        cmp = s.get(Comparison, comparison_id)
+        assert cmp is not None and cmp.result is not None
+        return cmp.result
+
+
+def test_sharded_comparison_equals_one_piece(
+    client: TestClient, zoo: dict[str, Path], tmp_path: Path
+) -> None:
+    """The same comparison in one piece and in 3 shards, each in a store of its own (so
+    neither reuses the other's Grams): the stored results agree to 1e-9."""
+    body: dict[str, Any] = {
         "batch_size": 50,  # 450 test images: 9 batches
         "bootstrap": 30,
         "permutations": 15,
         "sensitivity": True,
     }
-    whole = client.post("/v1/comparisons", json=body)
+    names = ("mixer_digits", "gmlp_digits", "mlp_digits")
+    whole = client.post(
+        "/v1/comparisons",
+        json=body | {"model_ids": register(client, zoo, *names), "dataset_id": digits_id(client)},
+    )
     one = wait(client, whole.headers["location"])
-    sharded = client.post("/v1/comparisons", json=body | {"shards": 3, "force": True})
-    assert sharded.status_code == 202, sharded.text
-    three = wait(client, sharded.headers["location"])
-    assert one["status"] == three["status"] == "succeeded", three
-    assert three["params"]["shards"] == 3
+    alone = make_settings(f"sqlite:///{tmp_path / 'b.db'}", tmp_path / "b")
+    with TestClient(create_app(alone)) as other:
+        ids = register(other, zoo, *names)
+        body |= {"model_ids": ids, "dataset_id": digits_id(other), "shards": 3}
+        sharded = other.post("/v1/comparisons", json=body)
+        assert sharded.status_code == 202, sharded.text
+        three = wait(other, sharded.headers["location"])
+        assert one["status"] == three["status"] == "succeeded", three
+        assert three["params"]["shards"] == 3
+        r1 = _result(_services(client), whole.json()["id"])
+        r3 = _result(_services(other), sharded.json()["id"])
+        assert {"ci_low", "p_value", "null_mean", "effective_dim"} <= set(r3), sorted(r3)
+        assert_same_numbers(r1, r3)
 
-    url_one, url_three = whole.headers["location"], sharded.headers["location"]
-    for a, b in (("mixer_digits", "gmlp_digits"), ("mlp_digits", "mlp_digits")):
-        m1 = client.get(f"{url_one}/matrix", params={"a": a, "b": b}).json()
-        m3 = client.get(f"{url_three}/matrix", params={"a": a, "b": b}).json()
-        assert {"ci_low", "p_value", "null_mean"} <= set(m3)
-        assert_same_numbers(m1, m3)
+        shards = three["diagnostics"].pop("shards")
+        assert [s["shard"] for s in shards] == [0, 1, 2]
+        assert [s["batches"] for s in shards] == [[0, 3], [3, 6], [6, 9]]  # tiles the plan
+        assert sum(s["n"] for s in shards) == three["diagnostics"]["n_used"] == 450
+        assert all(s["worker"] and s["host"] and s["seconds"] >= 0 for s in shards)
+        assert three["diagnostics"]["forward_passes"] == one["diagnostics"]["forward_passes"]
+        assert set(three["diagnostics"]["forward_passes"].values()) == {9}
 
-    shards = three["diagnostics"].pop("shards")
-    assert [s["shard"] for s in shards] == [0, 1, 2]
-    assert [s["batches"] for s in shards] == [[0, 3], [3, 6], [6, 9]]  # tiles the plan
-    assert sum(s["n"] for s in shards) == three["diagnostics"]["n_used"] == 450
-    assert all(s["worker"] and s["host"] and s["seconds"] >= 0 for s in shards)
-    assert three["diagnostics"]["forward_passes"] == one["diagnostics"]["forward_passes"]
-
-    job_id = _job_of(_services(client), sharded.json()["id"])
-    listed = client.get("/v1/jobs", params={"kind": "shard", "parent_id": job_id}).json()
-    assert listed["total"] == 3
-    assert {j["status"] for j in listed["items"]} == {"succeeded"}
-    assert {j["links"]["parent"] for j in listed["items"]} == {f"/v1/jobs/{job_id}"}
-    assert not (_services(client).store.tmp / f"shards-{sharded.json()['id']}").exists()
+        job_id = _job_of(_services(other), sharded.json()["id"])
+        listed = other.get("/v1/jobs", params={"kind": "shard", "parent_id": job_id}).json()
+        assert listed["total"] == 3
+        assert {j["status"] for j in listed["items"]} == {"succeeded"}
+        assert {j["links"]["parent"] for j in listed["items"]} == {f"/v1/jobs/{job_id}"}
+        assert not (_services(other).store.tmp / f"shards-{sharded.json()['id']}").exists()
 
 
 def test_sharding_is_refused_for_full_mode(client: TestClient, zoo: dict[str, Path]) -> None:
@@ -172,9 +188,6 @@ def test_progress_sums_the_shards_and_the_reaper_waits_for_them(
 
 
 def test_many_batches_are_sharded_by_the_setting(tmp_path: Path, zoo: dict[str, Path]) -> None:
-    from app.http.main import create_app
-    from tests.helpers import make_settings
-
     settings = make_settings(f"sqlite:///{tmp_path / 'a.db'}", tmp_path / "data", shard_batches=4)
     with TestClient(create_app(settings)) as client:
         ids = register(client, zoo, "mlp_digits")
