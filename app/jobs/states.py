@@ -12,7 +12,8 @@ stays ``running`` but is owned by :data:`SHARD_OWNER` rather than a worker, ever
 heartbeat refreshes it and sets its progress to the shards' mean, and the worker that ends the
 last shard takes it back (:func:`take_over`, a compare-and-set, so only one does) to combine
 them. A cancel reaches every shard; the stale reaper never re-queues a parked job while a
-shard may still run, and re-queues it once they have all ended and nobody took it over.
+shard may still run, and re-queues it once they have all ended and nobody took it over; when
+no shard has beaten for the stale horizon, it sends the queued ones to the workers again.
 
 The database may go away for a while (a restart, a lost connection): heartbeats then fail
 and are tried again at the next beat, and the end-of-job writes are retried with backoff
@@ -323,19 +324,32 @@ def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> 
 
     A stale job already started ``max_attempts`` times is failed instead: its worker keeps
     dying on it (killed for memory, say), and running it again would kill the next one.
-    Returns the ids put back in the queue.
+    Parked comparisons follow the rules in the module docstring. Returns the ids to send to
+    the workers again: those put back in the queue, and the queued shards of a comparison
+    none of whose shards has beaten for ``stale_after_s``.
     """
     cutoff = utcnow() - timedelta(seconds=stale_after_s)
     requeued: list[int] = []
     given_up: list[int] = []
+    resend: list[int] = []
     with db.session() as s:
         stmt = select(Job.id, Job.attempts, Job.worker_id, Job.parent_id).where(
             Job.status == JobState.RUNNING, Job.heartbeat_at < cutoff
         )
         for jid, attempts, owner, parent in list(s.execute(stmt)):
             if owner == SHARD_OWNER:
-                # parked: wait while a shard may still run; re-run it to settle otherwise
+                # Parked, and no shard has beaten for stale_after_s. With shards left, send the
+                # queued ones again (a message dies with a worker killed between taking it and
+                # claiming the job) and wait another stale_after_s; with none left, re-run the
+                # comparison to settle it.
                 if _live_shards(s, jid):
+                    resend.extend(s.scalars(select(Job.id).where(_queued_shard(jid))))
+                    s.execute(
+                        update(Job)
+                        .where(_parked(jid))
+                        .values(heartbeat_at=utcnow())
+                        .execution_options(synchronize_session=False)
+                    )
                     continue
                 attempts = 0
             give_up = attempts >= max_attempts
@@ -369,13 +383,19 @@ def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> 
         log.warning("re-queued stale jobs %s", requeued)
     if given_up:
         log.error("failed stale jobs %s after %d attempts each", given_up, max_attempts)
-    return requeued
+    if resend:
+        log.warning("sending queued shards %s again: none of their siblings is running", resend)
+    return requeued + [j for j in resend if j not in requeued]
 
 
 def _live_shards(session: Session, parent_id: int) -> int:
     live = (JobState.QUEUED, JobState.RUNNING)
     stmt = select(func.count()).where(Job.parent_id == parent_id, Job.status.in_(live))
     return int(session.scalar(stmt) or 0)
+
+
+def _queued_shard(parent_id: int) -> Any:
+    return (Job.parent_id == parent_id) & (Job.status == JobState.QUEUED)
 
 
 def shards_left(db: Database, parent_id: int) -> int:

@@ -18,6 +18,7 @@ from sqlalchemy import create_engine, make_url, text
 
 from app.http.main import create_app
 from app.store.settings import Settings
+from tests.app.fault_tools import CIFAR, SLOW_N, slow_npz
 from tests.helpers import DIGITS, make_settings
 
 
@@ -80,3 +81,20 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("zoo")
     return {name: models.save(models.create(name), out / f"{name}.safetensors") for name in DIGITS}
+
+
+@pytest.fixture(scope="session")
+def cifar_zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two 32x32 presets, heavy enough that a comparison lasts a few seconds on a CPU."""
+    import torch
+
+    import models
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("cifar-zoo")
+    return {name: models.save(models.create(name), out / f"{name}.safetensors") for name in CIFAR}
+
+
+@pytest.fixture(scope="session")
+def slow_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return slow_npz(tmp_path_factory.mktemp("slow") / "slow.npz", SLOW_N)

@@ -27,6 +27,7 @@ from app.store.orm import Comparison, ComparisonModel, Job
 from tests.helpers import FINAL
 
 CIFAR = ("mixer_cifar", "gmlp_cifar")
+SLOW_N = 600  # images in the slow dataset: 24 batches of 25, a few seconds per comparison
 
 
 def slow_npz(path: Path, n: int) -> Path:

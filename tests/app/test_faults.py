@@ -46,7 +46,6 @@ from tests.app.fault_tools import (
     poll,
     remount,
     service_env,
-    slow_npz,
     try_mount_tmpfs,
     umount,
     unprivileged_worker,
@@ -54,25 +53,6 @@ from tests.app.fault_tools import (
 )
 from tests.helpers import FINAL, digits_id, make_settings, register, wait
 from tests.servers import PgServer, free_port
-
-SLOW_N = 600  # images in the slow dataset: 24 batches of 25, a few seconds per comparison
-
-
-@pytest.fixture(scope="module")
-def cifar_zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two 32x32 presets, heavy enough that a comparison lasts a few seconds on a CPU."""
-    import torch
-
-    import models
-
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("cifar-zoo")
-    return {name: models.save(models.create(name), out / f"{name}.safetensors") for name in CIFAR}
-
-
-@pytest.fixture(scope="module")
-def slow_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return slow_npz(tmp_path_factory.mktemp("slow") / "slow.npz", SLOW_N)
 
 
 def submit_slow(client: TestClient, zoo: dict[str, Path], data: Path) -> tuple[Database, int]:

@@ -169,10 +169,13 @@ def test_progress_sums_the_shards_and_the_reaper_waits_for_them(
             s.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=old))
 
     age(parent)
-    # a shard may still run: the parked comparison is left alone, the stale shard re-queued
+    # a shard may still run: the parked comparison is left alone, the stale shard re-queued,
+    # and, none of them having beaten for a minute, the queued ones are sent again (once)
     age(children[0])
-    assert jobs.requeue_stale(services.db, 60.0) == [children[0]]
+    assert sorted(jobs.requeue_stale(services.db, 60.0)) == sorted(children)
     assert _status(services, parent) == "running"
+    assert _status(services, children[0]) == "queued"
+    assert jobs.requeue_stale(services.db, 60.0) == []
 
     # both shards end, but the worker of the last one dies before it takes the comparison
     # over: once stale, the comparison is re-queued, and its next run combines the shards
