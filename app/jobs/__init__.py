@@ -1,6 +1,7 @@
 """Jobs: the state machine (:mod:`~app.jobs.states`), submission with up-front validation
 (:mod:`~app.jobs.submit`), one handler module per job kind (:mod:`~app.jobs.compare`,
-:mod:`~app.jobs.train`), the dispatcher that runs a claimed job (:mod:`~app.jobs.run`), the
+:mod:`~app.jobs.train`, :mod:`~app.jobs.study`, :mod:`~app.jobs.shards`) with what a comparison
+reads (:mod:`~app.jobs.inputs`), the dispatcher that runs a claimed job (:mod:`~app.jobs.run`), the
 embedded thread-pool worker and the Celery wiring.
 
 May import :mod:`app.store`, :mod:`app.errors`, :mod:`app.logs` and the libraries; never

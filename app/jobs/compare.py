@@ -6,6 +6,10 @@ computed on the same dataset and batch plan is not run again), and writes the at
 diagnostics and provenance in the same transaction that marks the job succeeded. Asked for,
 the baselines (:mod:`app.jobs.baselines`) run through the same pipeline afterwards and are
 stored in the result under ``baselines``.
+
+A sharded comparison (:mod:`app.jobs.shards`) comes here twice: the first run starts its
+shards and parks the job; the run after the last shard combines their terms instead of
+running the models, then goes on as above (baselines, diagnostics with every shard listed).
 """
 
 from __future__ import annotations
