@@ -98,8 +98,9 @@ def _pair_index(pi: torch.Tensor, i0: torch.Tensor, i1: torch.Tensor, n: int) ->
     pair t under permutation p, so the gather yields (m, c·L_k) directly. NumPy on the CPU
     (there its integer fancy indexing is ~10× torch's), torch on other devices."""
     if pi.device.type == "cpu":
-        host = pi.numpy().T
-        return torch.from_numpy((host[i0.numpy()] * n + host[i1.numpy()]).reshape(-1))
+        host = np.ascontiguousarray(pi.numpy().T, dtype=np.int32)  # n² < 2³¹ for any batch
+        rows = host * np.int32(n)
+        return torch.from_numpy((rows[i0.numpy()] + host[i1.numpy()]).reshape(-1))
     pt = pi.T
     return (pt.index_select(0, i0) * n + pt.index_select(0, i1)).reshape(-1)
 
