@@ -13,6 +13,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from app.store.orm import Comparison
+from app.store.services import Services
 from app.store.settings import Settings
 
 DIGITS = ("mixer_digits", "sw_mlp_digits", "rp_mixer_digits", "gmlp_digits", "mlp_digits")
@@ -94,3 +96,11 @@ def assert_same_numbers(
         assert (math.isnan(a) and math.isnan(b)) or abs(a - b) <= tol, (where, a, b)
     else:
         assert a == b, (where, a, b)
+
+
+def stored_result(services: Services, comparison_id: int) -> dict[str, Any]:
+    """The result a comparison stored, read from the database (full float precision)."""
+    with services.db.session(readonly=True) as s:
+        cmp = s.get(Comparison, comparison_id)
+        assert cmp is not None and cmp.result is not None
+        return cmp.result

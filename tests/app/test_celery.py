@@ -24,7 +24,7 @@ from app.store.orm import Comparison, Job, utcnow
 from app.store.services import Services
 from app.store.settings import Settings
 from tests.app.fault_tools import CIFAR, upload_dataset
-from tests.helpers import assert_same_numbers, digits_id, register, wait
+from tests.helpers import assert_same_numbers, digits_id, register, stored_result, wait
 
 
 @pytest.fixture
@@ -131,13 +131,6 @@ def _reference(zoo: dict[str, Path], data_path: Path, **options: Any) -> dict[st
         torch.set_num_threads(threads)
 
 
-def _stored(services: Services, comparison_id: int) -> dict[str, Any]:
-    with services.db.session(readonly=True) as s:
-        cmp = s.get(Comparison, comparison_id)
-        assert cmp is not None and cmp.result is not None
-        return cmp.result
-
-
 def test_two_workers_share_a_sharded_comparison_and_survive_a_kill(
     broker_settings: Settings, cifar_zoo: dict[str, Path], slow_data: Path, tmp_path: Path
 ) -> None:
@@ -197,7 +190,7 @@ def test_two_workers_share_a_sharded_comparison_and_survive_a_kill(
             expected = _reference(
                 cifar_zoo, slow_data, batch_size=batch, layers=layers, **calibration
             )
-            stored = _stored(services, response.json()["id"])
+            stored = stored_result(services, response.json()["id"])
             # the counters differ: no store in-process, and the re-run shard read the Grams
             # its killed predecessor had stored instead of running the models again
             assert_same_numbers(expected, stored, ignore=("gram_cache", "forward_passes"))

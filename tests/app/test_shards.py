@@ -19,7 +19,14 @@ from app.jobs.run import execute, run_claimed
 from app.store.orm import Comparison, Job, utcnow
 from app.store.services import Services
 from tests.app.payloads import assert_problem
-from tests.helpers import assert_same_numbers, digits_id, make_settings, register, wait
+from tests.helpers import (
+    assert_same_numbers,
+    digits_id,
+    make_settings,
+    register,
+    stored_result,
+    wait,
+)
 
 
 def _services(client: TestClient) -> Services:
@@ -32,13 +39,6 @@ def _job_of(services: Services, comparison_id: int) -> int:
         cmp = s.get(Comparison, comparison_id)
         assert cmp is not None
         return cmp.job_id
-
-
-def _result(services: Services, comparison_id: int) -> dict[str, Any]:
-    with services.db.session(readonly=True) as s:
-        cmp = s.get(Comparison, comparison_id)
-        assert cmp is not None and cmp.result is not None
-        return cmp.result
 
 
 def test_sharded_comparison_equals_one_piece(
@@ -67,8 +67,8 @@ def test_sharded_comparison_equals_one_piece(
         three = wait(other, sharded.headers["location"])
         assert one["status"] == three["status"] == "succeeded", three
         assert three["params"]["shards"] == 3
-        r1 = _result(_services(client), whole.json()["id"])
-        r3 = _result(_services(other), sharded.json()["id"])
+        r1 = stored_result(_services(client), whole.json()["id"])
+        r3 = stored_result(_services(other), sharded.json()["id"])
         assert {"ci_low", "p_value", "null_mean", "effective_dim"} <= set(r3), sorted(r3)
         assert_same_numbers(r1, r3)
 
