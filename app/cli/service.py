@@ -61,20 +61,26 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def run_worker(args: argparse.Namespace) -> int:
     import os
-    import re
+
+    from pydantic import ValidationError
 
     from app.store.settings import Settings
 
+    if args.name == "":
+        print("cka-atlas: error: --name: must not be empty", file=sys.stderr)
+        return 2
     if args.name is not None:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", args.name):
-            print(
-                f"cka-atlas: error: --name {args.name!r} must be 1 to 64 letters, digits, "
-                "'.', '_' or '-'",
-                file=sys.stderr,
-            )
-            return 2
         os.environ["CKA_WORKER_NAME"] = args.name  # read again by the Celery task's services
-    settings = Settings()
+    try:
+        settings = Settings()  # validates the name, as it does CKA_WORKER_NAME
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        setting = f"CKA_{str(first['loc'][0]).upper()}"
+        if setting == "CKA_WORKER_NAME" and args.name is not None:
+            setting = "--name"
+        reason = first.get("ctx", {}).get("error") or first["msg"]  # our sentence, if ours
+        print(f"cka-atlas: error: {setting}: {reason}", file=sys.stderr)
+        return 2
     _logging(settings)
     try:
         if settings.broker_url:

@@ -7,6 +7,7 @@ file and the artifact store under ``./var``, and an in-process worker. Productio
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -88,7 +89,6 @@ class Settings(BaseSettings):
     )
     worker_name: str = Field(
         default="",
-        pattern=r"^[A-Za-z0-9_.-]{0,64}$",
         description="Name of this worker process (`cka-atlas worker --name`): the Celery node "
         "name, and part of the worker id that jobs and shard diagnostics record.",
     )
@@ -117,6 +117,14 @@ class Settings(BaseSettings):
             from limits import parse_many
 
             parse_many(value)  # ValueError: not a rate string
+        return value
+
+    @field_validator("worker_name")
+    @classmethod
+    def _name_is_a_node_name(cls, value: str) -> str:
+        # part of a Celery node name (NAME@host) and of worker ids split on ":"
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{0,64}", value):
+            raise ValueError(f"{value!r} must be at most 64 letters, digits, '.', '_' or '-'")
         return value
 
     @property
