@@ -92,9 +92,10 @@ def _compare(
     common = engine_options(params, services.device)
     calibration = {k: common.pop(k) for k in ("permutations", "sensitivity") if k in common}
     stored: dict[str, Any] = {}
-    lease = list(shas.values()) + [sib.key for sib in siblings.values()]
-    with services.models.lease(lease) as loaded:
-        nets = {label: loaded[sha] for label, sha in shas.items()}
+    # The members are loaded unless their shards ran them and no baseline needs them.
+    members = list(shas.values()) if gathered is None or baselines else []
+    with services.models.lease(members + [sib.key for sib in siblings.values()]) as loaded:
+        nets = {label: loaded[sha] for label, sha in shas.items() if sha in loaded}
         if gathered is not None:
             atlas = analysis.combine(gathered[0])
         else:
@@ -167,13 +168,7 @@ def _compare(
         row.provenance = provenance
         gc.record_refs(s, services.store, cmp.id, cache.touched, "gram")
 
-    jobs.commit_result(
-        services.db,
-        control.job_id,
-        control.worker_id,
-        write,
-        timeout=jobs.retry_s(services.settings),
-    )
+    control.commit(write)
     if gathered is not None:
         shards.discard(services, cmp.id)
 

@@ -92,7 +92,14 @@ def run_claimed(
     interval = min(services.settings.heartbeat_s, 1.0)
     with (
         job_context(job.id, job.kind),  # every log record of this job carries its id
-        jobs.JobControl(services.db, job.id, worker_id, interval, shutdown) as control,
+        jobs.JobControl(
+            services.db,
+            job.id,
+            worker_id,
+            interval,
+            shutdown,
+            retry_timeout=jobs.retry_s(services.settings),
+        ) as control,
     ):
         log.info("job %s (%s) started on %s", job.id, job.kind, worker_id)
         try:

@@ -156,13 +156,7 @@ def run_shard(services: Services, job: Job, control: jobs.JobControl) -> None:
             row.detail = detail
         gc.record_refs(s, services.store, cmp.id, cache.touched, "gram")
 
-    jobs.commit_result(
-        services.db,
-        control.job_id,
-        control.worker_id,
-        write,
-        timeout=jobs.retry_s(services.settings),
-    )
+    control.commit(write)
 
 
 def discard(services: Services, comparison_id: int) -> None:

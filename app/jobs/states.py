@@ -344,12 +344,7 @@ def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> 
                 # comparison to settle it.
                 if _live_shards(s, jid):
                     resend.extend(s.scalars(select(Job.id).where(_queued_shard(jid))))
-                    s.execute(
-                        update(Job)
-                        .where(_parked(jid))
-                        .values(heartbeat_at=utcnow())
-                        .execution_options(synchronize_session=False)
-                    )
+                    _beat_parent(s, jid)
                     continue
                 attempts = 0
             give_up = attempts >= max_attempts
@@ -421,10 +416,12 @@ class JobControl:
         worker_id: str,
         interval: float,
         shutdown: threading.Event | None = None,
+        retry_timeout: float = 60.0,
     ) -> None:
         self.db = db
         self.job_id = job_id
         self.worker_id = worker_id
+        self.retry_timeout = retry_timeout
         self.interval = interval
         self.progress = 0.0
         self.cancel_requested = False
@@ -461,6 +458,10 @@ class JobControl:
             if self._failing:
                 log.info("heartbeat of job %s is back", self.job_id)
             self._failing = False
+
+    def commit(self, write: Callable[[Session], None]) -> None:
+        """:func:`commit_result` for this job: succeeded, and ``write`` its result, once."""
+        commit_result(self.db, self.job_id, self.worker_id, write, timeout=self.retry_timeout)
 
     def on_batch(self, done: int, total: int) -> bool:
         """The ``on_batch`` callback for :func:`analysis.compare`; False stops the job."""

@@ -248,10 +248,4 @@ def run_study(
         row.comparison_id = comparison_id
         row.stage = "done"
 
-    jobs.commit_result(
-        services.db,
-        control.job_id,
-        control.worker_id,
-        write,
-        timeout=jobs.retry_s(services.settings),
-    )
+    control.commit(write)

@@ -122,10 +122,4 @@ def run_training(services: Services, job: Job, control: jobs.JobControl) -> None
             raise jobs.LostJob(f"training {tr.id} was deleted while running")
         row.model_id = model.id
 
-    jobs.commit_result(
-        services.db,
-        control.job_id,
-        control.worker_id,
-        write,
-        timeout=jobs.retry_s(services.settings),
-    )
+    control.commit(write)
