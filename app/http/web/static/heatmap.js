@@ -17,7 +17,9 @@
 (function () {
   "use strict";
 
-  const NS = "http://www.w3.org/2000/svg";
+  const NS = window.CkaSvg.NS;
+  const el = window.CkaSvg.el;
+  const defined = window.CkaSvg.defined;
   // matplotlib's viridis at 17 evenly spaced points.
   const VIRIDIS = [
     "#440154", "#48186a", "#472d7b", "#424086", "#3b528b", "#33638d", "#2c728e", "#26828e",
@@ -31,10 +33,6 @@
   let tooltip = null;
   let gradientCount = 0;
 
-  function defined(v) {
-    return v !== null && v !== undefined && Number.isFinite(v);
-  }
-
   function color(v) {
     if (!defined(v)) return null;
     const x = Math.min(1, Math.max(0, v)) * (VIRIDIS.length - 1);
@@ -46,14 +44,6 @@
 
   function formatValue(v) {
     return defined(v) ? v.toFixed(4) : "undefined";
-  }
-
-  function el(tag, attrs, parent, text) {
-    const node = document.createElementNS(NS, tag);
-    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, String(attrs[k])); });
-    if (text !== undefined) node.textContent = text;
-    if (parent) parent.appendChild(node);
-    return node;
   }
 
   function longest(names) {

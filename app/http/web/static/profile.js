@@ -13,19 +13,9 @@
 (function () {
   "use strict";
 
-  const NS = "http://www.w3.org/2000/svg";
-
-  function el(tag, attrs, parent, text) {
-    const node = document.createElementNS(NS, tag);
-    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, String(attrs[k])); });
-    if (text !== undefined) node.textContent = text;
-    if (parent) parent.appendChild(node);
-    return node;
-  }
-
-  function defined(v) {
-    return v !== null && v !== undefined && Number.isFinite(v);
-  }
+  const NS = window.CkaSvg.NS;
+  const el = window.CkaSvg.el;
+  const defined = window.CkaSvg.defined;
 
   function pick(block, cells) {
     return block ? cells.map(function (c) { return c[1] === null ? null : block[c[0]][c[1]]; }) : null;

@@ -1,0 +1,24 @@
+/* cka-atlas SVG helpers shared by the page's charts (heatmap.js, profile.js): load it first.
+ *
+ * CkaSvg.el(tag, attrs, parent, text) makes an SVG element with those attributes, its text,
+ * appended to parent; CkaSvg.defined(v) says whether v is a finite number (a computed cell).
+ */
+(function () {
+  "use strict";
+
+  const NS = "http://www.w3.org/2000/svg";
+
+  function el(tag, attrs, parent, text) {
+    const node = document.createElementNS(NS, tag);
+    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, String(attrs[k])); });
+    if (text !== undefined) node.textContent = text;
+    if (parent) parent.appendChild(node);
+    return node;
+  }
+
+  function defined(v) {
+    return v !== null && v !== undefined && Number.isFinite(v);
+  }
+
+  window.CkaSvg = { NS: NS, el: el, defined: defined };
+})();
