@@ -83,7 +83,15 @@ def test_scripts_and_styles_are_vendored(client: TestClient) -> None:
     page = client.get("/comparisons/new").text
     sources = re.findall(r'<(?:script|link)[^>]+(?:src|href)="([^"]+)"', page)
     assert sources and all(s.startswith("/static/") for s in sources), sources
-    for name in ("svg.js", "heatmap.js", "comparison.js", "api.js", "new.js", "list.js", "style.css"):
+    for name in (
+        "svg.js",
+        "heatmap.js",
+        "comparison.js",
+        "api.js",
+        "new.js",
+        "list.js",
+        "style.css",
+    ):
         r = client.get(f"/static/{name}")
         assert r.status_code == 200
         # Nothing is fetched from another host (the SVG namespace is a name, not a fetch).
