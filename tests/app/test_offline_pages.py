@@ -34,9 +34,10 @@ def _crawl(client: TestClient, starts: list[str], limit: int = 80) -> dict[str, 
         seen[path] = r.text
         for _, url in URL_ATTRIBUTE.findall(r.text):
             target = url.split("#")[0]
-            if target.startswith("/") and not target.startswith("//"):
-                if not target.startswith(NOT_PAGES) and "." not in target.rsplit("/", 1)[-1]:
-                    todo.append(target)
+            same_site = target.startswith("/") and not target.startswith("//")
+            is_page = not target.startswith(NOT_PAGES) and "." not in target.rsplit("/", 1)[-1]
+            if same_site and is_page:
+                todo.append(target)
     return seen
 
 
