@@ -41,5 +41,5 @@ def test_png_rows_run_top_down_from_the_first_layer_as_on_the_page() -> None:
     left = xs.min()  # the panel's left edge (the colour bar stands to its right)
     column = xs < left + 4
     top = ys[column].min()
-    # The top-left cell is (first, first) = 1 (row 0 on top); bottom-up it would be (last, first) = 0.
+    # The top-left cell is (first, first) = 1 with row 0 on top; bottom-up, (last, first) = 0.
     assert is_high[top, left] and not is_low[top, left]
