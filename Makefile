@@ -11,25 +11,28 @@ COVERAGE_FLOOR ?= 80
 
 .PHONY: run test lint typecheck pytest chromium bench clean install lock
 
-# Dependencies come from the lock (every file checked against its hash), then the project
-# itself without dependencies.
+# Dependencies come from the lock (every file checked against its hash: the libraries, the
+# `service` and `dev` extras), then the project itself, whose dependencies the lock already holds.
 $(STAMP): requirements-dev.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --require-hashes -r requirements-dev.lock
-	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip install --quiet --no-deps -e ".[service,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
-# Re-resolve the pins of pyproject.toml into the two lock files (runtime, and runtime + dev),
-# for every platform, with the hashes of every file; uv is pinned in pyproject's `lock` extra.
+# Resolve pyproject.toml's ranges into the two lock files of exact pins (libraries + service for
+# the image, + dev for `make install`), for every platform, with the hashes of every file. uv
+# keeps the versions already in a lock file that still fit the ranges (`make lock` after a range
+# changed moves only what must move); uv is pinned in pyproject's `lock` extra.
 LOCK_FLAGS := --universal --python-version 3.11 --generate-hashes --quiet
 lock:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "uv==0.13.8"
-	$(VENV)/bin/uv pip compile pyproject.toml $(LOCK_FLAGS) -o requirements.lock
-	$(VENV)/bin/uv pip compile pyproject.toml $(LOCK_FLAGS) --extra dev -o requirements-dev.lock
+	$(VENV)/bin/uv pip compile pyproject.toml $(LOCK_FLAGS) --extra service -o requirements.lock
+	$(VENV)/bin/uv pip compile pyproject.toml $(LOCK_FLAGS) --extra service --extra dev \
+		-o requirements-dev.lock
 
 # Train the demo zoo if missing, register it, queue one atlas of it over digits, then serve
 # http://127.0.0.1:8000 (the in-process worker computes the atlas). Idempotent.

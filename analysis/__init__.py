@@ -1,13 +1,23 @@
 """Activation extraction, kernels, HSIC estimators and the streaming CKA atlas.
 
-A plain library: no web, no database; import it from a notebook.
+A plain library: no web, no database; import it from a notebook. It owns the data side of a
+comparison — datasets and preprocessing, layer extraction, kernels and HSIC estimators, the
+streaming engine, calibration and study statistics — and sits above :mod:`models`: it may
+import :mod:`models` (to build, load and describe networks), never :mod:`app`, and
+:mod:`models` never imports it back. A notebook trains and compares with both::
+
+    digits = analysis.training_data("digits")            # digits' fixed (train, test) splits
+    paths = [models.train("mlp_digits", digits, seed=s, epochs=1) for s in (0, 1)]
+    atlas = analysis.compare({f"s{i}": models.load(p)[0] for i, p in enumerate(paths)},
+                             analysis.load_dataset("digits"))
+    atlas.matrix("s0", "s1")
 """
 
 from __future__ import annotations
 
 from analysis.atlas import Atlas
 from analysis.baselines import random_init_twin
-from analysis.datasets import ImageDataset, load_dataset
+from analysis.datasets import ImageDataset, load_dataset, training_data
 from analysis.engine import cka_from_features, compare
 from analysis.errors import AnalysisError, Cancelled, DatasetError, EstimatorError, LayerError
 from analysis.gram_cache import DirectoryGramCache, GramCache
@@ -42,4 +52,5 @@ __all__ = [
     "random_init_twin",
     "resolve_layers",
     "shard_ranges",
+    "training_data",
 ]

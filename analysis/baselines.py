@@ -26,7 +26,7 @@ def random_init_twin(model: nn.Module, seed: int = 0) -> nn.Module:
     is restored afterwards. The twin is in eval mode, on the CPU. Raises :class:`AnalysisError`
     for a model that carries no ``atlas_config``.
     """
-    import models  # models may import analysis; analysis needs models only here
+    import models  # analysis sits above models (models never imports analysis)
 
     cfg: dict[str, Any] | None = getattr(model, "atlas_config", None)
     if not cfg or "arch" not in cfg:

@@ -33,6 +33,7 @@ __all__ = [
     "load_digits",
     "load_image_folder",
     "load_npz",
+    "training_data",
 ]
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
@@ -133,6 +134,23 @@ def load_dataset(spec: str | Path, *, split: str = "test") -> ImageDataset | Ima
     raise DatasetError(
         f"Dataset file '{path.name}' has an unsupported type; use .npz, .zip or a folder."
     )
+
+
+def training_data(spec: str | Path) -> ImageDataset | tuple[ImageDataset, ImageDataset]:
+    """What :func:`models.train` takes for a dataset named by the user.
+
+    The built-in digits give their fixed ``(train, test)`` splits; a file or folder gives the
+    whole dataset, of which training holds out a fixed fifth for testing.
+    """
+    if str(spec) == "digits":
+        return load_digits("train"), load_digits("test")
+    data = load_dataset(spec)
+    if not isinstance(data, ImageDataset):
+        raise DatasetError(
+            f"The images of '{data.name}' have different sizes; training needs one size "
+            "(comparisons resize them per model)."
+        )
+    return data
 
 
 def load_digits(split: str = "test") -> ImageDataset:

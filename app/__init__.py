@@ -5,7 +5,8 @@
     jobs  state machine, submission, handlers       may import store
     store settings, database, ORM, artifacts        imports no other layer
 
-:mod:`app.errors` (exceptions that carry their problem code) and :mod:`app.logs` (structured
-logs) sit beneath all four and import nothing from :mod:`app`. The libraries :mod:`models` and
-:mod:`analysis` never import :mod:`app`; ``tests/test_layers.py`` enforces all of this.
+:mod:`app.errors` (exceptions that carry their problem code, and the statuses of the libraries'
+errors) and :mod:`app.logs` (structured logs) sit beneath all four and import nothing from
+:mod:`app`. The libraries :mod:`models` and :mod:`analysis` never import :mod:`app`, nor does
+:mod:`migrations` (app hands it the metadata); ``tests/test_layers.py`` enforces all of this.
 """

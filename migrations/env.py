@@ -1,14 +1,17 @@
-"""Alembic environment: runs on the connection handed over by :func:`app.store.db.upgrade`."""
+"""Alembic environment: runs on the connection handed over by :func:`app.store.db.upgrade`.
+
+The caller puts the open ``connection`` and the ORM's ``target_metadata`` in
+``config.attributes``: this package imports nothing from :mod:`app` (app imports it, to find the
+scripts), so the two never import each other. Run by the ``alembic`` command instead, it
+connects to the configuration's ``sqlalchemy.url``.
+"""
 
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import create_engine
 
-from app.store.db import make_engine
-from app.store.orm import Base
-from app.store.settings import Settings
-
-target_metadata = Base.metadata
+target_metadata = context.config.attributes.get("target_metadata")
 
 
 def run() -> None:
@@ -18,7 +21,13 @@ def run() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = make_engine(Settings().resolved_database_url)
+    url = context.config.get_main_option("sqlalchemy.url")
+    if not url:
+        raise RuntimeError(
+            "migrations need a connection in config.attributes (app.store.db.upgrade hands "
+            "one over) or a sqlalchemy.url in the alembic configuration"
+        )
+    engine = create_engine(url)
     with engine.begin() as conn:
         context.configure(connection=conn, target_metadata=target_metadata)
         with context.begin_transaction():

@@ -1,5 +1,12 @@
 """Architectures, their timm registration, the checkpoint format and training.
 
+The lower of the two libraries: :mod:`models` owns what a network is (families, presets, Ω and
+structure, grids), how it is stored (safetensors + sidecar, hub folders) and how it is trained.
+It imports torch, timm and the like, never :mod:`analysis` nor :mod:`app`; what it needs of a
+dataset is said by the :class:`LabelledImages` protocol (:mod:`models.data`), which
+:class:`analysis.ImageDataset` satisfies, and a checkpoint records its data as a plain
+``{"name", "sha256"}`` record.
+
 Importing the package registers the project's presets in timm's registry, so both
 ``timm.create_model("mixer_digits")`` and ``models.create("mixer_digits")`` build them::
 
@@ -11,7 +18,8 @@ Importing the package registers the project's presets in timm's registry, so bot
     config = models.validate_config("sw_mlp_digits", {"density": 0.125})  # or ConfigError
     models.structure("sw_mlp_digits", config)  # Ω, m, p, S, C, γ without allocating weights
     models.fixed_omega_grid("sw_mlp_digits", 24576, widths=[256, 512, 1024])
-    models.train("sw_mlp_digits", "digits", seed=0, density=0.125)  # -> checkpoint path
+    digits = analysis.training_data("digits")  # any LabelledImages, or a (train, test) pair
+    models.train("sw_mlp_digits", digits, seed=0, density=0.125)  # -> checkpoint path
 
 Families (one module each): ``mixer`` (timm MlpMixer), ``rp_mixer`` (random-permuted Mixer),
 ``gmlp`` (timm gMLP), ``sw_mlp`` (static sparse-weight MLP and the dense ``mlp``).
@@ -39,6 +47,7 @@ from models.connections import (
     input_spec,
     parameter_count,
 )
+from models.data import LabelledImages, TrainingData, dataset_record
 from models.errors import CheckpointError, ConfigError, ModelError, TrainingCancelled
 from models.factory import create
 from models.grids import GridPoint, fixed_omega_grid
@@ -51,11 +60,14 @@ __all__ = [
     "ConfigError",
     "GridPoint",
     "InputSpec",
+    "LabelledImages",
     "ModelError",
     "TrainingCancelled",
+    "TrainingData",
     "check_state_dict",
     "connections",
     "create",
+    "dataset_record",
     "describe",
     "effective_width",
     "file_sha256",

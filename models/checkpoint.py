@@ -126,30 +126,27 @@ def describe(model: nn.Module) -> dict[str, Any]:
     }
 
 
-def _dataset_identity(value: Any) -> dict[str, Any] | None:
-    """``{"name", "sha256"}`` of a dataset given as a mapping, a dataset, a name or a path."""
-    if value is None or isinstance(value, Mapping):
-        return dict(value) if value is not None else None
-    if isinstance(value, str | os.PathLike):
-        from analysis import AnalysisError, load_dataset  # analysis may import models
-
-        try:
-            value = load_dataset(os.fspath(value))
-        except AnalysisError as exc:
-            raise CheckpointError(f"dataset {os.fspath(value)!r} cannot be read: {exc}") from exc
-    if hasattr(value, "name") and hasattr(value, "sha256"):  # an analysis dataset
-        return {"name": value.name, "sha256": value.sha256}
-    raise CheckpointError(
-        "dataset metadata must be a built-in dataset name, a dataset path, a mapping with "
-        "name and sha256, or a dataset"
-    )
+def _dataset_record(value: Any) -> dict[str, Any] | None:
+    """The ``{"name", "sha256"}`` record of the data a checkpoint was trained on, checked."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, Mapping)
+        or not isinstance(value.get("name"), str)
+        or not isinstance(value.get("sha256"), str)
+    ):
+        raise CheckpointError(
+            "dataset metadata must be a record with a name and a sha256 "
+            '(e.g. {"name": "digits:train", "sha256": "…"})'
+        )
+    return dict(value)
 
 
 def save(model: nn.Module, path: str | os.PathLike[str], **metadata: Any) -> Path:
     """Write ``path`` (.safetensors) and its .json sidecar; return the weights path.
 
-    Recognised metadata: ``dataset`` (a built-in name such as ``"digits"``, a dataset path,
-    a mapping with name and sha256, or an ImageDataset: its name and sha256 are recorded),
+    Recognised metadata: ``dataset`` (the ``{"name", "sha256"}`` record of the training data,
+    :func:`models.data.dataset_record`),
     ``metrics`` ({"train": {...}, "test": {...}}), ``seed``, ``normalisation`` (overrides the
     model's), ``training`` (hyper-parameters). Other keywords are kept under ``extra``.
     """
@@ -169,7 +166,7 @@ def save(model: nn.Module, path: str | os.PathLike[str], **metadata: Any) -> Pat
     extra = {k: v for k, v in metadata.items() if k not in _KNOWN_METADATA}
     sidecar.update(
         {
-            "dataset": _dataset_identity(metadata.get("dataset")),
+            "dataset": _dataset_record(metadata.get("dataset")),
             "metrics": dict(metadata.get("metrics") or {}),
             "seed": metadata.get("seed"),
             "training": metadata.get("training"),

@@ -10,11 +10,11 @@ __all__ = ["CheckpointError", "ConfigError", "ModelError", "TrainingCancelled"]
 class ModelError(ValueError):
     """Base of every user-facing error raised by :mod:`models`.
 
-    ``code`` and ``status`` say how a service reports it (a stable problem code, HTTP 422).
+    ``code`` is a stable name for the kind of mistake; the library knows nothing of HTTP, so
+    a service maps codes (or classes) to its own statuses.
     """
 
     code: ClassVar[str] = "invalid_input"
-    status: ClassVar[int] = 422
 
 
 class ConfigError(ModelError):

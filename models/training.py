@@ -1,10 +1,10 @@
 """Training: AdamW with a warm-up + cosine schedule, deterministic on CPU, writes a checkpoint.
 
-``train("mixer_digits", "digits", seed=0, out_dir="var/zoo")`` trains on the dataset's train
-split, evaluates on its test split and saves ``var/zoo/mixer_digits.safetensors`` whose sidecar
-holds both metrics. Runs are reproducible: the model's construction is seeded by its config
-(see :mod:`models._builder`), minibatch order by a generator seeded with ``seed``, and
-deterministic algorithms are enforced for the duration of the run.
+``train("mixer_digits", analysis.training_data("digits"), seed=0, out_dir="var/zoo")`` trains
+on the train split, evaluates on the test split and saves ``var/zoo/mixer_digits.safetensors``
+whose sidecar holds both metrics. Runs are reproducible: the model's construction is seeded by
+its config (see :mod:`models._builder`), minibatch order by a generator seeded with ``seed``,
+and deterministic algorithms are enforced for the duration of the run.
 
 :func:`build_zoo` trains the demo zoo (the five ``*_digits`` presets and a second seed of the
 Mixer) and skips checkpoints that already exist.
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -30,6 +29,7 @@ from tqdm.auto import tqdm
 from models._builder import PRESETS
 from models.checkpoint import read_sidecar, save, weights_path
 from models.connections import input_spec
+from models.data import LabelledImages, TrainingData, dataset_record, training_splits
 from models.errors import CheckpointError, ConfigError, TrainingCancelled
 from models.factory import create
 from models.preprocessing import pipeline_from_spec
@@ -69,7 +69,6 @@ ZOO: tuple[tuple[str, str, int], ...] = (
     ("mlp_digits", "mlp_digits", 0),
     ("mixer_digits_seed1", "mixer_digits", 1),
 )
-_HOLDOUT_FRACTION = 0.2  # test share of a user dataset, which has no split of its own
 
 
 @dataclass(frozen=True)
@@ -97,43 +96,8 @@ def _deterministic() -> Iterator[None]:
         torch.use_deterministic_algorithms(previous)
 
 
-def _splits(dataset: Any) -> tuple[Any, Any]:
-    """(train, test) ImageDatasets: digits' fixed split, or a fixed 80/20 holdout of a file."""
-    from analysis import load_dataset  # analysis may import models, not at module load
-
-    if isinstance(dataset, str) and dataset == "digits":
-        return load_dataset("digits", split="train"), load_dataset("digits", split="test")
-    data = load_dataset(Path(dataset)) if isinstance(dataset, str | os.PathLike) else dataset
-    if not hasattr(data, "x"):
-        raise ConfigError(
-            f"the images of {data.name} have different sizes; training needs one size "
-            "(comparisons resize them per model)"
-        )
-    if data.y is None:
-        raise ConfigError(f"dataset {data.name} has no labels, so a model cannot be trained on it")
-    if len(data) < 2:
-        raise ConfigError(f"dataset {data.name} needs at least two images to train and test")
-    order = np.random.default_rng(0).permutation(len(data))
-    n_test = max(1, round(_HOLDOUT_FRACTION * len(data)))
-    test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
-    return _Subset(data, train, "train"), _Subset(data, test, "test")
-
-
-class _Subset:
-    """A fixed part of a user dataset, with the parent's identity."""
-
-    def __init__(self, parent: Any, index: np.ndarray, split: str) -> None:
-        self.x, self.y = parent.x[index], parent.y[index]
-        # The identity recorded is the parent's hash: the split is a fixed function of it.
-        self.name, self.sha256 = f"{parent.name}:{split}", parent.sha256
-        self.shape, self.num_classes = parent.shape, parent.num_classes
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-
 def _model_options(
-    arch: str, data: Any, num_classes: int, seed: int, overrides: dict[str, Any]
+    arch: str, data: LabelledImages, num_classes: int, seed: int, overrides: dict[str, Any]
 ) -> dict[str, Any]:
     options = dict(overrides)
     if arch in PRESETS:
@@ -195,7 +159,7 @@ def _check(on_step: Callable[[int, int], bool] | None, done: int, total: int) ->
 
 def train(
     arch: str,
-    dataset: Any = "digits",
+    dataset: TrainingData,
     *,
     epochs: int | None = None,
     seed: int = 0,
@@ -208,7 +172,11 @@ def train(
     on_step: Callable[[int, int], bool] | None = None,
     **overrides: Any,
 ) -> Path:
-    """Train ``arch`` on ``dataset`` ("digits", a path, or an ImageDataset); return the checkpoint.
+    """Train ``arch`` on ``dataset``; return the checkpoint.
+
+    ``dataset`` is a ``(train, test)`` pair of labelled image datasets, or one of which a fixed
+    fifth is held out for testing (:mod:`models.data`; ``analysis.training_data("digits")``
+    gives digits' fixed split).
 
     Unset hyper-parameters come from the family's :data:`RECIPES` entry; ``overrides`` go to
     the architecture (e.g. ``density=0.1``). Input shape and class count follow the dataset.
@@ -218,10 +186,9 @@ def train(
     written, so a cancelled run leaves no checkpoint (the checkpoint itself is written to a
     temporary name and renamed, so no reader ever sees half of one either).
     """
-    train_set, test_set = _splits(dataset)
-    num_classes = getattr(train_set, "num_classes", None) or (
-        int(max(train_set.y.max(), test_set.y.max())) + 1
-    )
+    train_set, test_set = training_splits(dataset)
+    assert train_set.y is not None and test_set.y is not None  # training_splits checked them
+    num_classes = train_set.num_classes or int(max(train_set.y.max(), test_set.y.max())) + 1
     family = PRESETS.get(arch, "timm")
     recipe = RECIPES[family]
     epochs = recipe.epochs if epochs is None else epochs
@@ -267,11 +234,11 @@ def train(
         test_metrics: dict[str, Any] = dict(evaluate(model, x_test, y_test))
     _check(on_step, steps, steps)  # a cancel during evaluation still writes nothing
     seconds = time.perf_counter() - started
-    test_metrics["dataset"] = {"name": test_set.name, "sha256": test_set.sha256}
+    test_metrics["dataset"] = dataset_record(test_set)
     return save(
         model,
         Path(out_dir) / f"{name or arch}.safetensors",
-        dataset={"name": train_set.name, "sha256": train_set.sha256},
+        dataset=dataset_record(train_set),
         metrics={"train": train_metrics, "test": test_metrics},
         seed=seed,
         # trained here on whole images in [0, 1]: no resize, no crop, no normalisation
@@ -305,9 +272,10 @@ def _entry(name: str, arch: str, seed: int, path: Path, trained: bool) -> ZooEnt
 
 
 def build_zoo(
-    out_dir: str | os.PathLike[str] = "var/zoo", *, progress: bool = False
+    data: TrainingData, out_dir: str | os.PathLike[str] = "var/zoo", *, progress: bool = False
 ) -> list[ZooEntry]:
-    """Train the demo zoo into ``out_dir``, skipping checkpoints that exist and read cleanly."""
+    """Train the demo zoo on ``data`` (the digits) into ``out_dir``, skipping checkpoints that
+    exist and read cleanly."""
     rows = []
     for name, arch, seed in ZOO:
         path = weights_path(Path(out_dir) / name)
@@ -316,7 +284,7 @@ def build_zoo(
             continue
         except (CheckpointError, KeyError, TypeError):
             pass
-        path = train(arch, "digits", seed=seed, out_dir=out_dir, name=name, progress=progress)
+        path = train(arch, data, seed=seed, out_dir=out_dir, name=name, progress=progress)
         rows.append(_entry(name, arch, seed, path, trained=True))
     return rows
 

@@ -10,9 +10,9 @@ takes two calls; everything between them (training, the atlas) belongs to the ca
     # 1. What to train. Each Training has a stable key over (arch, normalised options, seed,
     #    dataset sha256, recipe): a checkpoint saved under that key is reused by any re-run.
     plan = studies.plan("sparsity", seeds=2, quick=False)    # or a path, YAML text, a dict
+    data = analysis.training_data(plan.dataset["name"])
     for t in plan.trainings:
-        path = models.training.train(t.arch, t.dataset, out_dir=..., name=t.key,
-                                     **t.train_kwargs())
+        path = models.train(t.arch, data, out_dir=..., name=t.key, **t.train_kwargs())
 
     # 2. One atlas over every trained model (model names of your choosing), then the results.
     atlas = analysis.compare({t.key: model_of(t) for t in plan.trainings}, data, **plan.cka)

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.datasets import load_dataset
+from analysis.datasets import training_data
 from analysis.errors import AnalysisError
 from analysis.studies.spec import Arm, FixedOmegaGrid, Recipe, StudyError, StudySpec, load_spec
 from models import ConfigError, fixed_omega_grid, structure, validate_config
@@ -62,7 +62,7 @@ class Training:
     structure: dict[str, Any]
 
     def train_kwargs(self) -> dict[str, Any]:
-        """``train(self.arch, self.dataset, **kwargs)``: seed, recipe and architecture options."""
+        """``train(self.arch, training_data(self.dataset), **kwargs)``: seed, recipe, options."""
         options = {k: v for k, v in self.config.items() if k != "seed"}
         return {"seed": self.seed, **self.recipe, **options}
 
@@ -102,8 +102,10 @@ class StudyPlan:
 def _dataset(name: str) -> tuple[dict[str, Any], tuple[int, int, int], int]:
     """Identity (as models.training records it), image shape and class count of the data."""
     try:
-        # models.training records the train split of the built-in digits, a file's whole hash.
-        data = load_dataset(name, split="train") if name == "digits" else load_dataset(name)
+        # models.train records the train split of a pair (the built-in digits), else the whole.
+        data = training_data(name)
+        if isinstance(data, tuple):
+            data = data[0]
     except AnalysisError as exc:
         raise StudyError(f"study dataset: {exc}") from None
     classes = data.num_classes or 0

@@ -9,16 +9,52 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from analysis import AnalysisError
 from models import ModelError
 
-__all__ = ["main"]
+__all__ = ["SERVICE_MODULES", "main"]
 
 # Each of these modules in app.cli exposes ``register(subparsers)``, which adds its parsers and sets
 # ``func`` on them; importing lazily keeps ``cka-atlas --help`` fast.
 COMMAND_MODULES = ("train", "compare", "export", "hub", "study", "service", "tokens", "gc")
+
+# What the `service` extra of pyproject.toml installs, by import name: a command that needs one
+# of them where only the libraries are installed says which extra to install (no traceback).
+SERVICE_MODULES = frozenset(
+    {
+        "alembic",
+        "cachetools",
+        "celery",
+        "fastapi",
+        "fastapi_offline",
+        "jinja2",
+        "kombu",
+        "limits",
+        "multipart",
+        "prometheus_client",
+        "psycopg",
+        "pyarrow",
+        "pydantic_settings",
+        "python_multipart",
+        "redis",
+        "sqlalchemy",
+        "starlette",
+        "uvicorn",
+    }
+)
+
+
+def _needs_service(exc: ModuleNotFoundError) -> bool:
+    return (exc.name or "").split(".")[0] in SERVICE_MODULES
+
+
+def _unavailable(exc: ModuleNotFoundError) -> Callable[[argparse.Namespace], int]:
+    def run(_: argparse.Namespace) -> int:
+        raise exc
+
+    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,11 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(f"app.cli.{name}")
+            module.register(subparsers)
         except ModuleNotFoundError as exc:
-            if exc.name != f"app.cli.{name}":
+            if exc.name == f"app.cli.{name}":
+                continue
+            if not _needs_service(exc):
                 raise
-            continue
-        module.register(subparsers)
+            # A module whose parser needs the service stack: its command (named after it)
+            # still exists, and says which extra it needs.
+            # (no option prefix, so that every argument it is given lands in ``rest``).
+            stub = subparsers.add_parser(
+                name, help="(needs the service extra)", prefix_chars="\0", add_help=False
+            )
+            stub.add_argument("rest", nargs="*")
+            stub.set_defaults(func=_unavailable(exc))
     return parser
 
 
@@ -45,6 +90,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (ModelError, AnalysisError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if not _needs_service(exc):
+            raise
+        print(
+            f"error: `cka-atlas {args.command}` needs the service extra, which is not "
+            f'installed (no module {exc.name!r}); install it with pip install "cka-atlas[service]"',
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -24,13 +24,14 @@ DEMO_BATCH_SIZE = 150
 
 def setup_demo(settings: Settings, zoo_dir: str | Path, *, progress: bool = True) -> int:
     """Build/register the zoo and queue the atlas; returns the comparison id."""
+    from analysis import training_data
     from models.training import build_zoo
 
     services = Services(settings)
     try:
         ensure_store(services.db.engine, settings.data_dir)
         digits = register_builtin_datasets(services)[0]
-        entries = build_zoo(zoo_dir, progress=progress)
+        entries = build_zoo(training_data("digits"), zoo_dir, progress=progress)
         ids = []
         for entry in entries:
             path = Path(entry.path)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.logs import configure_logging, uvicorn_log_config
-from app.store.db import SchemaError
+
+if TYPE_CHECKING:  # the service stack is imported by the commands that run it
+    from app.store.db import SchemaError
 
 __all__ = ["register"]
 
@@ -38,7 +40,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from app.cli.store import ensure_store
     from app.http.main import create_app
-    from app.store.db import Database
+    from app.store.db import Database, SchemaError
 
     settings = _settings(args)
     _logging(settings)
@@ -67,6 +69,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError
 
+    from app.store.db import SchemaError
     from app.store.settings import Settings
 
     if args.name == "":
@@ -144,6 +147,7 @@ def run_db(args: argparse.Namespace) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     from app.cli.demo import setup_demo
+    from app.store.db import SchemaError
 
     settings = _settings(args)
     _logging(settings)

@@ -70,6 +70,7 @@ def register(subparsers: Any) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from analysis import training_data
     from models import read_sidecar, validate_config
     from models.training import train
 
@@ -80,7 +81,7 @@ def run_train(args: argparse.Namespace) -> int:
     validate_config(args.arch, options)  # a ConfigError names the key, before any work
     path = train(
         args.arch,
-        args.dataset,
+        training_data(args.dataset),
         epochs=args.epochs,
         seed=args.seed,
         out_dir=args.out,
@@ -96,8 +97,9 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_zoo(args: argparse.Namespace) -> int:
+    from analysis import training_data
     from models.training import build_zoo, format_zoo_table
 
-    rows = build_zoo(args.out, progress=not args.no_progress)
+    rows = build_zoo(training_data("digits"), args.out, progress=not args.no_progress)
     print(format_zoo_table(rows))
     return 0

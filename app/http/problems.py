@@ -2,7 +2,7 @@
 
 Every error the API returns goes through here, including FastAPI's validation errors and
 Starlette's 404/405, so a client only ever parses one error shape. Every error a user can
-cause carries its own code and status (:mod:`app.errors`), so one handler maps them by class.
+cause carries its own code, and :mod:`app.errors` gives its status, so one handler maps them.
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from analysis import AnalysisError
-from app.errors import AtlasError, ProblemError, problem_of
+from app.errors import LIBRARY_STATUSES, AtlasError, ProblemError, problem_of
 from app.store.artifacts import StoreError
-from models import ModelError
 
 __all__ = [
     "PROBLEM_RESPONSES",
@@ -33,8 +31,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 MEDIA_TYPE = "application/problem+json"
 
-# Every error class that carries its problem code and status (see app.errors).
-CODED_ERRORS: tuple[type[Exception], ...] = (AtlasError, AnalysisError, ModelError, StoreError)
+# Every error class whose problem code and status app.errors knows (the libraries' by class).
+CODED_ERRORS: tuple[type[Exception], ...] = (AtlasError, *LIBRARY_STATUSES, StoreError)
 
 _STATUS_CODES = {
     400: "bad_request",

@@ -76,7 +76,7 @@ def _train(services: Services, t: studies.Training) -> Model:
             path = Path(
                 train(
                     t.arch,
-                    t.dataset,
+                    analysis.training_data(t.dataset),
                     out_dir=Path(tmp),
                     name="model",
                     progress=False,

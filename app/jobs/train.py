@@ -78,8 +78,13 @@ def run_training(services: Services, job: Job, control: jobs.JobControl) -> None
         ds = s.get(Dataset, tr.dataset_id) if tr else None
     if tr is None or ds is None:
         raise jobs.LostJob(f"job {job.id} has no training any more")
-    # The built-in digits train on their fixed train split (the row itself is the test split).
-    data: Any = ds.spec if ds.builtin else services.datasets.get(dataset_key(ds))
+    # A built-in dataset trains on its fixed (train, test) split (the row is the test split);
+    # a file trains on the whole, of which training holds out a fixed fifth.
+    data: Any = (
+        tuple(services.datasets.get(f"builtin:{ds.spec}:{split}") for split in ("train", "test"))
+        if ds.builtin
+        else services.datasets.get(dataset_key(ds))
+    )
     p = tr.params
     # The full validated options; the seed is train()'s own argument.
     options = {k: v for k, v in (p.get("config") or {}).items() if k != "seed"}

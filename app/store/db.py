@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
+from app.store.orm import Base
 
 __all__ = [
     "Database",
@@ -159,9 +160,14 @@ class Database:
 
 
 def alembic_config() -> Config:
-    """Alembic configuration built in code, pointing at the installed ``migrations`` package."""
+    """Alembic configuration built in code, pointing at the installed ``migrations`` package.
+
+    It hands the ORM's metadata to migrations/env.py (``attributes``), so that package imports
+    nothing from :mod:`app`: app imports migrations, never the reverse.
+    """
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    cfg.attributes["target_metadata"] = Base.metadata
     return cfg
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from analysis import DatasetError, load_dataset
+from analysis import DatasetError, load_dataset, training_data
 from analysis.datasets import load_image_folder, load_npz
 
 
@@ -58,6 +58,36 @@ def test_digits_is_stable() -> None:
 def test_unknown_digits_split() -> None:
     with pytest.raises(DatasetError, match="split 'val'"):
         load_dataset("digits", split="val")
+
+
+def test_training_data_is_digits_fixed_split_or_a_whole_file(tmp_path: Path) -> None:
+    """What models.train gets: digits' (train, test) splits, hashed as the module documents
+    (sklearn's split with seed 0, a quarter for testing); a file whole; mixed sizes refused."""
+    import hashlib
+
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    train, test = training_data("digits")  # type: ignore[misc]
+    bunch = load_digits()
+    index = np.arange(len(bunch.target))
+    parts = train_test_split(index, test_size=0.25, stratify=bunch.target, random_state=0)
+    for data, rows, name in zip((train, test), parts, ("digits:train", "digits:test"), strict=True):
+        chosen = np.sort(rows)
+        x = np.ascontiguousarray((bunch.images[chosen] / 16.0).astype(np.float32)[:, None])
+        y = bunch.target[chosen].astype(np.int64)
+        digest = hashlib.sha256(b"cka-atlas-dataset-v1")
+        for a in (x, y):
+            digest.update(repr(a.shape).encode())
+            digest.update(a.tobytes())
+        assert (data.name, data.sha256) == (name, digest.hexdigest())
+    whole = training_data(_npz(tmp_path / "mine.npz", x=np.zeros((3, 1, 8, 8), np.float32)))
+    assert not isinstance(whole, tuple) and whole.name == "mine.npz" and len(whole) == 3
+    mixed = tmp_path / "mixed.zip"
+    blobs = [_png(np.zeros(size, np.uint8)) for size in ((4, 6), (5, 5))]
+    mixed.write_bytes(_zip_bytes([("a/0.png", blobs[0]), ("b/1.png", blobs[1])]))
+    with pytest.raises(DatasetError, match="different sizes; training needs one size"):
+        training_data(mixed)
 
 
 # --- npz ----------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import models
-from analysis import ImageDataset, load_dataset
+from analysis import ImageDataset, load_dataset, training_data
 from app.cli import main
 from models import training
 
@@ -66,7 +66,8 @@ def test_training_on_a_file_adapts_shape_and_classes(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, size=(40, 16, 16, 3), dtype=np.uint8)
     np.savez(tmp_path / "tiny.npz", x=x, y=np.arange(40) % 4)
-    path = training.train("mixer_digits", tmp_path / "tiny.npz", epochs=1, out_dir=tmp_path)
+    data = training_data(tmp_path / "tiny.npz")
+    path = training.train("mixer_digits", data, epochs=1, out_dir=tmp_path)
     meta = _sidecar(path)
     assert meta["input_shape"] == [3, 16, 16] and meta["num_classes"] == 4
     assert meta["config"]["img_size"] == 16 and meta["metrics"]["test"]["n"] == 8
@@ -77,12 +78,13 @@ def test_zoo_skips_existing_checkpoints(
 ) -> None:
     monkeypatch.setattr(training, "ZOO", (("tiny_mixer", "mixer_digits", 0),))
     monkeypatch.setitem(training.RECIPES, "mixer", training.Recipe(epochs=1, lr=3e-3))
-    first = training.build_zoo(tmp_path)
+    digits = training_data("digits")
+    first = training.build_zoo(digits, tmp_path)
     assert [row.trained for row in first] == [True]
     assert main(["zoo", "--out", str(tmp_path), "--no-progress"]) == 0
     table = capsys.readouterr().out
     assert "| tiny_mixer | 22,122 | 24,576 |" in table and "(cached)" in table
-    second = training.build_zoo(tmp_path)
+    second = training.build_zoo(digits, tmp_path)
     assert second[0].accuracy == first[0].accuracy and not second[0].trained
 
 
@@ -102,3 +104,28 @@ def test_on_step_false_stops_between_steps_and_writes_nothing(
     # 192 training images in batches of 64: 3 steps an epoch, 6 in all; it stopped at step 2
     assert calls == [(0, 6), (1, 6), (2, 6)]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_training_takes_data_not_a_name(small_digits: ImageDataset, tmp_path: Path) -> None:
+    """models never loads a dataset itself (it does not import analysis): a name, data without
+    labels or a one-image dataset is refused with a sentence before any work."""
+    unlabelled = ImageDataset(name="bare", x=small_digits.x[:10])
+    one = ImageDataset(name="one", x=small_digits.x[:1], y=small_digits.y[:1])
+    for data, message in [
+        ("digits", "not the name 'digits': load it first"),
+        (unlabelled, "dataset bare has no labels"),
+        (one, "dataset one needs at least two images"),
+    ]:
+        with pytest.raises(models.ConfigError, match=message):
+            training.train("mlp_digits", data, epochs=1, out_dir=tmp_path)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_train_test_pair_is_used_as_given(small_digits: ImageDataset, tmp_path: Path) -> None:
+    train_part = ImageDataset(name="mine:train", x=small_digits.x[:200], y=small_digits.y[:200])
+    test_part = ImageDataset(name="mine:test", x=small_digits.x[200:], y=small_digits.y[200:])
+    path = training.train("mlp_digits", (train_part, test_part), epochs=1, out_dir=tmp_path)
+    meta = _sidecar(path)
+    assert meta["metrics"]["train"]["n"] == 200 and meta["metrics"]["test"]["n"] == 40
+    assert meta["dataset"] == models.dataset_record(train_part)
+    assert meta["metrics"]["test"]["dataset"] == {"name": "mine:test", "sha256": test_part.sha256}
