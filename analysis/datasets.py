@@ -186,6 +186,11 @@ def load_npz(
     ``max_bytes``, or whose arrays declare more data than they hold, is refused first.
     """
     name = "upload.npz" if isinstance(source, bytes) else Path(source).name
+    if not zipfile.is_zipfile(io.BytesIO(source) if isinstance(source, bytes) else source):
+        raise DatasetError(
+            f"'{name}' is not an .npz archive: numpy.savez writes a zip of .npy arrays, "
+            "and this file is not a zip."
+        )
     _check_npz(
         io.BytesIO(source) if isinstance(source, bytes) else source, name, max_bytes, max_members
     )
@@ -209,7 +214,13 @@ def load_npz(
             raise DatasetError(f"Labels 'y' in '{name}' must be one-dimensional, not {y.shape}.")
         labels = y.astype(np.int64)
         _check_labels(labels, len(images), name)
-    return ImageDataset(name=name, x=images, y=labels)
+    # Labels are class indices, so the classes are 0 … max label, named by their index.
+    classes = None if labels is None or not len(labels) else _index_classes(labels)
+    return ImageDataset(name=name, x=images, y=labels, classes=classes)
+
+
+def _index_classes(labels: np.ndarray) -> list[str]:
+    return [str(i) for i in range(int(labels.max()) + 1)]
 
 
 def _check_npz(
@@ -218,7 +229,7 @@ def _check_npz(
     try:
         archive = zipfile.ZipFile(handle)
     except (OSError, zipfile.BadZipFile):
-        return  # not a zip archive: np.load says what is wrong with it
+        return  # a damaged archive: np.load says what is wrong with it
     with archive:
         infos = archive.infolist()
         if len(infos) > max_members:

@@ -16,7 +16,13 @@ from matplotlib.figure import Figure
 
 from analysis.atlas import Atlas
 
-__all__ = ["render_atlas"]
+__all__ = ["HEATMAP_COLORMAP", "UNDEFINED_COLOR", "render_atlas"]
+
+# The colours of a CKA heatmap, shared with the web page (app/http/web/static/heatmap.js
+# draws the same map, and a test checks that its stops are this one's): viridis over [0, 1],
+# grey where a cell is undefined.
+HEATMAP_COLORMAP = "viridis"
+UNDEFINED_COLOR = "#bbbbbb"
 
 _METADATA = {
     "png": {"Software": None},
@@ -31,21 +37,23 @@ def _ticks(labels: list[str], most: int = 24) -> tuple[list[int], list[str]]:
 
 
 def render_atlas(atlas: Atlas, fmt: str = "png", *, dpi: int = 100) -> bytes:
-    """The atlas as PNG or SVG bytes: rows are models ``a``, columns models ``b``."""
+    """The atlas as PNG or SVG bytes: rows are models ``a`` (first layer on top), columns
+    models ``b`` (first layer on the left)."""
     if fmt not in ("png", "svg"):
         raise ValueError(f"heatmaps are 'png' or 'svg', not {fmt!r}")
     k = len(atlas.models)
     size = max(3.2, 0.18 * max(len(v) for v in atlas.layers.values()) + 1.6)
     fig = Figure(figsize=(size * k + 1.0, size * k), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
-    cmap = colormaps["magma"].with_extremes(bad="#bbbbbb")
+    cmap = colormaps[HEATMAP_COLORMAP].with_extremes(bad=UNDEFINED_COLOR)
     axes = fig.subplots(k, k, squeeze=False)
     image = None
     for i, a in enumerate(atlas.models):
         for j, b in enumerate(atlas.models):
             ax = axes[i][j]
             m = np.ma.masked_invalid(atlas.matrix(a, b))
-            image = ax.imshow(m, vmin=0.0, vmax=1.0, cmap=cmap, origin="lower", aspect="auto")
+            # Row 0 (the input side) on top, as on the page.
+            image = ax.imshow(m, vmin=0.0, vmax=1.0, cmap=cmap, origin="upper", aspect="auto")
             ys, ylabels = _ticks(atlas.layers[a])
             xs, xlabels = _ticks(atlas.layers[b])
             ax.set_yticks(ys, ylabels, fontsize=6)

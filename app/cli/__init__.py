@@ -28,6 +28,7 @@ SERVICE_MODULES = frozenset(
         "cachetools",
         "celery",
         "fastapi",
+        "fastapi_offline",
         "jinja2",
         "kombu",
         "limits",

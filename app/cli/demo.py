@@ -9,11 +9,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from app.cli.store import ensure_store
 from app.jobs.requests import ComparisonIn
 from app.jobs.submit import submit_comparison
 from app.jobs.train import register_checkpoint
 from app.store.datasets import register_builtin_datasets
-from app.store.db import ensure_schema
 from app.store.services import Services
 from app.store.settings import Settings
 
@@ -29,7 +29,7 @@ def setup_demo(settings: Settings, zoo_dir: str | Path, *, progress: bool = True
 
     services = Services(settings)
     try:
-        ensure_schema(services.db.engine)
+        ensure_store(services.db.engine, settings.data_dir)
         digits = register_builtin_datasets(services)[0]
         entries = build_zoo(training_data("digits"), zoo_dir, progress=progress)
         ids = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -37,14 +38,16 @@ def _logging(settings: Any) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.cli.store import ensure_store
     from app.http.main import create_app
-    from app.store.db import Database, SchemaError, ensure_schema
+    from app.store.db import Database, SchemaError
 
     settings = _settings(args)
     _logging(settings)
     db = Database(settings.resolved_database_url)
     try:
-        ensure_schema(db.engine)  # refuse here, with the command, not in a lifespan traceback
+        # Refuse here, with the command, not in a lifespan traceback.
+        ensure_store(db.engine, settings.data_dir)
     except SchemaError as exc:
         return _refuse(exc)
     finally:
@@ -106,12 +109,12 @@ def _embedded_forever(settings: Any, threads: int | None) -> None:
     import signal
     import threading
 
+    from app.cli.store import ensure_store
     from app.jobs.embedded import EmbeddedWorker
-    from app.store.db import ensure_schema
     from app.store.services import Services
 
     services = Services(settings)
-    ensure_schema(services.db.engine)
+    ensure_store(services.db.engine, settings.data_dir)
     worker = EmbeddedWorker(services, threads=threads or max(settings.worker_threads, 1))
     worker.start()
     print(f"cka-atlas: worker polling {services.db.engine.url!r}", file=sys.stderr)
@@ -149,10 +152,41 @@ def run_demo(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _logging(settings)
     try:
-        setup_demo(settings, args.zoo, progress=not args.quiet)
+        comparison_id = setup_demo(settings, args.zoo, progress=not args.quiet)
     except SchemaError as exc:
         return _refuse(exc)
+    if not args.quiet:
+        print(_orientation(settings, comparison_id), file=sys.stderr)
     return 0
+
+
+def _orientation(settings: Any, comparison_id: int) -> str:
+    """What a newcomer needs once the demo is set up: the page, the store, the command."""
+    from pathlib import Path
+
+    from app.cli.store import describe_store
+    from app.store.db import Database
+
+    db = Database(settings.resolved_database_url)
+    try:
+        store = describe_store(db.engine, settings.data_dir)
+    finally:
+        db.dispose()
+    activate = Path(sys.prefix) / "bin" / "activate"
+    if sys.prefix != sys.base_prefix:  # in a virtual environment, as `make` makes one
+        with contextlib.suppress(ValueError):  # outside this folder: the absolute path
+            activate = activate.relative_to(Path.cwd())
+        command = f"`source {activate}`, then `cka-atlas --help`"
+    else:
+        command = "`cka-atlas --help`"
+    url = f"http://{settings.host}:{settings.port}"
+    return (
+        f"\nThe demo is ready. `cka-atlas serve` (what `make run` does next) serves it:\n"
+        f"  page   {url}/comparisons/{comparison_id}  (the atlas of the zoo; {url}/jobs shows "
+        "its progress)\n"
+        f"  store  {store}\n"
+        f"  CLI    {command} in another terminal, from this folder\n"
+    )
 
 
 def register(subparsers: Any) -> None:

@@ -49,13 +49,13 @@ def register(subparsers: Any) -> None:
 
 
 def _services() -> Any:
+    from app.cli.store import ensure_store
     from app.store.datasets import register_builtin_datasets
-    from app.store.db import ensure_schema
     from app.store.services import Services
     from app.store.settings import Settings
 
     services = Services(Settings())
-    ensure_schema(services.db.engine)
+    ensure_store(services.db.engine, services.settings.data_dir)
     register_builtin_datasets(services)
     return services
 

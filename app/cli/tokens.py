@@ -31,11 +31,13 @@ def register(subparsers: Any) -> None:
 
 
 def _database() -> Any:
-    from app.store.db import Database, ensure_schema
+    from app.cli.store import ensure_store
+    from app.store.db import Database
     from app.store.settings import Settings
 
-    db = Database(Settings().resolved_database_url)
-    ensure_schema(db.engine)
+    settings = Settings()
+    db = Database(settings.resolved_database_url)
+    ensure_store(db.engine, settings.data_dir)
     return db
 
 

@@ -25,6 +25,7 @@ from app.http.api import (
     tokens,
     trainings,
 )
+from app.http.docs import install_docs
 from app.http.ops import install_ops
 from app.http.problems import install_problem_handlers
 from app.http.ratelimit import make_limiter
@@ -89,6 +90,8 @@ def create_app(settings: Settings | None = None, *, start_worker: bool = True) -
 
     app = FastAPI(
         title="cka-atlas",
+        docs_url=None,  # /docs and /redoc come from app.http.docs, offline
+        redoc_url=None,
         version=_version(),
         description=DESCRIPTION,
         lifespan=lifespan,
@@ -112,6 +115,7 @@ def create_app(settings: Settings | None = None, *, start_worker: bool = True) -
 
     install_ops(app)  # /healthz, /readyz, /metrics and the request timer (outermost)
     install_web(app)  # the pages at /, /static
+    install_docs(app)  # /docs, /redoc and their assets at /docs/assets
     return app
 
 

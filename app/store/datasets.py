@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ __all__ = [
 
 # (name, load_dataset spec, split) of the datasets every installation has.
 BUILTIN_DATASETS = (("digits", "digits", "test"),)
+
+# What of an upload's file name may name its scratch copy (so messages name the user's file).
+_SAFE_STEM = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def _insert(services: Services, row: Dataset) -> tuple[Dataset, bool]:
@@ -91,7 +95,8 @@ def register_dataset_file(
     ``path`` is a scratch file the caller owns; it is renamed in place.
     """
     suffix = sniff_suffix(path, filename)
-    typed = path.rename(path.with_name(f"upload{suffix}"))
+    stem = _SAFE_STEM.sub("_", Path(filename or "").stem)[:100].strip("._") or "upload"
+    typed = path.rename(path.with_name(f"{stem}{suffix}"))
     data = load_dataset(typed)  # validates before anything is stored
     with typed.open("rb") as f:
         file_sha, size = services.store.put_stream(f, suffix)

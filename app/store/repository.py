@@ -32,6 +32,7 @@ __all__ = [
     "delete_trainings_of_dataset",
     "find_comparison_by_hash",
     "get",
+    "job_children",
     "job_kinds",
     "job_subjects",
     "list_comparisons",
@@ -170,9 +171,12 @@ def list_jobs(
     kind: str | None = None,
     status: str | None = None,
     parent_id: int | None = None,
+    roots: bool = False,
 ) -> tuple[list[Job], int]:
-    """Every job of every kind, newest first."""
+    """Every job of every kind, newest first; ``roots``: only jobs that are nobody's part."""
     stmt = select(Job).order_by(Job.id.desc())
+    if roots:
+        stmt = stmt.where(Job.parent_id.is_(None))
     if kind:
         stmt = stmt.where(Job.kind == kind)
     if status:
@@ -180,6 +184,15 @@ def list_jobs(
     if parent_id is not None:
         stmt = stmt.where(Job.parent_id == parent_id)
     return page(session, stmt, limit, offset)
+
+
+def job_children(session: Session, parent_ids: Sequence[int]) -> dict[int, list[Job]]:
+    """``parent id -> its jobs`` (shards, a study's trainings), in the order they were made."""
+    out: dict[int, list[Job]] = {}
+    stmt = select(Job).where(Job.parent_id.in_(list(parent_ids))).order_by(Job.id)
+    for job in session.scalars(stmt):
+        out.setdefault(job.parent_id or 0, []).append(job)
+    return out
 
 
 def job_kinds(session: Session) -> list[str]:

@@ -154,7 +154,7 @@ def test_npz_never_unpickles(tmp_path: Path) -> None:
 def test_unreadable_and_missing_files(tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.npz"
     garbage.write_bytes(b"this is not a zip file")
-    with pytest.raises(DatasetError, match=r"not a readable \.npz"):
+    with pytest.raises(DatasetError, match=r"not an \.npz archive"):
         load_dataset(garbage)
     with pytest.raises(DatasetError, match="neither 'digits' nor an existing"):
         load_dataset(tmp_path / "absent.npz")

@@ -135,7 +135,8 @@ def test_delete_refused_while_used_unless_forced(client: TestClient, zoo: dict[s
         json={"model_ids": ids, "dataset_id": digits_id(client), "batch_size": 150},
     )
     wait(client, r.headers["location"])
-    assert_problem(client.delete(f"/v1/models/{ids[0]}"), 409, "model_in_use", "force")
+    used = assert_problem(client.delete(f"/v1/models/{ids[0]}"), 409, "model_in_use", "force")
+    assert str(r.json()["id"]) in used["detail"]  # names the comparisons that force would delete
     assert_problem(client.delete(f"/v1/datasets/{digits_id(client)}"), 409, "builtin_dataset")
     assert client.delete(f"/v1/models/{ids[0]}", params={"force": "true"}).status_code == 204
     assert client.get(r.headers["location"]).status_code == 404

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 
-from app.http.web import auth, catalog, comparisons, studies
+from app.http.web import auth, catalog, comparisons, jobs, studies
 from app.http.web.auth import LoginRequired, login_page
 from app.http.web.templating import STATIC_DIR
 
@@ -26,6 +26,6 @@ def install_web(app: FastAPI) -> None:
     async def _login(request: Request, exc: LoginRequired) -> Response:
         return login_page(request, next_path=exc.next_path, status=401)
 
-    for module in (comparisons, catalog, studies, auth):
+    for module in (comparisons, catalog, studies, jobs, auth):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

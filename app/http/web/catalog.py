@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+from functools import cache
 from typing import Annotated, Any
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
+import models
 from analysis.images import thumbnail
 from analysis.sources import image_files
 from app.http.api.deps import comparison_view
@@ -41,6 +43,21 @@ def _metric(sidecar: dict[str, Any], split: str, key: str) -> Any:
     return part.get(key) if isinstance(part, dict) else None
 
 
+@cache
+def _preset_defaults(arch: str) -> dict[str, Any]:
+    try:
+        return models.validate_config(arch, {})
+    except models.ModelError:  # not a preset of ours (a timm name): no defaults to diff from
+        return {}
+
+
+def _options(row: Model) -> dict[str, Any]:
+    """The options in which a model differs from its preset's defaults (its seed aside)."""
+    defaults = _preset_defaults(row.arch)
+    config = row.config if isinstance(row.config, dict) else {}
+    return {k: v for k, v in config.items() if k != "seed" and k in defaults and defaults[k] != v}
+
+
 def model_facts(row: Model) -> dict[str, Any]:
     """What a researcher wants first about a checkpoint, from its row and sidecar."""
     side = row.sidecar or {}
@@ -56,6 +73,7 @@ def model_facts(row: Model) -> dict[str, Any]:
         "seed": side.get("seed"),
         "training": training,
         "trained_on": trained_on,
+        "options": _options(row),
     }
 
 

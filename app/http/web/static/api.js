@@ -10,7 +10,9 @@
   async function api(method, url, body) {
     const headers = { Accept: "application/json", "X-CKA-CSRF": "1" };
     const options = { method: method, headers: headers, credentials: "same-origin" };
-    if (body !== undefined) {
+    if (body instanceof FormData) {
+      options.body = body; /* multipart: the browser writes the boundary */
+    } else if (body !== undefined) {
       headers["Content-Type"] = "application/json";
       options.body = JSON.stringify(body);
     }

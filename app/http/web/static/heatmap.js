@@ -28,6 +28,7 @@
   ].map(function (hex) {
     return [1, 3, 5].map(function (k) { return parseInt(hex.slice(k, k + 2), 16); });
   });
+  const UNDEFINED = "#bbbbbb"; // the grey of an undefined cell, as in the PNG (analysis/plot.py)
   const CHAR_EM = 0.61; // advance width of a monospace glyph, in em
   const SIGNIFICANCE = 0.05; // at or above this p-value a cell is not told apart from the null
   let tooltip = null;
@@ -208,7 +209,7 @@
           y: i * cell,
           width: cell,
           height: cell,
-          fill: fill || "#d5d8dc",
+          fill: fill || UNDEFINED,
           "data-i": i,
           "data-j": j,
           "data-value": defined(v) ? String(v) : "null",
