@@ -44,6 +44,7 @@ __all__ = [
     "model_by_sha",
     "models_by_ids",
     "page",
+    "studies_of_comparisons",
     "study_for_job",
     "training_for_job",
     "trainings_using_dataset",
@@ -193,6 +194,16 @@ def job_children(session: Session, parent_ids: Sequence[int]) -> dict[int, list[
     for job in session.scalars(stmt):
         out.setdefault(job.parent_id or 0, []).append(job)
     return out
+
+
+def studies_of_comparisons(
+    session: Session, comparison_ids: Sequence[int]
+) -> dict[int, tuple[int, str]]:
+    """``comparison id -> (study id, study name)`` for the comparisons that are a study's atlas."""
+    stmt = select(Study.comparison_id, Study.id, Study.name).where(
+        Study.comparison_id.in_(list(comparison_ids))
+    )
+    return {cid: (sid, name) for cid, sid, name in session.execute(stmt) if cid is not None}
 
 
 def job_kinds(session: Session) -> list[str]:

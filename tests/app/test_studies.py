@@ -8,6 +8,7 @@ optimisation), so a whole built-in study runs in seconds and the tests can count
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,10 @@ def test_builtin_study_through_rest_then_reused(client: TestClient, trainer: Fak
     assert page.count('<tr data-arm="') == 8
     assert all(f'href="/models/{i}"' in page for i in model_ids)
     assert "Start a built-in study" in client.get("/studies").text
+    # In the comparisons list the atlas is marked as the study's, with a link to it.
+    home = client.get("/").text
+    badge = re.search(r'class="pill study-badge" href="/studies/(\d+)"[^>]*>study ([^<]+)<', home)
+    assert badge and int(badge[1]) in (done["id"], second["id"]) and badge[2] == "sparsity"
     form = client.get("/trainings/new").text
     assert 'name="config.density"' in form and 'name="config.num_blocks"' in form
 

@@ -68,7 +68,8 @@ def comparisons_page(
             status=status,
             kernel=kernel,
         )
-        rows = [comparison_view(c) for c in items]
+        studies = repository.studies_of_comparisons(s, [c.id for c in items])
+        rows = [comparison_view(c) | {"study": studies.get(c.id)} for c in items]
     pager = Pager(number, total, PAGE_SIZE, "/", filters)
     return render(
         request,
