@@ -141,3 +141,37 @@ def test_api_docs_render_with_every_other_host_blocked(
     page.goto(server.url + "/redoc")
     page.get_by_text("/v1/comparisons").first.wait_for()
     assert not elsewhere, f"the docs asked other hosts for {elsewhere}"
+
+
+def test_deleting_a_used_model_asks_twice_naming_its_comparisons(
+    page: Any,  # noqa: F811
+    server: Server,
+    results_dir: Path,
+    tmp_path: Path,
+) -> None:
+    import models
+
+    weights = models.save(models.create("mlp_digits", seed=77), tmp_path / "doomed.safetensors")
+    with weights.open("rb") as w, weights.with_suffix(".json").open("rb") as s:
+        r = server.api.post(
+            "/v1/models", files={"weights": w, "sidecar": s}, data={"name": "doomed"}
+        )
+    assert r.status_code == 201, r.text
+    doomed = r.json()["id"]
+    body = {"model_ids": [doomed], "dataset_id": server.digits_id, "batch_size": 150}
+    cmp = server.api.post("/v1/comparisons", json=body).json()["id"]
+
+    asked: list[str] = []
+
+    def answer(dialog: Any) -> None:
+        asked.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", answer)
+    sign_in(page, server, f"/models/{doomed}")
+    page.get_by_role("button", name="Delete…").click()
+    page.wait_for_url(re.compile(r"/models$"))
+    assert len(asked) == 2 and "doomed" in asked[0]
+    assert f"comparisons [{cmp}]" in asked[1]
+    assert server.api.get(f"/v1/models/{doomed}").status_code == 404
+    assert server.api.get(f"/v1/comparisons/{cmp}").status_code == 404
