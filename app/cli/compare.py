@@ -93,6 +93,7 @@ def _calibration(args: argparse.Namespace) -> Any:
         return Calibration(
             permutations=args.permutations,
             sensitivity=args.sensitivity,
+            random_init_draws=args.random_init_draws,
             baselines=args.baselines,
         )
     except ValidationError as exc:
@@ -112,10 +113,11 @@ def _baselines(
     options: dict[str, Any],
 ) -> dict[str, Any]:
     import models
+    from analysis.baselines import random_init_baseline
     from app.jobs.baselines import (
         Identity,
         find_siblings,
-        random_init_baseline,
+        plan_seed_ceiling,
         seed_ceiling_baseline,
     )
 
@@ -126,7 +128,13 @@ def _baselines(
     layers = {m: list(atlas.layers[m]) for m in atlas.models}
     if "random_init" in calibration.baselines:
         out["random_init"] = random_init_baseline(
-            loaded, dataset, args.seed, layers=layers, **options
+            loaded,
+            dataset,
+            layers=layers,
+            model_keys=keys,
+            seed=args.seed,
+            random_init_draws=calibration.random_init_draws,
+            **options,
         )
     if "seed_ceiling" in calibration.baselines:
         idents = {m: identity(m, metas[m], keys[m]) for m in loaded}
@@ -137,13 +145,9 @@ def _baselines(
             key = str(meta.get("weights_sha256") or models.file_sha256(path))
             candidates.append(identity(path.stem, meta, key))
             pool[key] = net
-        siblings = find_siblings(idents, candidates)
+        chosen = plan_seed_ceiling(idents, layers, find_siblings(idents, candidates))
         out["seed_ceiling"] = seed_ceiling_baseline(
-            loaded,
-            layers,
-            {m: (sib, pool[sib.key]) for m, sib in siblings.items()},
-            dataset,
-            **options,
+            loaded, layers, chosen, pool, dataset, **options
         )
     return out
 
