@@ -213,18 +213,26 @@ def run(args: argparse.Namespace) -> int:
     cells = Cells(result)
     print(
         f"{'a':<{width}}  {'b':<{width}}  {'mean diagonal CKA':>17}  {'95 % interval':>16}  "
-        f"{'max p':>6}  {'random init':>11}  {'seed ceiling':>12}  over"
+        f"{'max p':>6}  {'random init ± sd':>20}  {'seed ceiling':>12}  over"
     )
     for a, b in atlas.pairs():
         sm = cells.summary(a, b)
         ci = "-" if sm.ci_low is None else f"[{_number(sm.ci_low)}, {_number(sm.ci_high)}]"
+        init = _number(sm.random_init)
+        if sm.random_init_sd is not None:
+            init += f" ± {_number(sm.random_init_sd)}"
         print(
             f"{a:<{width}}  {b:<{width}}  {_number(sm.cka):>17}  {ci:>16}  "
-            f"{_number(sm.max_p_value, 3):>6}  {_number(sm.random_init):>11}  "
+            f"{_number(sm.max_p_value, 3):>6}  {init:>20}  "
             f"{_number(sm.seed_ceiling):>12}  {sm.kind}"
         )
     for warning in atlas.diagnostics.get("warnings", []):
         print(f"warning: {warning}")
+    for name, stored in result.get("baselines", {}).items():
+        for item in stored["blocks"]:
+            if "reason" in item:
+                pair = item["a"] if item["a"] == item["b"] else f"{item['a']} × {item['b']}"
+                print(f"note: {name.replace('_', ' ')} of {pair} undefined: {item['reason']}")
     for item in atlas.diagnostics["undefined_layers"]:
         print(f"note: {item['model']} {item['layer']}: {item['reason']}")
     return 0
