@@ -41,6 +41,7 @@ __all__ = [
     "Candidates",
     "StandIn",
     "choose",
+    "matrix_json",
     "random_init_baseline",
     "random_init_twin",
     "substituted_cka",
@@ -261,14 +262,15 @@ def random_init_baseline(
     sd = np.std(stack, axis=0, ddof=1) if len(runs) > 1 else np.full(stack.shape[1:], np.nan)
     return {
         "draws": len(runs),
-        "cka": _jsonable(stack.mean(axis=0)),
-        "sd": _jsonable(sd),
-        "min": _jsonable(stack.min(axis=0)),
-        "max": _jsonable(stack.max(axis=0)),
+        "cka": matrix_json(stack.mean(axis=0)),
+        "sd": matrix_json(sd),
+        "min": matrix_json(stack.min(axis=0)),
+        "max": matrix_json(stack.max(axis=0)),
         "seeds": seeds,
         "blocks": [merged[blk] for blk in blocks],
     }
 
 
-def _jsonable(a: np.ndarray) -> list[list[float | None]]:
+def matrix_json(a: np.ndarray) -> list[list[float | None]]:
+    """A matrix as JSON lists, None where the value is not finite (undefined)."""
     return [[float(v) if np.isfinite(v) else None for v in row] for row in a]

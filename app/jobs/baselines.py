@@ -35,11 +35,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from torch import nn
 
 import analysis
-from analysis.baselines import Block, Candidates, Pair, StandIn, choose, substituted_cka
+from analysis.baselines import (
+    Block,
+    Candidates,
+    Pair,
+    StandIn,
+    choose,
+    matrix_json,
+    substituted_cka,
+)
 
 __all__ = [
     "SIBLING_PREFIX",
@@ -153,10 +160,6 @@ def needed_siblings(
     return sorted(keys - own)
 
 
-def _jsonable(a: np.ndarray) -> list[list[float | None]]:
-    return [[float(v) if np.isfinite(v) else None for v in row] for row in a]
-
-
 def seed_ceiling_baseline(
     nets: Mapping[str, nn.Module],
     layers: Mapping[str, Sequence[str]],
@@ -184,7 +187,7 @@ def seed_ceiling_baseline(
     full, blocks = substituted_cka(
         sizes, chosen, resolve, data, opts, device=device, progress=progress, gram_cache=gram_cache
     )
-    return {"cka": _jsonable(full), "blocks": blocks}
+    return {"cka": matrix_json(full), "blocks": blocks}
 
 
 def undefined_blocks(baselines: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
