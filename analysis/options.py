@@ -52,6 +52,7 @@ from analysis.layers import FeaturePolicy
 __all__ = [
     "DTYPES",
     "ERROR_TYPES",
+    "MAX_RANDOM_INIT_DRAWS",
     "MODES",
     "CompareOptions",
     "Dtype",
@@ -75,6 +76,7 @@ _TORCH_DTYPES: dict[torch.dtype, Dtype] = {
 }
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 MAX_PERMUTATIONS = 10_000
+MAX_RANDOM_INIT_DRAWS = 20
 
 # The error types of this module's own checks; a service may map them to its problem codes.
 ERROR_TYPES = (
@@ -245,8 +247,17 @@ class CompareOptions(BaseModel):
     seed: int = Field(
         default=0,
         ge=0,
-        description="Seed of the bootstrap resamples and permutations; the same seed, the same "
-        "intervals.",
+        description="Seed of the bootstrap resamples, the permutations and the random-init "
+        "twins' weights; the same seed, the same intervals and baselines.",
+    )
+    random_init_draws: int = Field(
+        default=3,
+        ge=1,
+        le=MAX_RANDOM_INIT_DRAWS,
+        description=(
+            "Untrained twins drawn per model for the random-init baseline (each draw its own "
+            "seed, per model); the baseline is their mean, with its spread."
+        ),
     )
 
     @field_validator("batch_size")

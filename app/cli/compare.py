@@ -93,6 +93,7 @@ def _calibration(args: argparse.Namespace) -> Any:
         return Calibration(
             permutations=args.permutations,
             sensitivity=args.sensitivity,
+            random_init_draws=args.random_init_draws,
             baselines=args.baselines,
         )
     except ValidationError as exc:
@@ -112,10 +113,11 @@ def _baselines(
     options: dict[str, Any],
 ) -> dict[str, Any]:
     import models
+    from analysis.baselines import random_init_baseline
     from app.jobs.baselines import (
         Identity,
         find_siblings,
-        random_init_baseline,
+        plan_seed_ceiling,
         seed_ceiling_baseline,
     )
 
@@ -126,7 +128,13 @@ def _baselines(
     layers = {m: list(atlas.layers[m]) for m in atlas.models}
     if "random_init" in calibration.baselines:
         out["random_init"] = random_init_baseline(
-            loaded, dataset, args.seed, layers=layers, **options
+            loaded,
+            dataset,
+            layers=layers,
+            model_keys=keys,
+            seed=args.seed,
+            random_init_draws=calibration.random_init_draws,
+            **options,
         )
     if "seed_ceiling" in calibration.baselines:
         idents = {m: identity(m, metas[m], keys[m]) for m in loaded}
@@ -137,13 +145,9 @@ def _baselines(
             key = str(meta.get("weights_sha256") or models.file_sha256(path))
             candidates.append(identity(path.stem, meta, key))
             pool[key] = net
-        siblings = find_siblings(idents, candidates)
+        chosen = plan_seed_ceiling(idents, layers, find_siblings(idents, candidates))
         out["seed_ceiling"] = seed_ceiling_baseline(
-            loaded,
-            layers,
-            {m: (sib, pool[sib.key]) for m, sib in siblings.items()},
-            dataset,
-            **options,
+            loaded, layers, chosen, pool, dataset, **options
         )
     return out
 
@@ -209,18 +213,26 @@ def run(args: argparse.Namespace) -> int:
     cells = Cells(result)
     print(
         f"{'a':<{width}}  {'b':<{width}}  {'mean diagonal CKA':>17}  {'95 % interval':>16}  "
-        f"{'max p':>6}  {'random init':>11}  {'seed ceiling':>12}  over"
+        f"{'max p':>6}  {'random init ± sd':>20}  {'seed ceiling':>12}  over"
     )
     for a, b in atlas.pairs():
         sm = cells.summary(a, b)
         ci = "-" if sm.ci_low is None else f"[{_number(sm.ci_low)}, {_number(sm.ci_high)}]"
+        init = _number(sm.random_init)
+        if sm.random_init_sd is not None:
+            init += f" ± {_number(sm.random_init_sd)}"
         print(
             f"{a:<{width}}  {b:<{width}}  {_number(sm.cka):>17}  {ci:>16}  "
-            f"{_number(sm.max_p_value, 3):>6}  {_number(sm.random_init):>11}  "
+            f"{_number(sm.max_p_value, 3):>6}  {init:>20}  "
             f"{_number(sm.seed_ceiling):>12}  {sm.kind}"
         )
     for warning in atlas.diagnostics.get("warnings", []):
         print(f"warning: {warning}")
+    for name, stored in result.get("baselines", {}).items():
+        for item in stored["blocks"]:
+            if "reason" in item:
+                pair = item["a"] if item["a"] == item["b"] else f"{item['a']} × {item['b']}"
+                print(f"note: {name.replace('_', ' ')} of {pair} undefined: {item['reason']}")
     for item in atlas.diagnostics["undefined_layers"]:
         print(f"note: {item['model']} {item['layer']}: {item['reason']}")
     return 0

@@ -1,5 +1,9 @@
 """The demo behind ``make run``: the model zoo registered and one atlas of it over digits.
 
+The atlas is calibrated, so its first page shows every cell with its company: bootstrap
+intervals, the comparison's default null (p- and q-values) and both baselines (random init,
+seed ceiling).
+
 Idempotent: checkpoints that exist are not retrained, registered ones are found by sha256,
 and the atlas request hashes to the stored comparison, so running it again queues nothing.
 """
@@ -10,16 +14,17 @@ import sys
 from pathlib import Path
 
 from app.cli.store import ensure_store
-from app.jobs.requests import ComparisonIn
+from app.jobs.requests import BASELINES, ComparisonIn
 from app.jobs.submit import submit_comparison
 from app.jobs.train import register_checkpoint
 from app.store.datasets import register_builtin_datasets
 from app.store.services import Services
 from app.store.settings import Settings
 
-__all__ = ["DEMO_BATCH_SIZE", "setup_demo"]
+__all__ = ["DEMO_BATCH_SIZE", "DEMO_BOOTSTRAP", "setup_demo"]
 
 DEMO_BATCH_SIZE = 150
+DEMO_BOOTSTRAP = 200
 
 
 def setup_demo(settings: Settings, zoo_dir: str | Path, *, progress: bool = True) -> int:
@@ -44,7 +49,13 @@ def setup_demo(settings: Settings, zoo_dir: str | Path, *, progress: bool = True
                     f"{'registered' if created else 'found'} model {row.id}: {row.name}",
                     file=sys.stderr,
                 )
-        body = ComparisonIn(model_ids=ids, dataset_id=digits.id, batch_size=DEMO_BATCH_SIZE)
+        body = ComparisonIn(
+            model_ids=ids,
+            dataset_id=digits.id,
+            batch_size=DEMO_BATCH_SIZE,
+            bootstrap=DEMO_BOOTSTRAP,
+            baselines=list(BASELINES),
+        )
         cmp_id, created = submit_comparison(services, body)
         print(
             f"{'queued' if created else 'found'} comparison {cmp_id} "

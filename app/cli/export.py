@@ -18,9 +18,9 @@ def register(subparsers: Any) -> None:
         help="Write a finished comparison's cells as a CSV or Parquet table",
         description=(
             "One row per cell of every model pair: model_a, layer_a, model_b, layer_b, cka, "
-            "ci_low, ci_high, p_value, null_mean, null_q95, random_init, seed_ceiling, "
-            "sensitivity (empty where not computed). Reads the database of "
-            "CKA_DATABASE_URL / CKA_DATA_DIR."
+            "ci_low, ci_high, p_value, null_mean, null_q95, random_init, random_init_sd, "
+            "seed_ceiling, sensitivity (empty where not computed or undefined). Reads the "
+            "database of CKA_DATABASE_URL / CKA_DATA_DIR."
         ),
     )
     p.add_argument("comparison_id", type=int, metavar="COMPARISON_ID")

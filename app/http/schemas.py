@@ -212,8 +212,16 @@ class MatrixOut(BaseModel):
     )
     baselines: dict[str, Cells] | None = Field(
         default=None,
-        description="`random_init`: the same cell between untrained twins; `seed_ceiling`: the "
-        "cell with a model replaced by its seed sibling (null where none); only those asked for",
+        description="`random_init`: the same cell between untrained twins, the mean over "
+        "`random_init_draws` draws, and `random_init_sd` its standard deviation over them; "
+        "`seed_ceiling`: the cell with a model replaced by a seed sibling that is not the other "
+        "side (null where none); only those asked for",
+    )
+    undefined_baselines: dict[str, str] | None = Field(
+        default=None,
+        description="Per baseline left undefined for this pair, why: e.g. `no sibling other "
+        "than the compared model` (a baseline never compares a model with itself)",
+        examples=[{"seed_ceiling": "no sibling other than the compared model"}],
     )
 
 

@@ -1,10 +1,15 @@
 """Baselines of a comparison: what a CKA value would be without training, or with another seed.
 
+Every baseline chooses its stand-ins under one rule, :func:`analysis.baselines.choose`: the two
+networks of a baseline block are never one network, so no baseline compares a model with itself.
+
 ``random_init``
-    Every model replaced by an untrained twin of the same architecture and options, its
-    weights drawn from a fixed seed (:func:`analysis.baselines.random_init_twin`), run through
-    the same pipeline (layers, kernel, estimator, batch plan, features). A trained cell close
-    to its twin's value owes little to training: architecture and input alone give it.
+    Every model replaced by untrained twins of the same architecture and options, each model
+    and each of ``random_init_draws`` draws with its own seed, run through the same pipeline
+    (layers, kernel, estimator, batch plan, features):
+    :func:`analysis.baselines.random_init_baseline`, whose module says how the seeds are
+    derived. A trained cell close to its twins' mean owes little to training: architecture and
+    input alone give it.
 ``seed_ceiling``
     For a model with a *sibling* (same architecture, same options but the seed, same training
     dataset, another seed), the sibling's CKA with the other side of the cell. In a model's
@@ -12,11 +17,16 @@
     architecture agree; between two models it shows what another seed of one of them gives
     against the other. Where both models of a pair have a sibling, the one earlier in the
     comparison's order is replaced, so the block of (b, a) is the transpose of that of (a, b).
-    Cells of pairs where neither model has a sibling are null.
+    A sibling that is the other side of the block is never taken (for two seeds of one
+    architecture it would be that model against itself): the next sibling in the store is (a
+    third seed), and with none the block is undefined, its reason in ``blocks`` and in the
+    diagnostics ("no sibling other than the compared model"); so are the blocks of pairs where
+    neither model has a sibling.
 
 Both are stored as full (L_total, L_total) matrices in the layer order of the atlas, under
 ``result["baselines"]``, so every reader (matrix endpoint, page, export) slices them the same
-way as the CKA itself.
+way as the CKA itself; ``blocks`` lists per block (a at or before b) what stood in for the rows
+and the columns, or the ``reason`` it is undefined.
 """
 
 from __future__ import annotations
@@ -25,18 +35,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from torch import nn
 
 import analysis
-from analysis.baselines import random_init_twin
+from analysis.baselines import (
+    Block,
+    Candidates,
+    Pair,
+    StandIn,
+    choose,
+    matrix_json,
+    substituted_cka,
+)
 
 __all__ = [
     "SIBLING_PREFIX",
     "Identity",
     "find_siblings",
-    "random_init_baseline",
+    "needed_siblings",
+    "plan_seed_ceiling",
     "seed_ceiling_baseline",
+    "undefined_blocks",
 ]
 
 SIBLING_PREFIX = "sibling of "
@@ -92,77 +111,90 @@ class Identity:
 
 def find_siblings(
     members: Mapping[str, Identity], candidates: Sequence[Identity]
-) -> dict[str, Identity]:
-    """Per member label, its first sibling among ``candidates`` (none: the label is absent)."""
+) -> dict[str, list[Identity]]:
+    """Per member label, its siblings among ``candidates``, in their order (none: absent)."""
     found = {}
     for label, ident in members.items():
-        sib = next((c for c in candidates if ident.is_sibling(c)), None)
-        if sib is not None:
-            found[label] = sib
+        sibs = [c for c in candidates if ident.is_sibling(c)]
+        if sibs:
+            found[label] = sibs
     return found
 
 
-def _jsonable(a: np.ndarray) -> list[list[float | None]]:
-    return [[float(v) if np.isfinite(v) else None for v in row] for row in a]
+def _stand_in(ident: Identity, label: str, layers: Sequence[str]) -> StandIn:
+    return StandIn(label, ident.key, tuple(layers), ident.describe(), cache_key=ident.key)
 
 
-def random_init_baseline(
-    nets: Mapping[str, nn.Module],
-    data: Any,
-    seed: int,
-    **compare: Any,
-) -> dict[str, Any]:
-    """CKA of untrained twins of ``nets`` (weights from ``seed``) under the same options."""
-    twins = {label: random_init_twin(net, seed=seed) for label, net in nets.items()}
-    atlas = analysis.compare(twins, data, **compare)
-    return {"seed": seed, "cka": _jsonable(atlas.cka)}
+def plan_seed_ceiling(
+    members: Mapping[str, Identity],
+    layers: Mapping[str, Sequence[str]],
+    siblings: Mapping[str, Sequence[Identity]],
+) -> dict[Block, Pair | str]:
+    """Per block (a at or before b), the sibling pair that stands in, or why there is none."""
+    order = list(members)
+
+    def me(label: str) -> StandIn:
+        return _stand_in(members[label], label, layers[label])
+
+    def sib(owner: str, s: Identity) -> StandIn:
+        return _stand_in(s, f"{SIBLING_PREFIX}{owner}: {s.name} ({s.key[:12]})", layers[owner])
+
+    blocks = {}
+    for i, a in enumerate(order):
+        for b in order[i:]:
+            pairs = [(sib(a, s), me(b)) for s in siblings.get(a, ())]
+            pairs += [(me(a), sib(b, s)) for s in siblings.get(b, ())]
+            who = a if a == b else f"{a} or {b}"
+            blocks[a, b] = Candidates(
+                tuple(pairs), f"no seed sibling of {who} in the store", "sibling"
+            )
+    return choose(blocks)
+
+
+def needed_siblings(
+    chosen: Mapping[Block, Pair | str], members: Mapping[str, Identity]
+) -> list[str]:
+    """The keys of the chosen stand-ins that are not members (the checkpoints to load)."""
+    own = {ident.key for ident in members.values()}
+    keys = {s.identity for pick in chosen.values() if not isinstance(pick, str) for s in pick}
+    return sorted(keys - own)
 
 
 def seed_ceiling_baseline(
     nets: Mapping[str, nn.Module],
     layers: Mapping[str, Sequence[str]],
-    siblings: Mapping[str, tuple[Identity, nn.Module]],
+    chosen: Mapping[Block, Pair | str],
+    pool: Mapping[str, nn.Module],
     data: Any,
+    options: analysis.CompareOptions | None = None,
     *,
-    model_keys: Mapping[str, str] | None = None,
-    **compare: Any,
+    device: Any = None,
+    progress: bool = False,
+    gram_cache: analysis.GramCache | None = None,
+    **shortcuts: Any,
 ) -> dict[str, Any]:
-    """The sibling-replaced CKA (see the module doc) as a full matrix over ``nets``' layers.
+    """The seed ceiling (see the module doc) as a full matrix over ``nets``' layers.
 
-    ``siblings``: label -> (identity, loaded sibling model). ``model_keys`` (label -> sha256)
-    lets the Gram store reuse the comparison's own Grams; siblings are keyed by their own.
+    ``chosen``: :func:`plan_seed_ceiling`; ``pool``: loaded checkpoints by key (a member may be
+    taken from ``nets`` instead); ``options`` and ``shortcuts`` as for :func:`analysis.compare`.
     """
-    labels = list(nets)
-    sizes = [len(layers[label]) for label in labels]
-    starts = np.cumsum([0, *sizes])
-    total = int(starts[-1])
-    full = np.full((total, total), np.nan)
-    out: dict[str, Any] = {
-        "siblings": {label: sib.describe() for label, (sib, _) in siblings.items()},
-        "without_sibling": [label for label in labels if label not in siblings],
-    }
-    if not siblings:
-        out["cka"] = _jsonable(full)
-        return out
-    combined = dict(nets) | {SIBLING_PREFIX + lb: net for lb, (_, net) in siblings.items()}
-    all_layers = {lb: list(v) for lb, v in layers.items()}
-    all_layers |= {SIBLING_PREFIX + lb: list(layers[lb]) for lb in siblings}
-    keys = None
-    if model_keys is not None:
-        keys = dict(model_keys) | {
-            SIBLING_PREFIX + lb: sib.key for lb, (sib, _) in siblings.items()
-        }
-    atlas = analysis.compare(combined, data, layers=all_layers, model_keys=keys, **compare)
-    for p, a in enumerate(labels):
-        for q, b in enumerate(labels):
-            first, second = (a, b) if p <= q else (b, a)
-            owner = first if first in siblings else second if second in siblings else None
-            if owner is None:
-                continue
-            if owner == a:
-                block = atlas.matrix(SIBLING_PREFIX + a, b)
-            else:
-                block = atlas.matrix(a, SIBLING_PREFIX + b)
-            full[starts[p] : starts[p + 1], starts[q] : starts[q + 1]] = block
-    out["cka"] = _jsonable(full)
-    return out
+    opts = analysis.CompareOptions.build(options, **shortcuts)
+    sizes = {label: len(layers[label]) for label in nets}
+
+    def resolve(s: StandIn) -> nn.Module:
+        return pool[s.identity] if s.identity in pool else nets[s.label]
+
+    full, blocks = substituted_cka(
+        sizes, chosen, resolve, data, opts, device=device, progress=progress, gram_cache=gram_cache
+    )
+    return {"cka": matrix_json(full), "blocks": blocks}
+
+
+def undefined_blocks(baselines: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every undefined baseline block: ``{"baseline", "a", "b", "reason"}``."""
+    return [
+        {"baseline": name, "a": item["a"], "b": item["b"], "reason": item["reason"]}
+        for name, stored in baselines.items()
+        for item in stored.get("blocks", ())
+        if "reason" in item
+    ]

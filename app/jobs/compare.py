@@ -25,9 +25,17 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 import analysis
+from analysis.baselines import random_init_baseline
 from app.jobs import shards
 from app.jobs import states as jobs
-from app.jobs.baselines import Identity, find_siblings, random_init_baseline, seed_ceiling_baseline
+from app.jobs.baselines import (
+    Identity,
+    find_siblings,
+    needed_siblings,
+    plan_seed_ceiling,
+    seed_ceiling_baseline,
+    undefined_blocks,
+)
 from app.jobs.inputs import engine_options, load_comparison, member_rows
 from app.store import gc
 from app.store.artifacts import StoreGramCache
@@ -35,10 +43,7 @@ from app.store.datasets import dataset_key
 from app.store.orm import Comparison, Dataset, Job, Model
 from app.store.services import Services
 
-__all__ = ["RANDOM_INIT_SEED", "code_version", "run_comparison"]
-
-# The seed of the random-init twins' weights: fixed, so a baseline is reproducible.
-RANDOM_INIT_SEED = 0
+__all__ = ["code_version", "run_comparison"]
 
 
 def code_version() -> str:
@@ -52,8 +57,8 @@ def _identity(row: Model) -> Identity:
     return Identity.of(row.sha256, row.name, row.arch, row.config, row.sidecar, row.id)
 
 
-def _siblings(services: Services, members: dict[str, Model]) -> dict[str, Identity]:
-    """Per comparison member, its first sibling in the store (lowest id)."""
+def _siblings(services: Services, members: dict[str, Model]) -> dict[str, list[Identity]]:
+    """Per comparison member, its siblings in the store (lowest id first)."""
     archs = {row.arch for row in members.values()}
     with services.db.session(readonly=True) as s:
         rows = s.scalars(select(Model).where(Model.arch.in_(archs)).order_by(Model.id)).all()
@@ -87,14 +92,18 @@ def _compare(
     # run after the last shard combines their terms.
     gathered = shards.gather(services, job, control, cmp.id, shards.plan(services, params, data))
     baselines = list(params.get("baselines") or [])
+    layers = params["resolved_layers"]
+    idents = {label: _identity(row) for label, row in rows.items()}
     siblings = _siblings(services, rows) if "seed_ceiling" in baselines else {}
+    ceiling = plan_seed_ceiling(idents, layers, siblings) if "seed_ceiling" in baselines else None
     cache = StoreGramCache(services.store)
     common = engine_options(params, services.device)
     calibration = {k: common.pop(k) for k in ("permutations", "sensitivity") if k in common}
     stored: dict[str, Any] = {}
     # The members are loaded unless their shards ran them and no baseline needs them.
     members = list(shas.values()) if gathered is None or baselines else []
-    with services.models.lease(members + [sib.key for sib in siblings.values()]) as loaded:
+    extra = needed_siblings(ceiling, idents) if ceiling is not None else []
+    with services.models.lease(members + extra) as loaded:
         nets = {label: loaded[sha] for label, sha in shas.items() if sha in loaded}
         if gathered is not None:
             atlas = analysis.combine(gathered[0])
@@ -102,7 +111,7 @@ def _compare(
             atlas = analysis.compare(
                 nets,
                 data,
-                layers=params["resolved_layers"],
+                layers=layers,
                 bootstrap=params["bootstrap"],
                 gram_cache=cache,
                 model_keys=shas,
@@ -112,17 +121,16 @@ def _compare(
             )
         if "random_init" in baselines:
             stored["random_init"] = random_init_baseline(
-                nets, data, RANDOM_INIT_SEED, layers=params["resolved_layers"], **common
-            )
-        if "seed_ceiling" in baselines:
-            stored["seed_ceiling"] = seed_ceiling_baseline(
                 nets,
-                params["resolved_layers"],
-                {label: (sib, loaded[sib.key]) for label, sib in siblings.items()},
                 data,
+                layers=layers,
                 model_keys=shas,
-                gram_cache=cache,
+                **_draws(params),
                 **common,
+            )
+        if ceiling is not None:
+            stored["seed_ceiling"] = seed_ceiling_baseline(
+                nets, layers, ceiling, loaded, data, gram_cache=cache, **common
             )
     result = atlas.to_dict()
     if stored:
@@ -131,19 +139,18 @@ def _compare(
     diagnostics = dict(atlas.diagnostics)
     if gathered is not None:
         diagnostics["shards"] = gathered[1]
-    if layers := _layer_diagnostics(result):
-        diagnostics["layers"] = layers
-    if "seed_ceiling" in stored:
-        ceiling = stored["seed_ceiling"]
-        diagnostics["siblings"] = ceiling["siblings"]
-        if ceiling["without_sibling"]:
-            diagnostics.setdefault("warnings", [])
-            diagnostics["warnings"] = [
-                *diagnostics["warnings"],
-                "no seed sibling in the store for "
-                + ", ".join(ceiling["without_sibling"])
-                + ": their seed ceiling is left empty",
-            ]
+    if layer_notes := _layer_diagnostics(result):
+        diagnostics["layers"] = layer_notes
+    if ceiling is not None:
+        diagnostics["siblings"] = {
+            label: [s.describe() for s in sibs] for label, sibs in siblings.items()
+        }
+    if undefined := undefined_blocks(stored):
+        diagnostics["undefined_baselines"] = undefined
+        diagnostics["warnings"] = [
+            *diagnostics.get("warnings", []),
+            *_undefined_warnings(undefined),
+        ]
     provenance = {
         "checkpoints": shas,
         "dataset": {"id": ds.id, "name": ds.name, "sha256": data.sha256, "n": len(data)},
@@ -156,7 +163,10 @@ def _compare(
         "worker": control.worker_id,
     }
     if "random_init" in stored:
-        provenance["random_init_seed"] = RANDOM_INIT_SEED
+        provenance["random_init"] = {
+            "draws": stored["random_init"]["draws"],
+            "seeds": stored["random_init"]["seeds"],
+        }
 
     def write(s: Session) -> None:
         row = s.get(Comparison, cmp.id)
@@ -171,6 +181,24 @@ def _compare(
     control.commit(write)
     if gathered is not None:
         shards.discard(services, cmp.id)
+
+
+def _draws(params: dict[str, Any]) -> dict[str, Any]:
+    """The requested random-init draws; params stored before they existed take the default."""
+    draws = params.get("random_init_draws")
+    return {"random_init_draws": int(draws)} if draws else {}
+
+
+def _undefined_warnings(undefined: list[dict[str, Any]]) -> list[str]:
+    """One warning per baseline and reason, naming its blocks."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for item in undefined:
+        where = item["a"] if item["a"] == item["b"] else f"{item['a']} × {item['b']}"
+        grouped.setdefault((item["baseline"], item["reason"]), []).append(where)
+    return [
+        f"{name.replace('_', ' ')} undefined for {', '.join(blocks)}: {reason}"
+        for (name, reason), blocks in grouped.items()
+    ]
 
 
 def _torch_version() -> str:

@@ -66,15 +66,16 @@ MAX_SHARDS = 64
 # The fields of a comparison request that are CompareOptions (the rest says what to compare).
 COMPARE_FIELDS = frozenset(
     {"layers", "kernel", "estimator", "mode", "batch_size", "feature", "bootstrap"}
-    | {"permutations", "sensitivity"}
+    | {"permutations", "sensitivity", "random_init_draws"}
 )
 
 
 def option(name: str, **caps: Any) -> Any:
-    """A request field for comparison option ``name``: default and description from
+    """A request field for comparison option ``name``: default, description and bounds from
     :class:`analysis.CompareOptions`, plus the service's ``caps`` (e.g. ``le=MAX_BATCH``)."""
     info = CompareOptions.model_fields[name]
-    return Field(default=info.default, description=info.description, **caps)
+    bounds = {k: getattr(m, k) for m in info.metadata for k in ("ge", "le") if hasattr(m, k)}
+    return Field(default=info.default, description=info.description, **(bounds | caps))
 
 
 class TrainingIn(BaseModel):
@@ -115,13 +116,16 @@ class Calibration(BaseModel):
 
     permutations: int = option("permutations", ge=0, le=MAX_PERMUTATIONS)
     sensitivity: bool = option("sensitivity")
+    random_init_draws: int = option("random_init_draws")
     baselines: list[Baseline] = Field(
         default_factory=list,
         max_length=8,
-        description="`random_init`: the same architectures and options, untrained (seeded), "
-        "through the same pipeline. `seed_ceiling`: for a model with a sibling in the store "
-        "(same architecture, options and dataset, another seed), the sibling's CKA with the "
-        "other side. A comma-separated string is read too.",
+        description="`random_init`: the same architectures and options, untrained "
+        "(`random_init_draws` twins per model, each its own seed), through the same pipeline. "
+        "`seed_ceiling`: for a model with a sibling in the store (same architecture, options "
+        "and dataset, another seed), the sibling's CKA with the other side. No baseline "
+        "compares a model with itself: where it would, the block is undefined, with its "
+        "reason. A comma-separated string is read too.",
         examples=[[], ["random_init", "seed_ceiling"]],
     )
 
@@ -156,6 +160,7 @@ class ComparisonIn(Calibration):
                     "bootstrap": 0,
                     "permutations": 0,
                     "sensitivity": False,
+                    "random_init_draws": 3,
                     "baselines": [],
                 }
             ]

@@ -147,6 +147,8 @@ def validate_comparison(
         "permutations": body.permutations,
         "sensitivity": body.sensitivity,
         "baselines": list(body.baselines),
+        # Only the random-init baseline draws twins: without it the count changes nothing.
+        "random_init_draws": body.random_init_draws if "random_init" in body.baselines else None,
         "shards": body.shards,  # how it runs, not what it computes: not in the request hash
     }
     return rows, ds, params
@@ -200,6 +202,7 @@ def _check_size(body: ComparisonIn, ds: Dataset, layers: int) -> None:
 # Options that a request written before they existed leaves out; their defaults hash as absent,
 # so such a request still finds the comparison stored for it.
 _CALIBRATION_DEFAULTS: dict[str, Any] = {"permutations": 0, "sensitivity": False, "baselines": []}
+_CALIBRATION_DEFAULTS["random_init_draws"] = None
 
 
 def request_hash(rows: list[Model], ds: Dataset, params: dict[str, Any]) -> str:

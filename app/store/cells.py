@@ -4,9 +4,11 @@ the model-level summary.
 A finished comparison's ``result`` holds the CKA blocks of every model pair (``matrices``) and,
 when they were computed, full (L_total, L_total) arrays of the bootstrap interval
 (``ci_low``/``ci_high``), the permutation null (``p_value``/``null_mean``/``null_q95``), the
-baselines (``baselines.random_init.cka``/``baselines.seed_ceiling.cka``) and CKA with the row
-layer's top principal component removed (``cka_without_top_pc``, with ``sensitivity``), all in
-the atlas's layer order (model by model). A cell's ``sensitivity`` is the larger move of its
+baselines (``baselines.random_init.cka`` with its spread over the draws ``.sd``, exported as
+``random_init_sd``; ``baselines.seed_ceiling.cka``; an undefined block's reason in
+``baselines.*.blocks``) and CKA with the row layer's top principal component removed
+(``cka_without_top_pc``, with ``sensitivity``), all in the atlas's layer order (model by
+model). A cell's ``sensitivity`` is the larger move of its
 CKA when either side's top component is removed. :class:`Cells` reads them once and slices any
 of them for a model pair, so the matrix endpoint, the page and the exports agree cell for cell.
 
@@ -36,6 +38,7 @@ QUANTITIES = (
     "null_mean",
     "null_q95",
     "random_init",
+    "random_init_sd",
     "seed_ceiling",
     "sensitivity",
 )
@@ -69,7 +72,8 @@ class PairSummary:
     many layers, else the mean over ``a``'s layers of the best match among ``b``'s.
 
     ``ci_low``/``ci_high`` average the cells' own interval bounds: wider than the interval of
-    the mean itself (bounds of a mean of correlated cells are at most the mean of bounds).
+    the mean itself (bounds of a mean of correlated cells are at most the mean of bounds);
+    ``random_init_sd`` likewise averages the cells' standard deviations over the draws.
     """
 
     a: str
@@ -80,7 +84,9 @@ class PairSummary:
     ci_high: float | None
     max_p_value: float | None  # the largest p over the cells averaged
     random_init: float | None
+    random_init_sd: float | None  # the cells' spreads over the twins' draws, averaged
     seed_ceiling: float | None
+    undefined: dict[str, str]  # baseline -> why the pair has none
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -110,6 +116,15 @@ class Cells:
         baselines = result.get("baselines") or {}
         for key in ("random_init", "seed_ceiling"):
             self.full[key] = _array((baselines.get(key) or {}).get("cka"))
+        self.full["random_init_sd"] = _array((baselines.get("random_init") or {}).get("sd"))
+        # Why a baseline block is undefined, per baseline and model pair (either order).
+        self._reasons: dict[str, dict[tuple[str, str], str]] = {}
+        for key, stored in baselines.items():
+            for item in stored.get("blocks") or ():
+                if "reason" in item:
+                    pair = (item["a"], item["b"])
+                    self._reasons.setdefault(key, {})[pair] = item["reason"]
+                    self._reasons[key][pair[::-1]] = item["reason"]
         drop = _array(result.get("cka_without_top_pc"))
         self.full["sensitivity"] = (
             None if drop is None else np.fmax(np.abs(drop - cka), np.abs(drop.T - cka))
@@ -127,6 +142,10 @@ class Cells:
     def blocks_json(self, a: str, b: str) -> dict[str, list[list[float | None]] | None]:
         """Every quantity's block of (a, b) as JSON (null cells where undefined)."""
         return {key: _jsonable(self.block(key, a, b)) for key in ("cka", *QUANTITIES)}
+
+    def undefined(self, a: str, b: str) -> dict[str, str]:
+        """Per baseline undefined for the pair (a, b), the reason (see app.jobs.baselines)."""
+        return {key: why[a, b] for key, why in self._reasons.items() if (a, b) in why}
 
     def pairs(self) -> list[tuple[str, str]]:
         """(a, b) with a at or before b: the pairs of the long table."""
@@ -204,7 +223,9 @@ class Cells:
             ci_high=mean("ci_high"),
             max_p_value=float(finite_p.max()) if finite_p.size else None,
             random_init=mean("random_init"),
+            random_init_sd=mean("random_init_sd"),
             seed_ceiling=mean("seed_ceiling"),
+            undefined=self.undefined(a, b),
         )
 
     def summaries(self) -> list[list[dict[str, Any]]]:

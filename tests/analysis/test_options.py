@@ -37,6 +37,7 @@ def test_defaults() -> None:
         "permutations": 0,
         "sensitivity": False,
         "seed": 0,
+        "random_init_draws": 3,
     }
 
 
@@ -59,6 +60,8 @@ def test_defaults() -> None:
         ({"permutations": -1}, "permutations"),
         ({"permutations": 10_001}, "permutations"),
         ({"seed": -1}, "seed"),
+        ({"random_init_draws": 0}, "random_init_draws"),
+        ({"random_init_draws": 21}, "random_init_draws"),
         ({"layers": True}, "layers"),
         ({"layers": [["blocks.0"]]}, "layers"),
         ({"layers": 2.5}, "layers"),

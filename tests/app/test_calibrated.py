@@ -8,6 +8,7 @@ the stored matrices cell by cell.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from pathlib import Path
@@ -58,6 +59,25 @@ def _dataset(client: TestClient, path: Path) -> int:
 def _cka(nets: dict[str, Any], data: Any, a: str, b: str) -> np.ndarray:
     atlas = analysis.compare(nets, data, batch_size=BATCH, device="cpu")
     return atlas.matrix(a, b)
+
+
+def twin_seed(key: str, draw: int, copy: int = 0) -> int:
+    """The documented seed of a random-init twin (analysis.baselines), written out here."""
+    digest = hashlib.sha256(f"random_init|0|{key}|{draw}|{copy}".encode()).hexdigest()
+    return int(digest[:8], 16) % 2**31
+
+
+def random_init_draws(
+    arch: tuple[str, str], keys: tuple[str, str], data: Any, draws: int = 3
+) -> np.ndarray:
+    """The random-init block of two models (architectures ``arch``, keys ``keys``), one array
+    per draw: untrained presets seeded as documented, the second twin where keys are equal."""
+    out = []
+    for d in range(draws):
+        row = models.create(arch[0], seed=twin_seed(keys[0], d))
+        col = models.create(arch[1], seed=twin_seed(keys[1], d, int(keys[0] == keys[1])))
+        out.append(_cka({"r": row, "c": col}, data, "r", "c"))
+    return np.stack(out)
 
 
 def _array(rows: list[list[float | None]]) -> np.ndarray:
@@ -146,28 +166,35 @@ def test_baselines_interval_and_exports(
     assert r.status_code == 202, r.text
     body = wait(client, r.headers["location"])
     assert body["status"] == "succeeded", body
-    assert body["diagnostics"]["siblings"]["mixer_s1"]["model_id"] == sibling
+    siblings = body["diagnostics"]["siblings"]["mixer_s1"]
+    assert [s["model_id"] for s in siblings] == [sibling, sibling + 1]  # by id
     assert "gmlp_digits" in " ".join(body["diagnostics"]["warnings"])  # no sibling for it
     url = r.headers["location"]
 
-    # Independent expectations: the untrained twins are the seed-0 presets; the sibling is
-    # the seed-2 mixer.
+    # Independent expectations: the untrained twins are the presets seeded as documented,
+    # three draws averaged; the sibling is the seed-2 mixer.
     data = analysis.load_dataset(small_digits)
     s1, s2 = (models.load(mixers[s])[0] for s in (1, 2))
     gmlp = models.load(zoo["gmlp_digits"])[0]
-    twin_m, twin_g = models.create("mixer_digits", seed=0), models.create("gmlp_digits", seed=0)
-    twins = {"m": twin_m, "g": twin_g}
+    sha = {m["name"]: m["sha256"] for m in client.get("/v1/models").json()["items"]}
+    key = {"mixer_s1": sha["mixer_s1"], "gmlp_digits": sha["gmlp_digits"]}
+    arch = {"mixer_s1": "mixer_digits", "gmlp_digits": "gmlp_digits"}
+    pairs = [("mixer_s1", "gmlp_digits"), ("mixer_s1", "mixer_s1"), ("gmlp_digits",) * 2]
+    draws = {
+        (a, b): random_init_draws((arch[a], arch[b]), (key[a], key[b]), data) for a, b in pairs
+    }
     expected = {
         ("mixer_s1", "gmlp_digits"): {
-            "random_init": _cka(twins, data, "m", "g"),
             "seed_ceiling": _cka({"s": s2, "g": gmlp}, data, "s", "g"),
         },
         ("mixer_s1", "mixer_s1"): {
-            "random_init": _cka(twins, data, "m", "m"),
             "seed_ceiling": _cka({"s": s2, "m": s1}, data, "s", "m"),
         },
-        ("gmlp_digits", "gmlp_digits"): {"random_init": _cka(twins, data, "g", "g")},
+        ("gmlp_digits", "gmlp_digits"): {},
     }
+    for pair, runs in draws.items():
+        expected[pair]["random_init"] = runs.mean(axis=0)
+        expected[pair]["random_init_sd"] = runs.std(axis=0, ddof=1)
     boot = analysis.compare(
         {"mixer_s1": s1, "gmlp_digits": gmlp},
         data,
@@ -194,6 +221,8 @@ def test_baselines_interval_and_exports(
             np.testing.assert_allclose(_array(m["baselines"][key]), value, atol=1e-6)
         if a == b == "gmlp_digits":
             assert all(v is None for row in m["baselines"]["seed_ceiling"] for v in row)
+            why = "no seed sibling of gmlp_digits in the store"
+            assert m["undefined_baselines"] == {"seed_ceiling": why}
         interval = boot.interval(a, b)
         assert interval is not None
         np.testing.assert_allclose(_array(m["ci_low"]), interval[0], atol=1e-6)
@@ -223,7 +252,9 @@ def test_baselines_interval_and_exports(
     assert f"{diag.mean():.3f}" in cell
     assert f"[{np.diagonal(_array(forth['ci_low'])).mean():.3f}," in cell
     ceiling = np.diagonal(expected[("mixer_s1", "gmlp_digits")]["seed_ceiling"]).mean()
-    assert f"init {np.diagonal(_array(forth['baselines']['random_init'])).mean():.3f}" in cell
+    init = np.diagonal(_array(forth["baselines"]["random_init"])).mean()
+    init_sd = np.diagonal(_array(forth["baselines"]["random_init_sd"])).mean()
+    assert f"init {init:.3f} ± {init_sd:.3f}" in cell
     assert f"seed {ceiling:.3f}" in cell
 
     summary = client.get(f"{url}/result").json()["summary"]
@@ -270,9 +301,11 @@ def test_baselines_interval_and_exports(
             for key in ("cka", "ci_low", "ci_high"):
                 got = _pivot(table, a, b, key, shape)
                 np.testing.assert_array_equal(got, _array(m[key]), err_msg=f"{name} {key}")
-            for key in ("random_init", "seed_ceiling"):
-                want = _array(baselines[key]["cka"])[span[a], span[b]]
+            for key, name in (("random_init", "cka"), ("seed_ceiling", "cka")):
+                want = _array(baselines[key][name])[span[a], span[b]]
                 np.testing.assert_array_equal(_pivot(table, a, b, key, shape), want)
+            want = _array(baselines["random_init"]["sd"])[span[a], span[b]]
+            np.testing.assert_array_equal(_pivot(table, a, b, "random_init_sd", shape), want)
             for key in ("p_value", "null_mean", "sensitivity"):
                 want = Cells(stored).block(key, a, b)
                 np.testing.assert_array_equal(_pivot(table, a, b, key, shape), want)
@@ -291,20 +324,26 @@ def test_cli_compare_with_baselines(
     out = tmp_path / "atlas.json"
     argv = ["compare", str(mixers[1]), str(zoo["gmlp_digits"]), "--sibling", str(mixers[2])]
     argv += ["--dataset", str(small_digits), "--batch-size", str(BATCH), "--device", "cpu"]
-    argv += ["--baselines", "random_init,seed_ceiling", "--out", str(out)]
+    argv += ["--baselines", "random_init,seed_ceiling", "--random-init-draws", "2"]
+    argv += ["--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
     data = analysis.load_dataset(small_digits)
     s2, gmlp = models.load(mixers[2])[0], models.load(zoo["gmlp_digits"])[0]
-    twins = {"m": models.create("mixer_digits", seed=0), "g": models.create("gmlp_digits", seed=0)}
+    keys = tuple(str(models.load(p)[1]["weights_sha256"]) for p in (mixers[1], zoo["gmlp_digits"]))
     cells = Cells(result)
     a, b = "mixer_s1", "gmlp_digits"
-    want_random = _cka(twins, data, "m", "g")
+    runs = random_init_draws(("mixer_digits", "gmlp_digits"), (keys[0], keys[1]), data, draws=2)
+    want_random = runs.mean(axis=0)
     want_ceiling = _cka({"s": s2, "g": gmlp}, data, "s", "g")
     np.testing.assert_allclose(cells.block("random_init", a, b), want_random, atol=1e-6)
+    np.testing.assert_allclose(cells.block("random_init_sd", a, b), runs.std(0, ddof=1), atol=1e-6)
     np.testing.assert_allclose(cells.block("seed_ceiling", a, b), want_ceiling, atol=1e-6)
-    assert result["baselines"]["seed_ceiling"]["siblings"]["mixer_s1"]["name"] == "mixer_s2"
+    block = result["baselines"]["seed_ceiling"]["blocks"][1]
+    assert (block["a"], block["b"]) == (a, b) and block["stand_ins"][0]["rows"][
+        "name"
+    ] == "mixer_s2"
     # The printed summary: mean diagonal of each, as the summary defines it.
     line = next(x for x in printed.splitlines() if x.split()[:2] == [a, b])
     assert f"{np.diagonal(want_random).mean():.4f}" in line

@@ -41,7 +41,7 @@ CALIBRATED: dict[str, Any] = {
     "batch_size": 150,
     "bootstrap": 20,
     "permutations": 50,
-    "baselines": ["random_init"],
+    "baselines": ["random_init", "seed_ceiling"],  # no sibling in the store: no ceiling
 }
 
 

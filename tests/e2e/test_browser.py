@@ -176,7 +176,9 @@ def test_calibrated_cell_tooltip_summary_and_profile(
     assert f"CKA {m['values'][i][j]:.4f}" in text
     assert f"95 % interval [{m['ci_low'][i][j]:.4f}, {m['ci_high'][i][j]:.4f}]" in text
     assert f"null mean {m['null_mean'][i][j]:.4f}" in text
-    assert f"random init {m['baselines']['random_init'][i][j]:.4f}" in text
+    spread = m["baselines"]["random_init_sd"][i][j]
+    assert f"random init {m['baselines']['random_init'][i][j]:.4f} ± {spread:.4f}" in text
+    assert f"seed ceiling undefined: {m['undefined_baselines']['seed_ceiling']}" in text
     shot(page, results_dir, "10-calibrated-hover")
 
     # Cells the null cannot tell apart (p >= 0.05) are hatched, and the legend says so.

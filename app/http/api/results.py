@@ -156,14 +156,15 @@ def get_matrix(
     cmp = _finished(services, comparison_id, load_result=False)
     la = _pick(cmp, a, "a") if a is not None else cmp.members[0].label
     lb = _pick(cmp, b, "b") if b is not None else la
-    key = hashlib.sha256(f"matrix-v2:{cmp.result_sha256}:{la}:{lb}".encode()).hexdigest()
+    key = hashlib.sha256(f"matrix-v3:{cmp.result_sha256}:{la}:{lb}".encode()).hexdigest()
     headers = _cache_headers(services, f'"{key}"')
     if _not_modified(request, headers["ETag"]):
         return Response(status_code=304, headers=headers)
     response.headers.update(headers)
     cells = _cached_cells(services, cmp)
     blocks = cells.blocks_json(la, lb)
-    baselines = {k: blocks[k] for k in ("random_init", "seed_ceiling") if blocks[k] is not None}
+    names = ("random_init", "random_init_sd", "seed_ceiling")
+    baselines = {k: blocks[k] for k in names if blocks[k] is not None}
     return {
         "comparison_id": cmp.id,
         "a": la,
@@ -174,6 +175,7 @@ def get_matrix(
         **{k: blocks[k] for k in ("ci_low", "ci_high", "p_value", "null_mean", "null_q95")},
         "sensitivity": blocks["sensitivity"],
         "baselines": baselines or None,
+        "undefined_baselines": cells.undefined(la, lb) or None,
     }
 
 
@@ -216,8 +218,9 @@ def get_cells(
     services: Svc, request: Request, comparison_id: ComparisonId, fmt: Literal["csv", "parquet"]
 ) -> Response:
     """Every cell as one long table: ``model_a, layer_a, model_b, layer_b, cka, ci_low,
-    ci_high, p_value, null_mean, null_q95, random_init, seed_ceiling, sensitivity`` (empty/NaN
-    where not computed), one row per cell of each model pair (a, b) with a at or before b."""
+    ci_high, p_value, null_mean, null_q95, random_init, random_init_sd, seed_ceiling,
+    sensitivity`` (empty/NaN where not computed or undefined), one row per cell of each
+    model pair (a, b) with a at or before b."""
     cmp = _finished(services, comparison_id, load_result=False)
 
     def table() -> bytes:
@@ -228,7 +231,7 @@ def get_cells(
         services,
         request,
         cmp,
-        "cells-v1",
+        "cells-v2",
         fmt,
         table,
         media_type=TABLE_MEDIA[fmt],

@@ -124,14 +124,17 @@ def form_options() -> dict[str, dict[str, Any]]:
 def atlas_payload(result: dict[str, Any]) -> dict[str, Any]:
     """What the page scripts need from a stored atlas: names, layers, and per model pair the
     CKA block with the blocks of every per-cell quantity that was computed (interval, null,
-    baselines); ``has`` says which those are."""
+    baselines); ``has`` says which those are; ``undefined`` why a pair has no baseline."""
     cells = Cells(result)
     has = [key for key in QUANTITIES if cells.has(key)]
     matrices = []
     for a, b in cells.pairs():
         blocks = cells.blocks_json(a, b)
-        matrices.append({"a": a, "b": b, "cka": blocks["cka"]} | {k: blocks[k] for k in has})
+        pair = {"a": a, "b": b, "cka": blocks["cka"], "undefined": cells.undefined(a, b)}
+        matrices.append(pair | {k: blocks[k] for k in has})
+    random_init = (result.get("baselines") or {}).get("random_init") or {}
     return {
+        "random_init_draws": random_init.get("draws"),
         "models": cells.models,
         "layers": cells.layers,
         "n": result.get("n"),

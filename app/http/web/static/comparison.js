@@ -23,8 +23,10 @@
    * every computed quantity (interval, null, baselines). */
   function block(a, b) {
     const out = { a: a, b: b, rows: atlas.layers[a], cols: atlas.layers[b], values: [] };
+    out.random_init_draws = atlas.random_init_draws;
     const keys = (atlas.has || []);
     atlas.matrices.forEach(function (m) {
+      if ((m.a === a && m.b === b) || (m.a === b && m.b === a)) out.undefined = m.undefined || {};
       if (m.a === a && m.b === b) {
         out.values = m.cka;
         keys.forEach(function (k) { out[k] = m[k]; });

@@ -10,9 +10,11 @@
  *
  * matrix: {a, b, rows: [layer names], cols: [layer names], values: [[number|null]]}, and
  * optionally blocks of the same shape: ci_low, ci_high (bootstrap interval), p_value,
- * null_mean (permutation null), random_init, seed_ceiling (baselines), sensitivity (how far
- * the value moves without either side's top principal component). The tooltip shows
- * those present; a cell whose p-value is at least SIGNIFICANCE is hatched (class "null-like").
+ * null_mean (permutation null), random_init with random_init_sd (its spread over
+ * random_init_draws draws) and seed_ceiling (baselines), sensitivity (how far the value moves
+ * without either side's top principal component); and `undefined`, per baseline the pair
+ * has none of, the reason. The tooltip shows those present (an undefined baseline with its
+ * reason); a cell whose p-value is at least SIGNIFICANCE is hatched (class "null-like").
  */
 (function () {
   "use strict";
@@ -102,10 +104,21 @@
       const note = p >= SIGNIFICANCE ? " · not told apart from the null" : "";
       fact(tip, "tt-p", "p = " + formatP(p) + (defined(mean) ? " · null mean " + mean.toFixed(4) : "") + note);
     }
+    const undefinedWhy = matrix.undefined || {};
     const init = at(matrix.random_init, i, j);
-    if (defined(init)) fact(tip, "tt-base", "random init " + init.toFixed(4));
+    const spread = at(matrix.random_init_sd, i, j);
+    if (defined(init)) {
+      const sd = defined(spread) ? " ± " + spread.toFixed(4) + " (sd over " + matrix.random_init_draws + " draws)" : "";
+      fact(tip, "tt-base", "random init " + init.toFixed(4) + sd);
+    } else if (undefinedWhy.random_init) {
+      fact(tip, "tt-base tt-undefined", "random init undefined: " + undefinedWhy.random_init);
+    }
     const seed = at(matrix.seed_ceiling, i, j);
-    if (defined(seed)) fact(tip, "tt-base", "seed ceiling " + seed.toFixed(4));
+    if (defined(seed)) {
+      fact(tip, "tt-base", "seed ceiling " + seed.toFixed(4));
+    } else if (undefinedWhy.seed_ceiling) {
+      fact(tip, "tt-base tt-undefined", "seed ceiling undefined: " + undefinedWhy.seed_ceiling);
+    }
     const moved = at(matrix.sensitivity, i, j);
     if (defined(moved)) fact(tip, "tt-base", "top component removed: moves " + moved.toFixed(4));
   }

@@ -34,6 +34,8 @@
       permutations: parseInt(String(data.get("permutations") || "0"), 10) || 0,
       sensitivity: data.get("sensitivity") !== null,
       baselines: data.getAll("baselines").map(String),
+      // blank: left out, so the server's default applies
+      random_init_draws: data.get("random_init_draws") ? parseInt(String(data.get("random_init_draws")), 10) : undefined,
       force: data.get("force") !== null,
     };
   }
