@@ -8,15 +8,22 @@ touches the database.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
+from app.http.main import create_app
+from app.store.orm import Model
 from app.store.services import Services
+from app.store.settings import Settings
 from tests.app.payloads import assert_problem
 from tests.helpers import digits_id, register, upload, wait
 
@@ -122,3 +129,156 @@ def test_absurd_study_recipes_are_refused_with_the_trainings_limits(
     body = {"arch": "mixer_digits", "dataset_id": digits_id(idle_client), **recipe}
     assert_problem(idle_client.post("/v1/trainings", json=body), 422, "validation_error", field)
     assert idle_client.get("/v1/studies").json()["total"] == 0
+
+
+# --- open mode refuses cross-origin writes; the Host is one of the service's names ---------
+
+EVIL = "https://evil.example"
+
+
+def _npz() -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, x=np.zeros((8, 1, 8, 8), np.float32), y=np.zeros(8, np.int64))
+    return buf.getvalue()
+
+
+def test_a_cross_origin_write_in_open_mode_is_refused(client: TestClient) -> None:
+    files = {"file": ("d.npz", _npz())}
+    for headers in (
+        {"Origin": EVIL},
+        {"Origin": "null"},  # a sandboxed frame or a file:// page
+        {"Origin": "http://testserver:8080"},  # another port is another origin
+        {"Referer": f"{EVIL}/attack.html"},  # an old browser that sends no Origin
+    ):
+        r = client.post("/v1/datasets", files=files, headers=headers)
+        assert_problem(r, 403, "cross_origin")
+    assert client.get("/v1/datasets").json()["total"] == 1  # only the built-in digits
+    same = client.post("/v1/datasets", files=files, headers={"Origin": "http://testserver"})
+    assert same.status_code == 201, same.text
+    assert client.post("/v1/datasets", files={"file": ("e.npz", _npz())}).status_code in (200, 201)
+
+
+def test_a_cross_origin_write_with_a_token_is_refused_too(settings: Settings) -> None:
+    secured = settings.model_copy(update={"api_tokens": "t" * 32})
+    auth = {"Authorization": f"Bearer {'t' * 32}"}
+    with TestClient(create_app(secured)) as c:
+        r = c.post(
+            "/v1/datasets", files={"file": ("d.npz", _npz())}, headers=auth | {"Origin": EVIL}
+        )
+        assert_problem(r, 403, "cross_origin")
+        for path in ("/login", "/logout"):  # a cross-site form swapping or ending a session
+            r = c.post(path, data={"token": "t" * 32}, headers={"Origin": EVIL})
+            assert_problem(r, 403, "cross_origin")
+            assert "set-cookie" not in r.headers
+
+
+def test_a_rebound_host_name_is_refused(settings: Settings) -> None:
+    with TestClient(create_app(settings)) as c:
+        assert_problem(c.get("/v1/models", headers={"Host": "evil.example"}), 400, "invalid_host")
+        assert_problem(
+            c.post(
+                "/v1/datasets",
+                files={"file": ("d.npz", _npz())},
+                headers={"Host": "evil.example:8000"},
+            ),
+            400,
+            "invalid_host",
+        )
+        for name in ("localhost:8000", "127.0.0.1:8000", "[::1]:8000", "testserver"):
+            assert c.get("/v1/models", headers={"Host": name}).status_code == 200, name
+    # Bound to every interface with no names configured, any name reaches the service;
+    # configured names replace that.
+    anywhere = settings.model_copy(update={"host": "0.0.0.0", "allowed_hosts": ""})
+    with TestClient(create_app(anywhere)) as c:
+        assert c.get("/v1/models", headers={"Host": "atlas.lab.example"}).status_code == 200
+    named = anywhere.model_copy(update={"allowed_hosts": "atlas.lab.example"})
+    with TestClient(create_app(named)) as c:
+        assert c.get("/v1/models", headers={"Host": "atlas.lab.example"}).status_code == 200
+        assert_problem(c.get("/v1/models", headers={"Host": "evil.example"}), 400, "invalid_host")
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/\t/evil.example/",
+        "/\n/evil.example",
+        "/\\evil.example",
+        "/ /evil.example",
+        "https:evil.example",
+    ],
+)
+def test_login_next_with_a_tab_stays_on_the_site(settings: Settings, target: str) -> None:
+    with TestClient(create_app(settings)) as c:  # open mode: the page offers "Continue"
+        page = c.get("/login", params={"next": target}).text
+        assert 'href="/">Continue' in page and "evil.example" not in page
+    secured = settings.model_copy(update={"api_tokens": "t" * 32})
+    with TestClient(create_app(secured)) as c:
+        r = c.post("/login", data={"token": "t" * 32, "next": target}, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "/"
+        r = c.post(
+            "/login", data={"token": "t" * 32, "next": "/models?q=a"}, follow_redirects=False
+        )
+        assert r.headers["location"] == "/models?q=a"
+
+
+# --- labels are text everywhere -------------------------------------------------------------
+
+MATH = "$\\undefinedmacro{$"
+FORMULA = '=HYPERLINK("https://evil.example","x")'
+
+
+def _labelled_comparison(client: TestClient, zoo: dict[str, Path]) -> dict[str, Any]:
+    ids = [
+        upload(client, zoo["mixer_digits"], name=MATH).json()["id"],
+        upload(client, zoo["rp_mixer_digits"], name=FORMULA).json()["id"],
+    ]
+    body = {"model_ids": ids, "dataset_id": digits_id(client), "batch_size": 150}
+    done = wait(client, client.post("/v1/comparisons", json=body).headers["location"])
+    assert done["status"] == "succeeded", done
+    assert [m["label"] for m in done["models"]] == [MATH, FORMULA]
+    return done
+
+
+def test_a_math_text_model_name_renders_its_heatmap(
+    client: TestClient, zoo: dict[str, Path]
+) -> None:
+    done = _labelled_comparison(client, zoo)
+    png = client.get(f"/v1/comparisons/{done['id']}/heatmap.png")
+    assert png.status_code == 200 and png.content[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = client.get(f"/v1/comparisons/{done['id']}/heatmap.svg")
+    assert svg.status_code == 200 and b"<svg" in svg.content[:500]
+
+
+def test_a_formula_model_name_is_escaped_in_the_cell_exports(
+    client: TestClient, zoo: dict[str, Path]
+) -> None:
+    done = _labelled_comparison(client, zoo)
+    text = client.get(f"/v1/comparisons/{done['id']}/cells.csv").text
+    rows = list(csv.DictReader(io.StringIO(text)))
+    names = {r["model_a"] for r in rows} | {r["model_b"] for r in rows}
+    assert names == {MATH, "'" + FORMULA}
+    labels = ("model_a", "layer_a", "model_b", "layer_b")
+    assert not [r for r in rows for k in labels if r[k].startswith(("=", "+", "-", "@", "\t"))]
+    table = pq.read_table(
+        io.BytesIO(client.get(f"/v1/comparisons/{done['id']}/cells.parquet").content)
+    )
+    assert set(table.column("model_b").to_pylist()) == {MATH, "'" + FORMULA}
+
+
+def test_the_catalog_survives_any_sidecar_value(client: TestClient, zoo: dict[str, Path]) -> None:
+    """A model registered before sidecars had a schema: its metrics of any JSON type."""
+    (model_id,) = register(client, zoo, "mixer_digits")
+    services = _services(client)
+    odd = {
+        "test": {"accuracy": "ninety <b>percent</b>", "loss": [1]},
+        "train": {"accuracy": 10**400},
+    }
+    with services.db.session() as s:
+        row = s.get(Model, model_id)
+        assert row is not None
+        row.sidecar = {**row.sidecar, "metrics": odd, "training": {"epochs": {"x": 1}}, "seed": "s"}
+    listing = client.get("/models")
+    assert listing.status_code == 200
+    assert "ninety &lt;b&gt;percent&lt;/b&gt;" in listing.text and "<b>percent" not in listing.text
+    page = client.get(f"/models/{model_id}")
+    assert page.status_code == 200 and "ninety &lt;b&gt;" in page.text
