@@ -124,7 +124,6 @@ def _embedded_forever(settings: Any, threads: int | None) -> None:
 def run_db(args: argparse.Namespace) -> int:
     from app.store.db import (
         Database,
-        UpgradeError,
         backup_sqlite,
         current_revision,
         head_revision,
@@ -144,7 +143,7 @@ def run_db(args: argparse.Namespace) -> int:
                 print(f"copied the database to {backup} before upgrading")
             try:
                 upgrade(db.engine)
-            except UpgradeError as exc:
+            except SchemaError as exc:  # a failed revision, or one this code does not know
                 kept = f"; the copy made before the upgrade is {backup}" if backup else ""
                 print(f"error: {exc}{kept}", file=sys.stderr)
                 return 2

@@ -21,6 +21,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.script.revision import RevisionError
 from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -251,9 +252,15 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     cfg = alembic_config()
     start = current_revision(engine)
     script = ScriptDirectory.from_config(cfg)
-    steps = [
-        r.revision for r in reversed(list(script.iterate_revisions(revision, start or "base")))
-    ]
+    try:
+        pending = list(script.iterate_revisions(revision, start or "base"))
+    except RevisionError:
+        raise SchemaError(
+            f"the database is at schema revision {start}, which this code does not know "
+            f"(written by a newer release?), or {revision!r} is not a revision; nothing was "
+            "changed"
+        ) from None
+    steps = [r.revision for r in reversed(pending)]
     with _migration_connection(engine) as conn:
         cfg.attributes["connection"] = conn
         for step in steps:

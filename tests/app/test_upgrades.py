@@ -288,3 +288,17 @@ def test_a_failed_upgrade_names_the_revision_and_the_copy(
     backup = error.split("the copy made before the upgrade is ")[1]
     assert Path(backup).is_file() and Path(backup).parent == tmp_path
     assert current_revision(Database(f"sqlite:///{path}").engine) == "0001"
+
+
+def test_a_revision_this_code_does_not_know_is_one_sentence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "cka.db"
+    with closing(sqlite3.connect(path)) as db:
+        db.executescript((DATA / "first_release.sql").read_text(encoding="utf-8"))
+        db.execute("UPDATE alembic_version SET version_num = '0099'")
+        db.commit()
+    monkeypatch.setenv("CKA_DATABASE_URL", f"sqlite:///{path}")
+    assert main(["db", "upgrade"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "revision 0099, which this code does not know" in error
