@@ -2,7 +2,9 @@
 
 Uses matplotlib's object API only (``Figure`` + ``FigureCanvasAgg``), never pyplot: no global
 state, safe in threads and servers. Undefined cells are drawn grey. Output is deterministic:
-no timestamps in the file metadata.
+no timestamps in the file metadata. Names (models, layers) are drawn as typed: before a
+figure is saved :func:`plain_text` turns math text (``$...$``) and TeX off on every text
+artist, so a name like ``$\\undefinedmacro{$`` is a label, not an error.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import numpy as np
 from matplotlib import colormaps, rc_context
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from analysis.atlas import Atlas
 
-__all__ = ["HEATMAP_COLORMAP", "UNDEFINED_COLOR", "render_atlas"]
+__all__ = ["HEATMAP_COLORMAP", "UNDEFINED_COLOR", "plain_text", "render_atlas"]
 
 # The colours of a CKA heatmap, shared with the web page (app/http/web/static/heatmap.js
 # draws the same map, and a test checks that its stops are this one's): viridis over [0, 1],
@@ -28,6 +31,17 @@ _METADATA = {
     "png": {"Software": None},
     "svg": {"Date": None, "Creator": None},
 }
+
+
+def plain_text(fig: Figure) -> None:
+    """Every text artist of ``fig`` drawn as plain text: no math text, no TeX.
+
+    Per artist rather than through rcParams, which are global: another thread's rc_context
+    could switch them back while this figure is drawn.
+    """
+    for text in fig.findobj(Text):
+        text.set_parse_math(False)
+        text.set_usetex(False)
 
 
 def _ticks(labels: list[str], most: int = 24) -> tuple[list[int], list[str]]:
@@ -68,6 +82,7 @@ def render_atlas(atlas: Atlas, fmt: str = "png", *, dpi: int = 100) -> bytes:
         f"n = {atlas.n}",
         fontsize=10,
     )
+    plain_text(fig)
     buf = io.BytesIO()
     with rc_context({"svg.hashsalt": "cka-atlas"}):  # stable SVG element ids
         fig.savefig(buf, format=fmt, metadata=_METADATA[fmt])

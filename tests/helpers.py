@@ -32,6 +32,7 @@ def make_settings(db_url: str, data_dir: Path, **kw: Any) -> Settings:
         "device": "cpu",
         "broker_url": None,
         "api_tokens": "",
+        "allowed_hosts": "testserver",  # the Host TestClient sends
     }
     return Settings(**(base | kw))
 

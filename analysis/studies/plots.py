@@ -23,6 +23,8 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from analysis.plot import plain_text
+
 __all__ = ["PLOT_KINDS", "render_plot"]
 
 PLOT_KINDS = ("cka_vs_density", "accuracy_vs_width")
@@ -129,6 +131,7 @@ def render_plot(summary: dict[str, Any], fmt: str = "png", *, dpi: int = 100) ->
     ax.set_title(f"{summary['study']} on {dataset}, {len(seeds)} seed(s)", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best")
+    plain_text(fig)
     buf = io.BytesIO()
     with rc_context({"svg.hashsalt": "cka-atlas"}):
         fig.savefig(buf, format=fmt, metadata=_METADATA[fmt])

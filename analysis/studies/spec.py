@@ -26,9 +26,10 @@ computed from its structure. ``fixed_omega: reference`` takes the reference's Ω
 from __future__ import annotations
 
 import json
+import math
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -37,6 +38,12 @@ from analysis.errors import AnalysisError
 
 __all__ = [
     "BUILTIN_STUDIES",
+    "MAX_BATCH_SIZE",
+    "MAX_EPOCHS",
+    "MAX_LR",
+    "MAX_SEED",
+    "MAX_SEEDS",
+    "MAX_TRAININGS",
     "Arm",
     "FixedOmegaGrid",
     "Recipe",
@@ -47,6 +54,16 @@ __all__ = [
 
 BUILTIN_STUDIES = ("sparsity", "width")
 _NAME = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+
+# Bounds of every training a user asks for (a study's recipe, and /v1/trainings), checked
+# where the request is parsed, before anything is expanded or queued.
+MAX_EPOCHS = 1000
+MAX_BATCH_SIZE = 8192
+MAX_LR = 10.0
+MAX_SEED = 2**31 - 1
+# One study trains at most MAX_TRAININGS models: (reference + every arm's grid points) × seeds.
+MAX_TRAININGS = 128
+MAX_SEEDS = MAX_TRAININGS
 
 
 class StudyError(AnalysisError):
@@ -60,9 +77,9 @@ class _Strict(BaseModel):
 class Recipe(_Strict):
     """Training hyper-parameters of :func:`models.training.train`; None: the family's default."""
 
-    epochs: int | None = Field(default=None, ge=1)
-    batch_size: int | None = Field(default=None, ge=1)
-    lr: float | None = Field(default=None, gt=0.0)
+    epochs: int | None = Field(default=None, ge=1, le=MAX_EPOCHS)
+    batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH_SIZE)
+    lr: float | None = Field(default=None, gt=0.0, le=MAX_LR)
     weight_decay: float | None = Field(default=None, ge=0.0)
 
     def over(self, base: Recipe) -> Recipe:
@@ -74,8 +91,8 @@ class FixedOmegaGrid(_Strict):
     """Widths at one Ω: ``widths`` (SW-MLP: m, or option dicts) or ``shapes`` (Mixer-like)."""
 
     fixed_omega: int | Literal["reference"]
-    widths: list[int | dict[str, Any]] | None = None
-    shapes: list[dict[str, Any]] | None = None
+    widths: list[int | dict[str, Any]] | None = Field(default=None, max_length=MAX_TRAININGS)
+    shapes: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TRAININGS)
     tolerance: float = Field(default=0.10, gt=0.0, lt=1.0)
 
     @model_validator(mode="after")
@@ -97,6 +114,14 @@ class Arm(_Strict):
     recipe: Recipe = Field(default_factory=Recipe)
     description: str = ""
 
+    def points(self) -> int:
+        """How many grid points this arm has (1 without a grid), counted, not expanded."""
+        if self.grid is None:
+            return 1
+        if isinstance(self.grid, dict):
+            return math.prod(len(values) for values in self.grid.values())
+        return len(self.grid.widths or self.grid.shapes or [])
+
     @model_validator(mode="after")
     def _grid_not_empty(self) -> Arm:
         if isinstance(self.grid, dict):
@@ -116,7 +141,10 @@ class StudySpec(_Strict):
     dataset: str = "digits"
     recipe: Recipe = Field(default_factory=Recipe)
     quick: Recipe = Field(default_factory=lambda: Recipe(epochs=1))
-    seeds: int | list[int] = 3
+    seeds: (
+        Annotated[int, Field(ge=1, le=MAX_SEEDS)]
+        | Annotated[list[Annotated[int, Field(ge=0, le=MAX_SEED)]], Field(max_length=MAX_SEEDS)]
+    ) = 3
     reference: Arm
     arms: list[Arm] = Field(min_length=1)
     cka: dict[str, Any] = Field(default_factory=dict)
@@ -132,18 +160,43 @@ class StudySpec(_Strict):
         seeds = self.seed_list()
         if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
             raise ValueError("seeds must be a positive count or distinct non-negative integers")
+        self.check_trainings(len(seeds))
         return self
+
+    def check_trainings(self, seeds: int) -> int:
+        """The number of trainings with ``seeds`` seeds; ValueError past MAX_TRAININGS."""
+        points = 1 + sum(arm.points() for arm in self.arms)
+        if points * seeds > MAX_TRAININGS:
+            raise ValueError(
+                f"the study has {points} architectures × {seeds} seeds = {points * seeds} "
+                f"trainings, more than the {MAX_TRAININGS} allowed; use fewer seeds, arms or "
+                "grid points"
+            )
+        return points * seeds
 
     def seed_list(self, count: int | None = None) -> list[int]:
         """The seeds to train: ``count`` (0..count-1) if given, else the spec's."""
         if count is not None:
+            if not 1 <= count <= MAX_SEEDS:
+                raise StudyError(f"seeds must be between 1 and {MAX_SEEDS}, not {count}")
+            try:
+                self.check_trainings(count)
+            except ValueError as exc:
+                raise StudyError(str(exc)) from None
             return list(range(count))
         return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
 
 
 def _sentence(exc: ValidationError) -> str:
-    error = exc.errors()[0]
-    where = ".".join(str(p) for p in error["loc"])
+    errors = exc.errors()
+    # Of a union's errors (seeds: a count or a list), the one about the value, not the type
+    # the value is not; pydantic's union member tags are left out of the location.
+    error = next((e for e in errors if not e["type"].endswith("_type")), errors[0])
+    where = ".".join(
+        str(p)
+        for p in error["loc"]
+        if not (isinstance(p, str) and (p.startswith("constrained-") or "[" in p))
+    )
     return f"study spec: {where + ': ' if where else ''}{error['msg']}"
 
 

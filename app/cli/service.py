@@ -128,16 +128,33 @@ def _embedded_forever(settings: Any, threads: int | None) -> None:
 
 
 def run_db(args: argparse.Namespace) -> int:
-    from app.store.db import Database, current_revision, head_revision, upgrade
+    from app.store.db import (
+        Database,
+        backup_sqlite,
+        current_revision,
+        head_revision,
+        upgrade,
+    )
 
     settings = _settings(args)
     db = Database(settings.resolved_database_url)
     try:
-        if args.db_command == "upgrade":
-            upgrade(db.engine)
-            print(f"database at {head_revision()} (head)")
-            return 0
         current, head = current_revision(db.engine), head_revision()
+        if args.db_command == "upgrade":
+            if current == head:
+                print(f"database at {head} (head), nothing to upgrade")
+                return 0
+            backup = backup_sqlite(db.engine)
+            if backup is not None:
+                print(f"copied the database to {backup} before upgrading")
+            try:
+                upgrade(db.engine)
+            except SchemaError as exc:  # a failed revision, or one this code does not know
+                kept = f"; the copy made before the upgrade is {backup}" if backup else ""
+                print(f"error: {exc}{kept}", file=sys.stderr)
+                return 2
+            print(f"database at {head} (head)")
+            return 0
         state = "up to date" if current == head else "outdated: run `cka-atlas db upgrade`"
         print(f"current: {current or 'none'}\nhead: {head}\n{state}")
         return 0 if current == head else 1

@@ -29,7 +29,7 @@ from app.http.docs import install_docs
 from app.http.ops import install_ops
 from app.http.problems import install_problem_handlers
 from app.http.ratelimit import make_limiter
-from app.http.security import BodyLimitMiddleware
+from app.http.security import BodyLimitMiddleware, OriginMiddleware
 from app.http.web import install_web
 from app.jobs.celery_app import make_celery, send_job
 from app.jobs.compare import code_version
@@ -99,6 +99,7 @@ def create_app(settings: Settings | None = None, *, start_worker: bool = True) -
     install_problem_handlers(app)
     app.state.write_limiter = make_limiter(settings)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes)
+    app.add_middleware(OriginMiddleware, settings=settings)  # outermost: before any body is read
 
     for module in (
         architectures,

@@ -9,6 +9,12 @@ deletes and token management an ``admin`` one, and reads one of any scope when
 small 403, both as problem+json. Every write is then counted against ``CKA_WRITE_RATE``
 per token (per client address without one): see :mod:`app.http.ratelimit`.
 
+Every request's ``Host`` must be one of the service's names (``Settings.host_names``; DNS
+rebinding), and every write (POST, PUT, PATCH, DELETE) whose ``Origin`` — or, without one,
+``Referer`` — names another origin is refused with 403, with or without tokens: in open mode
+a page on any other site could otherwise write through the visitor's browser. Clients that
+send neither header (scripts, curl) are not browsers and are not affected.
+
 The body limit is enforced while the request body streams in, before multipart parsing
 spools anything to disk: a declared ``Content-Length`` over the limit is refused at once,
 and a chunked body is cut off as soon as it crosses the limit.
@@ -19,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -26,12 +33,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.http.problems import ProblemError, problem_response
 from app.store import tokens as token_store
 from app.store.services import Services
+from app.store.settings import Settings
 
 __all__ = [
     "COOKIE_NAME",
     "CSRF_HEADER",
     "BodyLimitMiddleware",
     "InvalidToken",
+    "OriginMiddleware",
     "Principal",
     "auth_required",
     "authenticate",
@@ -244,3 +253,71 @@ class BodyLimitMiddleware:
                 raise
         if exceeded:
             await reply_413()
+
+
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+def _host_and_port(value: str, scheme: str) -> tuple[str, int | None]:
+    """A Host header's name (lower case, IPv6 without brackets) and port (the default if none)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        name, _, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    else:
+        name, _, port = value.partition(":")
+    if not port:
+        return name.rstrip("."), DEFAULT_PORTS.get(scheme)
+    return name.rstrip("."), int(port) if port.isdigit() else None
+
+
+def _origin(url: str) -> tuple[str, int | None] | None:
+    """The (host, port) of an Origin or Referer URL; None if it names no http(s) origin."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return parts.hostname.rstrip("."), port or DEFAULT_PORTS[parts.scheme]
+
+
+class OriginMiddleware:
+    """400 for a Host the service does not answer to; 403 for a cross-origin write.
+
+    Same origin means the same host and port as the request's ``Host`` (the scheme is left
+    out: behind a TLS proxy the service sees plain HTTP). ``Origin: null`` (a sandboxed or
+    file page) is another origin.
+    """
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.names = settings.host_names
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        scheme = scope.get("scheme", "http")
+        host = headers.get("host")
+        own = _host_and_port(host, scheme) if host is not None else None
+        if own is not None and self.names is not None and own[0] not in self.names:
+            detail = (
+                f"this service does not answer to the host name {own[0][:100]!r}; an operator "
+                "adds it to CKA_ALLOWED_HOSTS"
+            )
+            await problem_response(400, "invalid_host", detail)(scope, receive, send)
+            return
+        if scope["method"] in UNSAFE_METHODS:
+            claimed = headers.get("origin") or headers.get("referer")
+            if claimed is not None and (own is None or _origin(claimed) != own):
+                detail = (
+                    f"a write from another origin ({claimed[:100]}) is refused; use this "
+                    "service's own pages or a client that is not a browser"
+                )
+                await problem_response(403, "cross_origin", detail)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

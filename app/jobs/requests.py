@@ -25,6 +25,7 @@ from pydantic import (
 from analysis.hsic import Estimator
 from analysis.layers import FeaturePolicy as Feature
 from analysis.options import MAX_PERMUTATIONS, CompareOptions, Mode
+from analysis.studies.spec import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_LR, MAX_SEED
 from app.store.values import NO_NUL, Id, Text
 
 __all__ = [
@@ -95,10 +96,12 @@ class TrainingIn(BaseModel):
 
     arch: Text = Field(min_length=1, description="A preset or timm name")
     dataset_id: Id
-    epochs: int = Field(default=5, ge=1, le=1000)
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    batch_size: int | None = Field(default=None, ge=1, le=8192, description="Default: the recipe's")
-    lr: float | None = Field(default=None, gt=0, le=10, description="Default: the recipe's")
+    epochs: int = Field(default=5, ge=1, le=MAX_EPOCHS)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    batch_size: int | None = Field(
+        default=None, ge=1, le=MAX_BATCH_SIZE, description="Default: the recipe's"
+    )
+    lr: float | None = Field(default=None, gt=0, le=MAX_LR, description="Default: the recipe's")
     name: Text | None = Field(default=None, description="Name of the resulting model")
     config: dict[str, Any] = Field(
         default_factory=dict,

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 import models
 from analysis import studies
+from analysis.studies.spec import MAX_TRAININGS  # checked by the spec, again after the plan
 from app.errors import ProblemError
 from app.jobs import states as jobs
 from app.jobs.requests import MAX_MODELS, ComparisonIn, StudyIn
@@ -29,8 +30,6 @@ from app.store.services import Services
 
 __all__ = ["MAX_TRAININGS", "comparison_body", "plan_study", "submit_study"]
 
-# One study trains at most this many models (arms × grid points × seeds).
-MAX_TRAININGS = 128
 # The datasets a study may name: the built-in ones (load_dataset specs).
 BUILTIN_DATASETS = tuple(spec for _name, spec, _split in SERVICE_DATASETS)
 

@@ -20,7 +20,10 @@ from app.store.values import clean_name
 from models.errors import TrainingCancelled
 from models.training import train
 
-__all__ = ["register_checkpoint", "run_training"]
+__all__ = ["SERVICE_SOURCES", "register_checkpoint", "run_training"]
+
+# Model sources whose checkpoints the service wrote itself (trainings, studies, the demo zoo).
+SERVICE_SOURCES = frozenset({"training", "study", "zoo"})
 
 
 def register_checkpoint(
@@ -38,7 +41,10 @@ def register_checkpoint(
     on the row, also on an existing row that had none. Returns (model row, created).
     """
     store: ArtifactStore = services.store
-    sha, size, model = store_checkpoint(store, weights, sidecar)
+    # The service's own trainings keep a stored twin's sidecar (a deterministic re-run
+    # differs in its timings only); anything uploaded must match it (409 otherwise).
+    keep = source in SERVICE_SOURCES
+    sha, size, model = store_checkpoint(store, weights, sidecar, keep_stored=keep)
     info = describe_model(model)
     sidecar_meta: dict[str, Any] = repository_sidecar(store, sha)
     with services.db.session() as s:

@@ -185,6 +185,28 @@ class ArtifactStore:
             Path(tmp_name).unlink(missing_ok=True)
             raise
 
+    def put_once(self, data: bytes, sha: str, suffix: str) -> bytes | None:
+        """Store ``data`` under ``sha`` only if nothing is there yet; never replaces a file.
+
+        Returns None when ``data`` was placed, else the bytes already stored (a hard link
+        places the file, so of two concurrent writers exactly one wins).
+        """
+        dest = self.path(sha, suffix)
+        with self.writing():
+            fd, tmp_name = tempfile.mkstemp(dir=self.tmp, suffix=".part")
+        try:
+            with self.writing():
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(tmp_name, dest)
+                except FileExistsError:
+                    return dest.read_bytes()
+            return None
+        finally:
+            Path(tmp_name).unlink(missing_ok=True)
+
     def scratch(self) -> tempfile.TemporaryDirectory[str]:
         """A private temporary directory on the store's filesystem, removed on exit."""
         with self.writing():

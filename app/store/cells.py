@@ -28,7 +28,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["COLUMNS", "QUANTITIES", "SIGNIFICANCE", "Cells", "PairSummary"]
+__all__ = ["COLUMNS", "QUANTITIES", "SIGNIFICANCE", "Cells", "PairSummary", "formula_safe"]
 
 # Per-cell quantities besides CKA, in the order of the table's columns.
 QUANTITIES = (
@@ -43,6 +43,16 @@ QUANTITIES = (
     "sensitivity",
 )
 COLUMNS = ("model_a", "layer_a", "model_b", "layer_b", "cka", *QUANTITIES)
+LABEL_COLUMNS = ("model_a", "layer_a", "model_b", "layer_b")
+# A spreadsheet reads a cell that starts with one of these as a formula (OWASP, CSV injection).
+FORMULA_LEADS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def formula_safe(text: str) -> str:
+    """``text`` with a ``'`` in front if a spreadsheet would run it as a formula."""
+    return f"'{text}" if text.startswith(FORMULA_LEADS) else text
+
+
 # Below this p-value a cell is told apart from the permutation null (the page marks the rest).
 SIGNIFICANCE = 0.05
 
@@ -180,15 +190,22 @@ class Cells:
         cols = self.columns()
         return pd.DataFrame({name: cols[name] for name in COLUMNS})
 
+    def export_frame(self) -> pd.DataFrame:
+        """:meth:`frame` with its names made inert for spreadsheets (see :func:`formula_safe`)."""
+        frame = self.frame()
+        for name in LABEL_COLUMNS:
+            frame[name] = [formula_safe(v) for v in frame[name]]
+        return frame
+
     def to_csv(self) -> bytes:
         """The long table as CSV (UTF-8, a header row, empty fields where missing; floats are
         written in full so that reading them back gives the stored values)."""
-        return self.frame().to_csv(index=False).encode()
+        return self.export_frame().to_csv(index=False).encode()
 
     def to_parquet(self) -> bytes:
         """The long table as Parquet (pyarrow)."""
         buffer = io.BytesIO()
-        self.frame().to_parquet(buffer, index=False, engine="pyarrow")
+        self.export_frame().to_parquet(buffer, index=False, engine="pyarrow")
         return buffer.getvalue()
 
     def summary(self, a: str, b: str) -> PairSummary:

@@ -32,6 +32,7 @@ __all__ = [
     "load_checkpoint",
     "pretrained_checkpoint",
     "refuse_loader_options",
+    "sidecar_differences",
     "store_checkpoint",
     "structure_of",
     "timm_checkpoint",
@@ -158,8 +159,39 @@ def describe_model(model: Any) -> dict[str, Any]:
     }
 
 
-def store_checkpoint(store: ArtifactStore, weights: Path, sidecar: Path) -> tuple[str, int, Any]:
-    """Validate the pair and copy it into the store. Returns (sha256, size, loaded model)."""
+# Sidecar fields that describe the file, not the model: a re-save of the same weights
+# changes them, and they are not compared when the weights are stored already.
+FILE_FIELDS = frozenset(
+    {"created", "weights_file", "package_version", "torch_version", "timm_version"}
+)
+
+
+def sidecar_differences(stored: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted paths where two sidecars disagree, file fields (FILE_FIELDS) left out."""
+    if isinstance(stored, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(stored) | set(new), key=str):
+            if not prefix and key in FILE_FIELDS:
+                continue
+            where = f"{prefix}{key}"
+            if key not in stored or key not in new:
+                out.append(where)
+            else:
+                out += sidecar_differences(stored[key], new[key], f"{where}.")
+        return out
+    return [] if stored == new else [prefix.rstrip(".") or "(the whole sidecar)"]
+
+
+def store_checkpoint(
+    store: ArtifactStore, weights: Path, sidecar: Path, *, keep_stored: bool = False
+) -> tuple[str, int, Any]:
+    """Validate the pair and copy it into the store. Returns (sha256, size, loaded model).
+
+    A stored model never changes: the weights are content-addressed and the sidecar is
+    written once, beside them. Weights already stored with a sidecar that differs (beyond
+    FILE_FIELDS) are refused with 409 naming the fields, unless ``keep_stored`` (the
+    service's own trainings), which keeps the stored sidecar.
+    """
     check_safetensors(weights)
     if sidecar.stat().st_size > MAX_SIDECAR_BYTES:
         raise _bad(f"the sidecar is larger than {MAX_SIDECAR_BYTES} bytes", field="sidecar")
@@ -183,7 +215,21 @@ def store_checkpoint(store: ArtifactStore, weights: Path, sidecar: Path) -> tupl
             sha, size = store.put_stream(f, ".safetensors")
     # The stored sidecar also records the structure the service computed for the model.
     meta["structure"] = structure_of(model)
-    store.put_as(json.dumps(meta, sort_keys=True).encode(), sha, ".json")
+    stored = store.put_once(json.dumps(meta, sort_keys=True).encode(), sha, ".json")
+    if stored is not None and not keep_stored:
+        try:
+            differ = sidecar_differences(json.loads(stored), meta)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            differ = ["(the stored sidecar cannot be read)"]
+        if differ:
+            raise ProblemError(
+                409,
+                "model_exists",
+                "these weights are stored already with a different sidecar (it differs in "
+                f"{', '.join(differ[:10])}); a stored model never changes: delete it first "
+                "to register the weights with another sidecar",
+                field="sidecar",
+            )
     return sha, size, model
 
 

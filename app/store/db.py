@@ -9,9 +9,11 @@ automatically; a database at an older revision is refused with the command to ru
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,7 +21,8 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event, inspect
+from alembic.script.revision import RevisionError
+from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -30,8 +33,11 @@ from app.store.orm import Base
 __all__ = [
     "Database",
     "SchemaError",
+    "UpgradeError",
     "alembic_config",
+    "backup_sqlite",
     "current_revision",
+    "downgrade",
     "ensure_schema",
     "head_revision",
     "is_transient",
@@ -182,12 +188,132 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+class UpgradeError(SchemaError):
+    """A migration failed; its transaction was rolled back, so the schema is where it was."""
+
+    def __init__(self, start: str | None, revision: str, reason: str) -> None:
+        self.start = start
+        self.revision = revision
+        self.reason = reason
+        super().__init__(
+            f"the upgrade from {start or 'an empty database'} failed in revision {revision} "
+            f"({reason}); the database was left at {start or 'no revision'}"
+        )
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of what the database (or a migration) said."""
+    cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    text = str(cause).strip()
+    return text.splitlines()[0] if text else type(cause).__name__
+
+
+def _sqlite_foreign_keys(conn: Connection, *, on: bool) -> None:
+    # Straight on the driver's connection: through SQLAlchemy the statement would open a
+    # transaction first (see _sqlite_begin), and inside one SQLite ignores this pragma.
+    driver = conn.connection.driver_connection
+    assert driver is not None  # a checked-out connection always has one
+    driver.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
+
+
+def _sqlite_foreign_key_violation(conn: Connection) -> str | None:
+    """The first row that refers to a missing parent, in words; None if there is none."""
+    row = conn.exec_driver_sql("PRAGMA foreign_key_check").first()
+    if row is None:
+        return None
+    table, rowid, parent, _ = row
+    return f"foreign key check: row {rowid} of {table} refers to a missing row of {parent}"
+
+
+@contextmanager
+def _migration_connection(engine: Engine) -> Iterator[Connection]:
+    """The one connection migrations run on, inside one transaction.
+
+    SQLite changes a table's definition by rebuilding it (create the new table, copy the rows,
+    drop the old one, rename), and with foreign-key enforcement on, the drop of a table that
+    other rows refer to fails. So, as SQLite's documentation prescribes, enforcement is off
+    for this connection while migrations run, each revision is followed by
+    ``PRAGMA foreign_key_check`` (see :func:`upgrade`), and enforcement is back on after.
+    On PostgreSQL DDL is transactional and constraints stay enforced throughout.
+    """
+    with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:
+            _sqlite_foreign_keys(conn, on=False)
+        try:
+            with conn.begin():
+                yield conn
+        finally:
+            if sqlite:
+                _sqlite_foreign_keys(conn, on=True)
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Apply migrations up to ``revision`` on ``engine``'s database."""
+    """Apply migrations up to ``revision`` on ``engine``'s database, all or nothing.
+
+    Revisions run one at a time in one transaction; a failure, or (on SQLite) a row left
+    referring to a missing parent, raises :class:`UpgradeError` naming the revision, and the
+    transaction's rollback leaves the database at the revision it started from.
+    """
     cfg = alembic_config()
-    with engine.begin() as conn:
+    start = current_revision(engine)
+    script = ScriptDirectory.from_config(cfg)
+    try:
+        pending = list(script.iterate_revisions(revision, start or "base"))
+    except RevisionError:
+        raise SchemaError(
+            f"the database is at schema revision {start}, which this code does not know "
+            f"(written by a newer release?), or {revision!r} is not a revision; nothing was "
+            "changed"
+        ) from None
+    steps = [r.revision for r in reversed(pending)]
+    with _migration_connection(engine) as conn:
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+        for step in steps:
+            try:
+                command.upgrade(cfg, step)
+                broken = (
+                    _sqlite_foreign_key_violation(conn) if conn.dialect.name == "sqlite" else None
+                )
+            except Exception as exc:
+                raise UpgradeError(start, step, _reason(exc)) from exc
+            if broken is not None:
+                raise UpgradeError(start, step, broken)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Undo migrations down to ``revision``, in one transaction, on the migrations' connection."""
+    cfg = alembic_config()
+    with _migration_connection(engine) as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+        if conn.dialect.name == "sqlite" and (broken := _sqlite_foreign_key_violation(conn)):
+            raise SchemaError(f"the downgrade to {revision} failed ({broken})")
+
+
+def backup_sqlite(engine: Engine) -> Path | None:
+    """Copy a SQLite database next to its file, as ``<name>.<revision>-<UTC time>.bak``.
+
+    Through SQLite's backup API, so the copy is one consistent database, rows still in the
+    write-ahead log included (a plain file copy could miss them). None when the database is not
+    a SQLite file or the file does not exist yet.
+    """
+    url = engine.url
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    path = Path(url.database)
+    if not path.is_file():
+        return None
+    stem = f"{path.name}.{current_revision(engine) or 'unversioned'}-"
+    stem += datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    target = path.with_name(f"{stem}.bak")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{stem}-{n}.bak")
+    with closing(sqlite3.connect(path)) as source, closing(sqlite3.connect(target)) as copy:
+        source.backup(copy)
+    return target
 
 
 def ensure_schema(engine: Engine) -> str:

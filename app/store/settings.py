@@ -15,7 +15,10 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings"]
+__all__ = ["WILDCARD_HOSTS", "Settings"]
+
+# Bind addresses that listen on every interface: any name may reach the service.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 
 class Settings(BaseSettings):
@@ -60,6 +63,14 @@ class Settings(BaseSettings):
         default="auto", description="Torch device for jobs: auto, cpu, cuda, cuda:1…"
     )
     host: str = Field(default="127.0.0.1", description="Address `cka-atlas serve` binds.")
+    allowed_hosts: str = Field(
+        default="",
+        description="Comma-separated host names (the Host header without its port) the "
+        "service answers to besides localhost, 127.0.0.1, [::1] and CKA_HOST; `*` answers "
+        "any. Other names get 400, so a page that rebinds its own name to this address "
+        "(DNS rebinding) reads nothing. When CKA_HOST is a wildcard (0.0.0.0, ::) and this "
+        "is empty, any name is answered: set it to the names clients use.",
+    )
     port: int = Field(default=8000, ge=1, le=65535, description="Port `cka-atlas serve` binds.")
     log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")
     log_format: Literal["json", "text"] = Field(
@@ -104,6 +115,18 @@ class Settings(BaseSettings):
     poll_s: float = Field(
         default=1.0, gt=0, description="Idle poll interval of the in-process worker."
     )
+
+    @property
+    def host_names(self) -> frozenset[str] | None:
+        """Host names requests may name (lower case, IPv6 without brackets); None: any.
+
+        Not cached: ``model_copy(update=...)`` would carry a cached value over."""
+        configured = {h.strip().lower().strip("[]") for h in self.allowed_hosts.split(",")}
+        configured.discard("")
+        bind = self.host.strip().lower().strip("[]")
+        if "*" in configured or (not configured and bind in WILDCARD_HOSTS):
+            return None
+        return frozenset(configured | {"localhost", "127.0.0.1", "::1", bind} - WILDCARD_HOSTS)
 
     @cached_property
     def tokens(self) -> frozenset[str]:

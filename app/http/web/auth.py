@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
@@ -81,8 +82,16 @@ def page_reader(request: Request) -> AuthState:
 
 
 def _safe_next(value: str | None) -> str:
-    """Only local absolute paths: never ``//host`` or ``https://host`` (open redirect)."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+    """Only a path on this site: never ``//host``, ``https://host`` or anything a browser
+    turns into one (it drops tabs and newlines and reads ``\\`` as ``/``): open redirect."""
+    if (
+        not value
+        or not value.startswith("/")
+        or any(c.isspace() or not c.isprintable() or c == "\\" for c in value)
+    ):
+        return "/"
+    parts = urlsplit(value)
+    if value.startswith("//") or parts.scheme or parts.netloc:
         return "/"
     return value
 

@@ -47,7 +47,17 @@ def fmt_number(value: Any) -> str:
 
 
 def fmt_percent(value: Any) -> str:
-    return "—" if value is None else f"{float(value):.1%}"
+    """A share as a percentage. Values come from uploaded sidecars, so anything else is shown
+    as it is (text) or as a dash (not a finite number), never an error."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "—"
+    try:
+        share = float(value)
+    except OverflowError:  # an integer beyond any float
+        return "—"
+    return f"{share:.1%}" if math.isfinite(share) else "—"
 
 
 def fmt_bytes(value: Any) -> str:
