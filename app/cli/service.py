@@ -130,6 +130,7 @@ def _embedded_forever(settings: Any, threads: int | None) -> None:
 def run_db(args: argparse.Namespace) -> int:
     from app.store.db import (
         Database,
+        SchemaError,
         backup_sqlite,
         current_revision,
         head_revision,
