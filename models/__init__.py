@@ -14,13 +14,14 @@ Importing the package registers the project's presets in timm's registry, so bot
     models.train("sw_mlp_digits", "digits", seed=0, density=0.125)  # -> checkpoint path
 
 Families (one module each): ``mixer`` (timm MlpMixer), ``rp_mixer`` (random-permuted Mixer),
-``gmlp`` (timm gMLP), ``sw_mlp`` (static sparse-weight MLP and the dense ``mlp``).
+``gmlp`` (timm gMLP), ``sw_mlp`` (static sparse-weight MLP and the dense ``mlp``). Each module
+holds all its family knows — options, structure, fixed-Ω grid, training recipe — and registers
+it once (:func:`register_family`); the generic functions above look families up there.
 """
 
 from __future__ import annotations
 
 from models import gmlp, mixer, rp_mixer, sw_mlp
-from models._builder import list_presets
 from models.checkpoint import (
     check_state_dict,
     describe,
@@ -41,6 +42,7 @@ from models.connections import (
 )
 from models.errors import CheckpointError, ConfigError, ModelError, TrainingCancelled
 from models.factory import create
+from models.families import Family, Recipe, family_of, list_presets, recipe, register_family
 from models.grids import GridPoint, fixed_omega_grid
 from models.options import STRUCTURE_KEYS, option_schema, structure, validate_config
 from models.training import train
@@ -49,15 +51,18 @@ __all__ = [
     "STRUCTURE_KEYS",
     "CheckpointError",
     "ConfigError",
+    "Family",
     "GridPoint",
     "InputSpec",
     "ModelError",
+    "Recipe",
     "TrainingCancelled",
     "check_state_dict",
     "connections",
     "create",
     "describe",
     "effective_width",
+    "family_of",
     "file_sha256",
     "fixed_omega_grid",
     "gmlp",
@@ -68,6 +73,8 @@ __all__ = [
     "option_schema",
     "parameter_count",
     "read_sidecar",
+    "recipe",
+    "register_family",
     "rp_mixer",
     "save",
     "sidecar_path",

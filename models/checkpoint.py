@@ -23,7 +23,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from models._builder import PRESETS
 from models.connections import (
     connections,
     effective_width,
@@ -32,6 +31,7 @@ from models.connections import (
 )
 from models.errors import CheckpointError, ConfigError, ModelError
 from models.factory import create
+from models.families import family_of
 from models.preprocessing import data_config
 from models.preprocessing import validate as validate_pipeline
 
@@ -113,7 +113,7 @@ def describe(model: nn.Module) -> dict[str, Any]:
     return {
         "arch": atlas["arch"],
         "family": atlas.get("family", "timm"),
-        "preset": atlas["arch"] if atlas["arch"] in PRESETS else None,
+        "preset": atlas["arch"] if family_of(atlas["arch"]) is not None else None,
         "config": dict(atlas.get("config", {})),
         "input_shape": list(spec.shape),
         "num_classes": spec.num_classes,

@@ -34,7 +34,6 @@ from app.store.datasets import dataset_key
 from app.store.orm import Comparison, ComparisonModel, Dataset, JobState, Model, Training
 from app.store.services import Services
 from models.schema import ALIASES
-from models.training import RECIPES
 
 __all__ = [
     "check_config",
@@ -300,7 +299,7 @@ def training_identity(
         family = models.structure(body.arch, config)["family"]
     except models.ConfigError:
         return None
-    base = RECIPES.get(family, RECIPES["timm"])
+    base = models.recipe(family)
     recipe = {
         "epochs": body.epochs,
         "batch_size": body.batch_size or base.batch_size,
