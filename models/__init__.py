@@ -11,6 +11,7 @@ Importing the package registers the project's presets in timm's registry, so bot
     config = models.validate_config("sw_mlp_digits", {"density": 0.125})  # or ConfigError
     models.structure("sw_mlp_digits", config)  # Ω, m, p, S, C, γ without allocating weights
     models.fixed_omega_grid("sw_mlp_digits", 24576, widths=[256, 512, 1024])
+    models.estimate("sw_mlp_digits", {"density": 0.125}, batch_size=64)  # params, bytes
     models.train("sw_mlp_digits", "digits", seed=0, density=0.125)  # -> checkpoint path
 
 Families (one module each): ``mixer`` (timm MlpMixer), ``rp_mixer`` (random-permuted Mixer),
@@ -22,6 +23,7 @@ it once (:func:`register_family`); the generic functions above look families up 
 from __future__ import annotations
 
 from models import gmlp, mixer, rp_mixer, sw_mlp
+from models.budget import Budget, check_budget, estimate
 from models.checkpoint import (
     check_state_dict,
     describe,
@@ -49,6 +51,7 @@ from models.training import train
 
 __all__ = [
     "STRUCTURE_KEYS",
+    "Budget",
     "CheckpointError",
     "ConfigError",
     "Family",
@@ -57,11 +60,13 @@ __all__ = [
     "ModelError",
     "Recipe",
     "TrainingCancelled",
+    "check_budget",
     "check_state_dict",
     "connections",
     "create",
     "describe",
     "effective_width",
+    "estimate",
     "family_of",
     "file_sha256",
     "fixed_omega_grid",

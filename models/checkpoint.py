@@ -34,6 +34,7 @@ from models.factory import create
 from models.families import family_of
 from models.preprocessing import data_config
 from models.preprocessing import validate as validate_pipeline
+from models.sidecar import check_sidecar
 
 __all__ = [
     "FORMAT",
@@ -198,7 +199,7 @@ def save(model: nn.Module, path: str | os.PathLike[str], **metadata: Any) -> Pat
 
 
 def validate_metadata(document: Any, *, source: str = "sidecar") -> dict[str, Any]:
-    """Check a sidecar document's format, required fields and architecture; return it."""
+    """Check a sidecar document's format, fields (:mod:`models.sidecar`) and architecture."""
     if not isinstance(document, dict):
         raise CheckpointError(f"{source} is not a JSON object")
     if document.get("format") != FORMAT:
@@ -213,7 +214,7 @@ def validate_metadata(document: Any, *, source: str = "sidecar") -> dict[str, An
         )
     if not timm.is_model(document["arch"]):
         raise CheckpointError(f"{source} names an unknown architecture '{document['arch']}'")
-    return document
+    return check_sidecar(document, source=source)
 
 
 def read_sidecar(path: str | os.PathLike[str]) -> dict[str, Any]:

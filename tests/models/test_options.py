@@ -17,7 +17,7 @@ import models
         ("mixer_digits", {"depth": 0}, r"option 'depth' .*greater than or equal to 1"),
         ("mixer_digits", {"num_blocks": 0}, r"option 'num_blocks' .*greater than or equal to 1"),
         ("mixer_digits", {"embed_dim": 1.5}, r"option 'embed_dim' .*valid integer"),
-        ("mixer_digits", {"embed_dim": 1000000}, r"option 'embed_dim' .*less than or equal to 8192"),
+        ("mixer_digits", {"embed_dim": 10**6}, r"option 'embed_dim' .*less than or equal to 8192"),
         ("sw_mlp_digits", {"mlp_ratio": 1e9}, r"option 'mlp_ratio' .*less than or equal to 64"),
         ("mixer_digits", {"seed": True}, r"option 'seed' .*valid integer"),
         ("mixer_digits", {"patch_size": 3}, r"option 'patch_size' .*does not divide img_size 8"),
