@@ -25,6 +25,7 @@ from __future__ import annotations
 from models import gmlp, mixer, rp_mixer, sw_mlp
 from models.budget import Budget, check_budget, estimate
 from models.checkpoint import (
+    check_safetensors,
     check_state_dict,
     describe,
     file_sha256,
@@ -46,7 +47,13 @@ from models.errors import CheckpointError, ConfigError, ModelError, TrainingCanc
 from models.factory import create
 from models.families import Family, Recipe, family_of, list_presets, recipe, register_family
 from models.grids import GridPoint, fixed_omega_grid
-from models.options import STRUCTURE_KEYS, option_schema, structure, validate_config
+from models.options import (
+    STRUCTURE_KEYS,
+    model_structure,
+    option_schema,
+    structure,
+    validate_config,
+)
 from models.training import train
 
 __all__ = [
@@ -61,6 +68,7 @@ __all__ = [
     "Recipe",
     "TrainingCancelled",
     "check_budget",
+    "check_safetensors",
     "check_state_dict",
     "connections",
     "create",
@@ -75,6 +83,7 @@ __all__ = [
     "list_presets",
     "load",
     "mixer",
+    "model_structure",
     "option_schema",
     "parameter_count",
     "read_sidecar",

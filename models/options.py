@@ -33,7 +33,7 @@ from models.factory import create
 from models.families import family_of, list_presets
 from models.schema import check_options, describe_options
 
-__all__ = ["STRUCTURE_KEYS", "option_schema", "structure", "validate_config"]
+__all__ = ["STRUCTURE_KEYS", "model_structure", "option_schema", "structure", "validate_config"]
 
 # The keys of :func:`structure`, in the order the service shows them.
 STRUCTURE_KEYS = ("family", "omega", "effective_width", "density", "S", "C", "gamma")
@@ -108,19 +108,34 @@ def structure(arch: str, config: Mapping[str, Any] | None = None) -> dict[str, A
 def _structure(arch: str, config_json: str) -> dict[str, Any]:
     """Structure of a validated config (cached: a meta build costs tens of milliseconds)."""
     full = json.loads(config_json)
-    owner = family_of(arch)
     with torch.device("meta"):
         model = create(arch, **full)
+    return _measure(model, arch, full)
+
+
+def model_structure(model: nn.Module) -> dict[str, Any]:
+    """:func:`structure` of a model already built (by :func:`models.create` or ``load``).
+
+    The model is measured as it is, so a timm architecture gets what its layout defines (S and
+    C from a Mixer-style stem, Ω where its blocks are a family's) and None elsewhere.
+    """
+    atlas = getattr(model, "atlas_config", None) or {}
+    arch = str(atlas.get("arch", ""))
+    return _measure(model, arch, dict(atlas.get("config") or {}))
+
+
+def _measure(model: nn.Module, arch: str, config: dict[str, Any]) -> dict[str, Any]:
+    owner = family_of(arch)
     stem = getattr(model, "stem", None)
     tokens = getattr(stem, "num_patches", None)
     channels = getattr(model, "embed_dim", None)
     density = gamma = None
     if owner is not None:
-        density = owner.density(full)
+        density = owner.density(config)
         if tokens is not None and channels is not None:
-            gamma = owner.gamma(full, int(tokens), int(channels))
+            gamma = owner.gamma(config, int(tokens), int(channels))
     return {
-        "family": _family(arch),
+        "family": owner.name if owner is not None else "timm",
         "omega": _count(connections, model),
         "effective_width": _count(effective_width, model),
         "density": density,
