@@ -19,14 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
 from models.errors import ConfigError
-
-if TYPE_CHECKING:
-    from models.grids import GridPoint
 
 __all__ = [
     "DEFAULT_RECIPE",
@@ -57,10 +54,11 @@ class Recipe:
 # The recipe of a timm architecture that is not one of the families' presets.
 DEFAULT_RECIPE = Recipe(epochs=20, lr=1e-3)
 
-# (arch, omega, fixed options, widths, shapes) -> the grid's points, before the tolerance cut.
+# (arch, omega, fixed options, widths, shapes) -> the grid's points (models.grids.GridPoint),
+# before the tolerance cut.
 GridSolver = Callable[
     [str, int, Mapping[str, Any], Sequence[Any] | None, Sequence[Mapping[str, Any]] | None],
-    list["GridPoint"],
+    list[Any],
 ]
 
 

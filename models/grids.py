@@ -125,5 +125,5 @@ def fixed_omega_grid(
         raise ConfigError(f"fixed-Ω grids are defined for the presets, not '{arch}'")
     if owner.grid is None:
         raise ConfigError(f"{arch} has no fixed-Ω grid")
-    points = owner.grid(arch, omega, dict(fixed or {}), widths, shapes)
+    points: list[GridPoint] = owner.grid(arch, omega, dict(fixed or {}), widths, shapes)
     return points if keep_all else [p for p in points if p.within(tolerance)]
