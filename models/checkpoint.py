@@ -243,7 +243,7 @@ def check_safetensors(path: Path) -> None:
             raise CheckpointError("the weights file is too short to be a safetensors file")
         if head[:2] == b"PK" or head[:1] == b"\x80":
             raise CheckpointError(
-                "the weights file is a pickle/torch.save archive; upload safetensors"
+                "the weights file is a pickle/torch.save archive, never loaded; use safetensors"
             )
         (n,) = struct.unpack("<Q", head)
         if n > MAX_HEADER_BYTES or n > size - 8:

@@ -2,9 +2,10 @@
 
 A checkpoint is stored as ``<sha>.safetensors`` with its sidecar at ``<sha>.json`` (same
 blob directory), which is exactly the pair :func:`models.load` reads. ``sha`` is the sha256
-of the weights file. Uploads are checked before any library sees them: the file must be a
-safetensors file with a sane header (never a pickle), and the weights must load strictly
-into the model the sidecar describes.
+of the weights file. An upload is checked by the library before it is stored: a safetensors
+header that is sane (never a pickle: models.check_safetensors), a sidecar that fits the one
+sidecar schema (models.validate_metadata), and weights that load strictly into the model the
+sidecar describes. A model row holds the library's description (models.describe).
 """
 
 from __future__ import annotations
