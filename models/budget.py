@@ -66,8 +66,17 @@ def _activation_bytes(model: nn.Module, shape: tuple[int, ...]) -> int | None:
     try:
         with torch.no_grad():
             model(torch.empty(shape, device="meta"))
-    except (NotImplementedError, RuntimeError, ValueError, TypeError):
-        return None  # an operation without a meta kernel: the weights alone are counted
+    except (
+        NotImplementedError,
+        RuntimeError,
+        ValueError,
+        TypeError,
+        AssertionError,
+        IndexError,
+        KeyError,
+        AttributeError,
+    ):
+        return None  # a timm forward without meta kernels or checks: the weights alone count
     finally:
         for handle in handles:
             handle.remove()

@@ -348,9 +348,6 @@ def submit_training(services: Services, body: TrainingIn) -> int:
     if ds is None:
         raise _invalid("unknown_dataset", f"dataset {body.dataset_id} does not exist", "dataset_id")
     config = check_config(body.arch, dict(body.config))
-    owner = models.family_of(body.arch)
-    batch = body.batch_size or models.recipe("timm" if owner is None else owner.name).batch_size
-    check_model_budget(services, body.arch, config, batch_size=batch, training=True, field="config")
     try:
         net = skeleton(body.arch, config)
     except Exception as exc:
@@ -366,6 +363,9 @@ def submit_training(services: Services, body: TrainingIn) -> int:
             f"{tuple(ds.shape)}",
             "dataset_id",
         )
+    owner = models.family_of(body.arch)
+    batch = body.batch_size or models.recipe("timm" if owner is None else owner.name).batch_size
+    check_model_budget(services, body.arch, config, batch_size=batch, training=True, field="config")
     params = body.model_dump(exclude={"arch", "dataset_id", "config"})
     params["config"] = {**config, "seed": body.seed} if "seed" in config else config
     with services.db.session() as s:
