@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-import stat
-import warnings
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +21,8 @@ import torch
 from PIL import Image
 
 from analysis.errors import DatasetError
-from analysis.images import ImageFiles
+from analysis.images import ImageFiles, open_image, reason
+from models.archives import ArchiveError, open_zip, read_entry, safe_entries
 
 __all__ = [
     "DIGITS_SPLITS",
@@ -50,8 +49,7 @@ _DIGITS_MAX = 16.0
 # Archive limits: beyond these an upload is treated as hostile rather than read.
 DEFAULT_MAX_ARCHIVE_BYTES = 1 << 30
 DEFAULT_MAX_ARCHIVE_MEMBERS = 200_000
-# Deflate rarely compresses real images beyond ~10×; a member claiming more than 200× is a bomb.
-_MAX_COMPRESSION_RATIO = 200
+# (Compression bombs, zip slip and links: models.archives, shared with model folders.)
 _HASH_VERSION = b"cka-atlas-dataset-v1"
 
 
@@ -204,7 +202,7 @@ def load_npz(
     except DatasetError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise DatasetError(f"'{name}' is not a readable .npz file ({_reason(exc)}).") from exc
+        raise DatasetError(f"'{name}' is not a readable .npz file ({reason(exc)}).") from exc
     images = _as_nchw(x, name)
     labels = None
     if y is not None:
@@ -231,13 +229,12 @@ def _check_npz(
     except (OSError, zipfile.BadZipFile):
         return  # a damaged archive: np.load says what is wrong with it
     with archive:
-        infos = archive.infolist()
-        if len(infos) > max_members:
-            raise DatasetError(
-                f"'{name}' has {len(infos)} entries, more than the {max_members} allowed."
+        try:  # np.load bounds what it inflates by the headers checked below, not by a ratio
+            infos = safe_entries(
+                archive, name, max_members=max_members, max_bytes=max_bytes, max_ratio=None
             )
-        if sum(info.file_size for info in infos) > max_bytes:
-            raise DatasetError(f"'{name}' unpacks to more than {max_bytes} bytes.")
+        except ArchiveError as exc:
+            raise DatasetError(f"{exc}.") from None
         for info in infos:
             if not info.filename.endswith(".npy"):
                 continue
@@ -295,31 +292,17 @@ def _zip_members(
     source: str | Path | bytes, name: str, max_bytes: int, max_members: int
 ) -> dict[str, Callable[[], bytes]]:
     try:
-        archive = zipfile.ZipFile(io.BytesIO(source) if isinstance(source, bytes) else source)
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise DatasetError(f"'{name}' is not a readable zip archive ({_reason(exc)}).") from exc
-    infos = archive.infolist()
-    if len(infos) > max_members:
-        raise DatasetError(
-            f"'{name}' has {len(infos)} entries, more than the {max_members} allowed."
+        archive = open_zip(source, name)
+        infos = safe_entries(
+            archive,
+            name,
+            max_members=max_members,
+            max_bytes=max_bytes,
+            keep=lambda path: path.suffix.lower() in IMAGE_SUFFIXES,
         )
-    total = 0
-    members: dict[str, Callable[[], bytes]] = {}
-    for info in infos:
-        path = PurePosixPath(info.filename)
-        if info.filename.startswith(("/", "\\")) or ".." in path.parts or ":" in info.filename:
-            raise DatasetError(f"'{name}' holds an entry with an unsafe path: '{info.filename}'.")
-        if stat.S_ISLNK(info.external_attr >> 16):
-            raise DatasetError(f"'{name}' holds a symbolic link, which is not allowed: '{path}'.")
-        if info.is_dir() or path.suffix.lower() not in IMAGE_SUFFIXES:
-            continue
-        total += info.file_size
-        if total > max_bytes:
-            raise DatasetError(f"'{name}' unpacks to more than {max_bytes} bytes.")
-        if info.compress_size and info.file_size / info.compress_size > _MAX_COMPRESSION_RATIO:
-            raise DatasetError(f"'{name}' entry '{path}' is compressed suspiciously well.")
-        members[path.as_posix()] = _Reader(archive, info, name)
-    return members
+    except ArchiveError as exc:
+        raise DatasetError(f"{exc}.") from None
+    return {PurePosixPath(info.filename).as_posix(): _Reader(archive, info, name) for info in infos}
 
 
 class _Reader:
@@ -329,11 +312,10 @@ class _Reader:
         self.archive, self.info, self.name = archive, info, name
 
     def __call__(self) -> bytes:
-        with self.archive.open(self.info) as stream:
-            data = stream.read(self.info.file_size + 1)
-        if len(data) > self.info.file_size:
-            raise DatasetError(f"'{self.name}' entry '{self.info.filename}' lies about its size.")
-        return data
+        try:
+            return read_entry(self.archive, self.info, self.name)
+        except ArchiveError as exc:
+            raise DatasetError(f"{exc}.") from None
 
 
 def _decode_folder(
@@ -356,7 +338,7 @@ def _decode_folder(
     budget = max_decoded
     for key in sorted(files):
         blob = files[key]()
-        image = _decode_image(blob, f"{name}/{key}", budget)
+        image = open_image(blob, f"{name}/{key}", budget)
         if budget is not None:
             budget -= image.width * image.height * len(image.getbands())
         images.append(image)
@@ -384,30 +366,6 @@ def _decode_folder(
 def _plain(image: Image.Image) -> Image.Image:
     """A palette image through RGBA, so that its transparency does not warn on conversion."""
     return image.convert("RGBA") if image.mode == "P" else image
-
-
-def _decode_image(data: bytes, where: str, budget: int | None = None) -> Image.Image:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            decoded = image.width * image.height * len(image.getbands())
-            too_big = budget is not None and decoded > budget
-            if not too_big:
-                image.load()
-    except (
-        OSError,
-        ValueError,
-        Image.DecompressionBombError,
-        Image.DecompressionBombWarning,
-    ) as exc:
-        raise DatasetError(f"'{where}' is not a readable image ({_reason(exc)}).") from exc
-    if too_big:
-        raise DatasetError(
-            f"'{where}' is {image.width}×{image.height}: the images decode to more than the "
-            "bytes a dataset may hold."
-        )
-    return image
 
 
 def _as_nchw(x: np.ndarray, name: str) -> np.ndarray:
@@ -454,8 +412,3 @@ def _check_labels(y: np.ndarray, n: int, name: str) -> None:
         raise DatasetError(f"'{name}' has {n} images but {len(y)} labels.")
     if len(y) and int(y.min()) < 0:
         raise DatasetError(f"Labels of '{name}' must be non-negative class indices.")
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().rstrip(".")
-    return text.splitlines()[0] if text else type(exc).__name__

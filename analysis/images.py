@@ -19,21 +19,45 @@ from PIL import Image
 
 from analysis.errors import DatasetError
 
-__all__ = ["ImageFiles", "open_image", "thumbnail"]
+__all__ = ["ImageFiles", "open_image", "reason", "thumbnail"]
 
 _HASH_VERSION = b"cka-atlas-image-files-v1"
 
 
-def open_image(data: bytes, where: str = "image") -> Image.Image:
-    """Decode one file (already size-checked when it came from an archive)."""
+def open_image(data: bytes, where: str = "image", budget: int | None = None) -> Image.Image:
+    """Decode one image file: the one decoder of uploaded images (folders, batches, thumbnails).
+
+    ``budget`` bounds the decoded bytes (width × height × bands), checked from the header
+    before the pixels are decoded: a small PNG can declare a huge canvas. Pillow's own bomb
+    warning is an error too.
+    """
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
-            image.load()
-    except (OSError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise DatasetError(f"'{where}' is not a readable image") from None
+            decoded = image.width * image.height * len(image.getbands())
+            too_big = budget is not None and decoded > budget
+            if not too_big:
+                image.load()
+    except (
+        OSError,
+        ValueError,
+        Image.DecompressionBombError,
+        Image.DecompressionBombWarning,
+    ) as exc:
+        raise DatasetError(f"'{where}' is not a readable image ({reason(exc)}).") from exc
+    if too_big:
+        raise DatasetError(
+            f"'{where}' is {image.width}×{image.height}: the images decode to more than the "
+            "bytes a dataset may hold."
+        )
     return image
+
+
+def reason(exc: BaseException) -> str:
+    """The first line of an exception's message, to quote inside a sentence."""
+    text = str(exc).strip().rstrip(".")
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def thumbnail(image: Image.Image, side: int = 96) -> bytes:

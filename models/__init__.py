@@ -18,18 +18,22 @@ Importing the package registers the project's presets in timm's registry, so bot
     config = models.validate_config("sw_mlp_digits", {"density": 0.125})  # or ConfigError
     models.structure("sw_mlp_digits", config)  # Ω, m, p, S, C, γ without allocating weights
     models.fixed_omega_grid("sw_mlp_digits", 24576, widths=[256, 512, 1024])
+    models.estimate("sw_mlp_digits", {"density": 0.125}, batch_size=64)  # params, bytes
     digits = analysis.training_data("digits")  # any LabelledImages, or a (train, test) pair
     models.train("sw_mlp_digits", digits, seed=0, density=0.125)  # -> checkpoint path
 
 Families (one module each): ``mixer`` (timm MlpMixer), ``rp_mixer`` (random-permuted Mixer),
-``gmlp`` (timm gMLP), ``sw_mlp`` (static sparse-weight MLP and the dense ``mlp``).
+``gmlp`` (timm gMLP), ``sw_mlp`` (static sparse-weight MLP and the dense ``mlp``). Each module
+holds all its family knows — options, structure, fixed-Ω grid, training recipe — and registers
+it once (:func:`register_family`); the generic functions above look families up there.
 """
 
 from __future__ import annotations
 
 from models import gmlp, mixer, rp_mixer, sw_mlp
-from models._builder import list_presets
+from models.budget import Budget, check_budget, estimate
 from models.checkpoint import (
+    check_safetensors,
     check_state_dict,
     describe,
     file_sha256,
@@ -50,26 +54,40 @@ from models.connections import (
 from models.data import LabelledImages, TrainingData, dataset_record
 from models.errors import CheckpointError, ConfigError, ModelError, TrainingCancelled
 from models.factory import create
+from models.families import Family, Recipe, family_of, list_presets, recipe, register_family
 from models.grids import GridPoint, fixed_omega_grid
-from models.options import STRUCTURE_KEYS, option_schema, structure, validate_config
+from models.options import (
+    STRUCTURE_KEYS,
+    model_structure,
+    option_schema,
+    structure,
+    validate_config,
+)
 from models.training import train
 
 __all__ = [
     "STRUCTURE_KEYS",
+    "Budget",
     "CheckpointError",
     "ConfigError",
+    "Family",
     "GridPoint",
     "InputSpec",
     "LabelledImages",
     "ModelError",
+    "Recipe",
     "TrainingCancelled",
     "TrainingData",
+    "check_budget",
+    "check_safetensors",
     "check_state_dict",
     "connections",
     "create",
     "dataset_record",
     "describe",
     "effective_width",
+    "estimate",
+    "family_of",
     "file_sha256",
     "fixed_omega_grid",
     "gmlp",
@@ -77,9 +95,12 @@ __all__ = [
     "list_presets",
     "load",
     "mixer",
+    "model_structure",
     "option_schema",
     "parameter_count",
     "read_sidecar",
+    "recipe",
+    "register_family",
     "rp_mixer",
     "save",
     "sidecar_path",

@@ -1,4 +1,4 @@
-"""Shared plumbing for the families: preset bookkeeping, seeded construction, timm cfgs.
+"""Shared plumbing for the families' factories: validated config, seeded construction, timm cfgs.
 
 Every preset entrypoint follows the same path: merge the caller's overrides into the preset's
 defaults (the *config*, a JSON-able dict that fully determines the architecture), translate the
@@ -23,38 +23,11 @@ from torch import nn
 from models.errors import ConfigError
 from models.schema import check_options
 
-__all__ = [
-    "FAMILIES",
-    "PRESETS",
-    "PRESET_DEFAULTS",
-    "build_preset",
-    "check_divisible",
-    "default_cfg",
-    "list_presets",
-    "register",
-    "seeded",
-]
-
-# preset name -> family name ("mixer", "sw_mlp", ...), filled as the family modules register.
-PRESETS: dict[str, str] = {}
-# preset name -> its default config (family defaults overridden by the preset's sizes).
-PRESET_DEFAULTS: dict[str, dict[str, Any]] = {}
+__all__ = ["build_preset", "check_divisible", "default_cfg", "seeded"]
 
 # Keyword arguments that timm's ``create_model`` forwards to every entrypoint; they steer timm's
 # own machinery (pretrained cfg, placement) and are not part of an architecture's config.
 _TIMM_PASSTHROUGH = ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir", "device", "dtype")
-
-
-FAMILIES = ("mixer", "sw_mlp", "rp_mixer", "gmlp", "mlp")
-
-
-def list_presets() -> list[str]:
-    """Names of the project's own presets: digits before cifar, families in a fixed order."""
-
-    def key(name: str) -> tuple[bool, int]:
-        return (not name.endswith("_digits"), FAMILIES.index(PRESETS[name]))
-
-    return sorted(PRESETS, key=key)
 
 
 def default_cfg(input_size: tuple[int, int, int], num_classes: int = 10) -> dict[str, Any]:
@@ -86,13 +59,6 @@ def seeded(seed: int) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
-
-
-def register(family: str, presets: Mapping[str, Mapping[str, Any]]) -> None:
-    """Record presets of ``family`` with their default configs."""
-    for name, defaults in presets.items():
-        PRESETS[name] = family
-        PRESET_DEFAULTS[name] = dict(defaults)
 
 
 def build_preset(

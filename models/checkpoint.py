@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
@@ -23,21 +24,20 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from models._builder import PRESETS
-from models.connections import (
-    connections,
-    effective_width,
-    input_spec,
-    parameter_count,
-)
-from models.errors import CheckpointError, ConfigError, ModelError
+from models.connections import input_spec, parameter_count
+from models.errors import CheckpointError, ConfigError
 from models.factory import create
+from models.families import family_of
+from models.options import model_structure
 from models.preprocessing import data_config
 from models.preprocessing import validate as validate_pipeline
+from models.sidecar import check_sidecar
 
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
+    "MAX_HEADER_BYTES",
+    "check_safetensors",
     "check_state_dict",
     "describe",
     "file_sha256",
@@ -62,6 +62,7 @@ _REQUIRED: dict[str, type | tuple[type, ...]] = {
 }
 _KNOWN_METADATA = ("dataset", "metrics", "seed", "normalisation", "training", "preprocessing")
 _SHOWN = 8  # names listed in a key-mismatch error before "and N more"
+MAX_HEADER_BYTES = 64 * 1024 * 1024  # a safetensors header (tensor names, shapes, offsets)
 
 
 def package_version() -> str:
@@ -95,25 +96,24 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _optional(fn: Any, model: nn.Module) -> int | None:
-    try:
-        return int(fn(model))
-    except ModelError:
-        return None
-
-
 def describe(model: nn.Module) -> dict[str, Any]:
-    """The architecture part of a sidecar: what the model is, as far as the model itself knows."""
+    """What the model is, as far as the model itself knows: the architecture part of a sidecar.
+
+    ``structure`` holds :func:`models.structure`'s keys (family, Ω, effective width, density,
+    S, C, γ), measured on the model; ``connections`` is its Ω. This is the one description of a
+    model: the service stores and shows it as it is.
+    """
     atlas = getattr(model, "atlas_config", None)
     if not isinstance(atlas, Mapping) or "arch" not in atlas:
         raise CheckpointError(
             "the model was not built by models.create, so its architecture cannot be recorded"
         )
     spec = input_spec(model)
+    info = model_structure(model)
     return {
         "arch": atlas["arch"],
         "family": atlas.get("family", "timm"),
-        "preset": atlas["arch"] if atlas["arch"] in PRESETS else None,
+        "preset": atlas["arch"] if family_of(atlas["arch"]) is not None else None,
         "config": dict(atlas.get("config", {})),
         "input_shape": list(spec.shape),
         "num_classes": spec.num_classes,
@@ -121,8 +121,9 @@ def describe(model: nn.Module) -> dict[str, Any]:
         "preprocessing": data_config(model),
         "parameters": parameter_count(model),
         "free_parameters": parameter_count(model, free=True),
-        "connections": _optional(connections, model),
-        "effective_width": _optional(effective_width, model),
+        "connections": info["omega"],
+        "effective_width": info["effective_width"],
+        "structure": info,
     }
 
 
@@ -195,7 +196,7 @@ def save(model: nn.Module, path: str | os.PathLike[str], **metadata: Any) -> Pat
 
 
 def validate_metadata(document: Any, *, source: str = "sidecar") -> dict[str, Any]:
-    """Check a sidecar document's format, required fields and architecture; return it."""
+    """Check a sidecar document's format, fields (:mod:`models.sidecar`) and architecture."""
     if not isinstance(document, dict):
         raise CheckpointError(f"{source} is not a JSON object")
     if document.get("format") != FORMAT:
@@ -210,7 +211,7 @@ def validate_metadata(document: Any, *, source: str = "sidecar") -> dict[str, An
         )
     if not timm.is_model(document["arch"]):
         raise CheckpointError(f"{source} names an unknown architecture '{document['arch']}'")
-    return document
+    return check_sidecar(document, source=source)
 
 
 def read_sidecar(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -225,10 +226,50 @@ def read_sidecar(path: str | os.PathLike[str]) -> dict[str, Any]:
     return validate_metadata(document, source=f"checkpoint sidecar {side}")
 
 
+def check_safetensors(path: Path) -> None:
+    """Refuse anything that is not a plausible safetensors file, before a reader parses it.
+
+    A pickle or torch.save archive, a header length past the file or past
+    :data:`MAX_HEADER_BYTES`, a header that is not a JSON object, and a tensor whose offsets lie
+    outside the file are refused in one sentence; nothing is unpickled or allocated.
+    """
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointError("the weights file is too short to be a safetensors file")
+        if head[:2] == b"PK" or head[:1] == b"\x80":
+            raise CheckpointError(
+                "the weights file is a pickle/torch.save archive, never loaded; use safetensors"
+            )
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER_BYTES or n > size - 8:
+            raise CheckpointError("the safetensors header length is larger than the file allows")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            raise CheckpointError("the safetensors header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise CheckpointError("the safetensors header is not a JSON object")
+    body = size - 8 - n
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= body
+        ):
+            raise CheckpointError(f"tensor {name[:80]!r} lies outside the safetensors file")
+
+
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     try:
+        check_safetensors(path)
         return load_file(str(path))
-    except Exception as exc:  # safetensors raises its own error type, or OSError
+    except Exception as exc:  # ours, safetensors' own error type, or OSError
         raise CheckpointError(
             f"{path} is not a readable safetensors file ({exc}); "
             "pickled checkpoints are never loaded"

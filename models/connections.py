@@ -13,6 +13,9 @@ these *effective layers*, the number of non-zero weights of each layer's m-wide 
 
 Counts are structural (numel times copies, or mask ones), not ``count_nonzero`` of the current
 values, so they are defined on the meta device and do not drift when a weight happens to be 0.
+Which layers of a block are effective layers, and how many copies each has, is the family's
+knowledge: each registered family (:mod:`models.families`) counts the blocks it knows. A layer
+with a ``connection_count()`` method (the SW-MLP's masked linear) counts its own connections.
 """
 
 from __future__ import annotations
@@ -20,13 +23,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from timm.models.mlp_mixer import MixerBlock, SpatialGatingBlock
-from torch import nn
+from torch import Tensor, nn
 
 from models.errors import ConfigError
-from models.sw_mlp import MaskedLinear, SparseMlpBlock, SparseWeightMlp
+from models.families import registered
 
-__all__ = ["InputSpec", "connections", "effective_width", "input_spec", "parameter_count"]
+__all__ = [
+    "InputSpec",
+    "connections",
+    "effective_width",
+    "input_spec",
+    "linear_connections",
+    "parameter_count",
+]
 
 
 @dataclass(frozen=True)
@@ -49,33 +58,22 @@ class InputSpec:
         return (self.channels, self.height, self.width)
 
 
-def _linear_nnz(layer: Any) -> int:
-    if isinstance(layer, MaskedLinear):
-        if layer.mask.device.type == "meta":
-            return layer.nnz
-        return int(layer.mask.sum())
+def linear_connections(layer: Any) -> int:
+    """Non-zero weights of one linear layer: its own count if it has one, else every weight."""
+    count = getattr(layer, "connection_count", None)
+    if callable(count):
+        return int(count())
     if isinstance(layer, nn.Linear):
         return layer.weight.numel()
     raise ConfigError(f"cannot count connections of a {type(layer).__name__} layer")
 
 
 def _block_layers(block: Any, tokens: int, channels: int) -> list[int]:
-    """Non-zero weights of each effective layer of one block."""
-    if isinstance(block, MixerBlock):  # also the RP-Mixer block
-        return [
-            *(channels * _linear_nnz(fc) for fc in (block.mlp_tokens.fc1, block.mlp_tokens.fc2)),
-            *(tokens * _linear_nnz(fc) for fc in (block.mlp_channels.fc1, block.mlp_channels.fc2)),
-        ]
-    if isinstance(block, SpatialGatingBlock):
-        mlp: Any = block.mlp_channels
-        gate_channels = mlp.fc2.in_features
-        return [
-            tokens * _linear_nnz(mlp.fc1),
-            gate_channels * _linear_nnz(mlp.gate.proj),
-            tokens * _linear_nnz(mlp.fc2),
-        ]
-    if isinstance(block, SparseMlpBlock):
-        return [_linear_nnz(block.mlp.fc1), _linear_nnz(block.mlp.fc2)]
+    """Non-zero weights of each effective layer of one block, as its family counts them."""
+    for family in registered():
+        counts = family.block_connections(block, tokens, channels)
+        if counts is not None:
+            return counts
     raise ConfigError(f"Ω is not defined for blocks of type {type(block).__name__}")
 
 
@@ -102,18 +100,17 @@ def connections(model: Any) -> int:
 def effective_width(model: nn.Module) -> int:
     """m = S·C: the width of the MLP that a block acts on (the SW-MLP's vector width)."""
     tokens, channels = _token_shape(model)
-    if isinstance(model, SparseWeightMlp):
-        return model.width
     return tokens * channels
 
 
 def parameter_count(model: nn.Module, *, free: bool = False) -> int:
-    """Stored parameters; with ``free=True`` masked-out SW-MLP weights are not counted."""
+    """Stored parameters; with ``free=True`` masked-out weights (the SW-MLP's) are not counted."""
     total = sum(p.numel() for p in model.parameters())
     if free:
         for module in model.modules():
-            if isinstance(module, MaskedLinear):
-                total -= module.weight.numel() - _linear_nnz(module)
+            weight = getattr(module, "weight", None)
+            if isinstance(weight, Tensor) and callable(getattr(module, "connection_count", None)):
+                total -= weight.numel() - linear_connections(module)
     return total
 
 

@@ -8,8 +8,8 @@ from typing import Any
 import timm
 from torch import nn
 
-from models._builder import list_presets
 from models.errors import ConfigError
+from models.families import list_presets
 
 __all__ = ["create"]
 

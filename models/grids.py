@@ -4,13 +4,10 @@ Hayase & Karakida vary the effective width m = S·C while holding Ω fixed. Here
 a set of options for a preset; each is checked by building the model on the meta device, and
 carries the Ω it *really* has (:func:`models.structure`), not the target.
 
-- SW-MLP (``sw_mlp_*``): for each width m (S from the patching in ``fixed``, C = m / S; or an
-  explicit ``{"patch_size": ..., "embed_dim": ...}``) the density is p = Ω / (γ·m²), so each
-  masked weight keeps round(p·γ·m²) = Ω ones. Widths too narrow to hold Ω (p > 1) give no point.
-- Mixer / RP-Mixer (``mixer_*``, ``rp_mixer_*``): for each shape (e.g. ``{"patch_size": 4}``,
-  which sets S) C solves (γt·C·S² + γc·C²·S)/2 = Ω; gMLP: γ·C·S·(3C + S)/6 = Ω. The whole C
-  nearest the root (among those the options allow) whose real Ω is closest wins. A shape that
-  names ``embed_dim`` itself is taken as it is.
+How a family places its points is its own (``Family.grid`` in :mod:`models.families`): the
+SW-MLP sets the density for each width m, the Mixer-style families solve for C at each
+patching (:func:`shape_solver`: the whole C nearest the root of Ω = a·C² + b·C, among those the
+options allow, whose real Ω is closest; a shape that names ``embed_dim`` is taken as it is).
 
 A point whose real Ω is off the target by more than ``tolerance`` (10 % by default) is dropped,
 or kept with ``within_tolerance=False`` when ``keep_all`` is set.
@@ -19,15 +16,15 @@ or kept with ``within_tolerance=False`` when ``keep_all`` is set.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from models._builder import PRESETS
 from models.errors import ConfigError
+from models.families import GridSolver, family_of
 from models.options import structure, validate_config
 
-__all__ = ["DEFAULT_TOLERANCE", "GridPoint", "fixed_omega_grid"]
+__all__ = ["DEFAULT_TOLERANCE", "GridPoint", "fixed_omega_grid", "grid_point", "shape_solver"]
 
 DEFAULT_TOLERANCE = 0.10
 _SEARCH = 3  # whole values of C tried on either side of the real root
@@ -51,66 +48,58 @@ class GridPoint:
         return abs(self.relative_error) <= tolerance
 
 
-def _point(arch: str, fixed: Mapping[str, Any], options: dict[str, Any], target: int) -> GridPoint:
+def grid_point(
+    arch: str, fixed: Mapping[str, Any], options: dict[str, Any], target: int
+) -> GridPoint:
+    """The point ``options`` over ``fixed``, with the Ω a meta build of it really has."""
     info = structure(arch, {**fixed, **options})
     if info["omega"] is None:
         raise ConfigError(f"{arch} has no Ω, so it cannot be placed on a fixed-Ω grid")
     return GridPoint(options=options, omega=int(info["omega"]), target=target, structure=info)
 
 
-def _sw_mlp_points(
-    arch: str, fixed: Mapping[str, Any], omega: int, widths: Sequence[Any]
-) -> list[GridPoint]:
-    base = validate_config(arch, {**fixed, "density": 1.0})
-    tokens = (base["img_size"] // base["patch_size"]) ** 2
-    gamma = float(base["mlp_ratio"])
-    points = []
-    for width in widths:
-        if isinstance(width, Mapping):
-            shape = dict(width)
-            m = int(structure(arch, {**fixed, **shape, "density": 1.0})["effective_width"])
-        else:
-            m = int(width)
-            if m < 1 or m % tokens:
-                raise ConfigError(
-                    f"width {width} of {arch} is not a positive multiple of its S = {tokens} tokens"
-                )
-            shape = {"embed_dim": m // tokens}
-        density = omega / (gamma * m * m)
-        if density > 1.0:
-            continue  # too narrow: even dense, this width has fewer than Ω connections
-        points.append(_point(arch, fixed, {**shape, "density": density}, omega))
-    return points
-
-
-def _root(family: str, config: Mapping[str, Any], omega: int) -> float:
-    """The real C that gives Ω for this family at the config's S and expansions."""
-    s = (config["img_size"] // config["patch_size"]) ** 2
-    if family == "gmlp":
-        g = float(config["mlp_ratio"])
-        a, b = g * s / 2.0, g * s * s / 6.0
-    else:
-        a, b = float(config["channel_expansion"]) * s / 2.0, float(config["token_expansion"])
-        b *= s * s / 2.0
-    return float((-b + math.sqrt(b * b + 4.0 * a * omega)) / (2.0 * a))
-
-
-def _mixer_point(
-    arch: str, family: str, fixed: Mapping[str, Any], omega: int, shape: Mapping[str, Any]
+def _nearest_c(
+    arch: str,
+    fixed: Mapping[str, Any],
+    omega: int,
+    shape: Mapping[str, Any],
+    coefficients: Callable[[Mapping[str, Any]], tuple[float, float]],
 ) -> GridPoint | None:
     if "embed_dim" in shape:
-        return _point(arch, fixed, dict(shape), omega)
-    config = validate_config(arch, {**fixed, **shape})
-    root = _root(family, config, omega)
+        return grid_point(arch, fixed, dict(shape), omega)
+    a, b = coefficients(validate_config(arch, {**fixed, **shape}))
+    root = float((-b + math.sqrt(b * b + 4.0 * a * omega)) / (2.0 * a))
     best: GridPoint | None = None
     for dim in range(max(1, math.floor(root) - _SEARCH), math.ceil(root) + _SEARCH + 1):
         try:
-            point = _point(arch, fixed, {**shape, "embed_dim": dim}, omega)
+            point = grid_point(arch, fixed, {**shape, "embed_dim": dim}, omega)
         except ConfigError:
             continue  # e.g. γc·C not whole for this C
         if best is None or abs(point.omega - omega) < abs(best.omega - omega):
             best = point
     return best
+
+
+def shape_solver(coefficients: Callable[[Mapping[str, Any]], tuple[float, float]]) -> GridSolver:
+    """A grid solver over ``shapes`` for a family whose Ω = a·C² + b·C at a validated config.
+
+    ``coefficients(config)`` gives (a, b) at the config's S and expansions; each shape (e.g.
+    ``{"patch_size": 4}``) gets the whole C whose real Ω is closest to the target.
+    """
+
+    def solve(
+        arch: str,
+        omega: int,
+        fixed: Mapping[str, Any],
+        widths: Sequence[Any] | None,
+        shapes: Sequence[Mapping[str, Any]] | None,
+    ) -> list[GridPoint]:
+        if not shapes:
+            raise ConfigError(f"a fixed-Ω grid of {arch} takes 'shapes' (e.g. patch sizes)")
+        found = [_nearest_c(arch, fixed, omega, shape, coefficients) for shape in shapes]
+        return [p for p in found if p is not None]
+
+    return solve
 
 
 def fixed_omega_grid(
@@ -131,19 +120,10 @@ def fixed_omega_grid(
     """
     if omega < 1:
         raise ConfigError(f"a fixed-Ω grid needs a positive Ω, not {omega}")
-    if arch not in PRESETS:
+    owner = family_of(arch)
+    if owner is None:
         raise ConfigError(f"fixed-Ω grids are defined for the presets, not '{arch}'")
-    family = PRESETS[arch]
-    fixed = dict(fixed or {})
-    if family == "sw_mlp":
-        if not widths:
-            raise ConfigError(f"a fixed-Ω grid of {arch} takes 'widths' (effective widths m)")
-        points = _sw_mlp_points(arch, fixed, omega, widths)
-    elif family in ("mixer", "rp_mixer", "gmlp"):
-        if not shapes:
-            raise ConfigError(f"a fixed-Ω grid of {arch} takes 'shapes' (e.g. patch sizes)")
-        found = [_mixer_point(arch, family, fixed, omega, shape) for shape in shapes]
-        points = [p for p in found if p is not None]
-    else:
-        raise ConfigError(f"{arch} has Ω = γ·m² at every width, so it has no fixed-Ω grid")
+    if owner.grid is None:
+        raise ConfigError(f"{arch} has no fixed-Ω grid")
+    points: list[GridPoint] = owner.grid(arch, omega, dict(fixed or {}), widths, shapes)
     return points if keep_all else [p for p in points if p.within(tolerance)]

@@ -7,7 +7,8 @@ data config (input size, interpolation, crop, mean, std) becomes the model's pip
 
 A folder is read from a directory or a ``.zip``. Archives are never extracted wholesale:
 only the two files are read, each bounded by the size its entry declares, and archives with
-unsafe paths, links, too many entries or suspicious compression are refused. Pickle-based
+unsafe paths, links, too many entries or suspicious compression are refused
+(:mod:`models.archives`, which dataset archives go through too). Pickle-based
 weights (``pytorch_model.bin``, ``.pth``) are refused with the way to convert them.
 """
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -24,6 +24,7 @@ from typing import Any
 import timm
 from torch import nn
 
+from models.archives import ArchiveError, copy_entry, open_zip, safe_entries
 from models.checkpoint import load, save
 from models.errors import CheckpointError
 from models.preprocessing import data_config
@@ -34,7 +35,6 @@ CONFIG, WEIGHTS = "config.json", "model.safetensors"
 MAX_CONFIG_BYTES = 1 << 20
 DEFAULT_MAX_BYTES = 4 << 30
 MAX_MEMBERS = 1000
-_MAX_RATIO = 200  # deflate of float weights stays far below this; more is a bomb
 _PICKLE_SUFFIXES = (".bin", ".pth", ".pt", ".ckpt", ".pkl")
 # Constructor keywords that would load weights from elsewhere or download them.
 LOADER_KEYS = frozenset(
@@ -116,39 +116,15 @@ def _from_directory(root: Path) -> HubFolder:
     return HubFolder(_check_config(config.read_bytes(), str(config)), weights)
 
 
-def _member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int, dest: Path) -> None:
-    """Copy one entry to ``dest``, reading no more than it declares (and at most ``limit``)."""
-    if info.file_size > limit:
-        raise CheckpointError(f"archive entry '{info.filename}' is larger than {limit} bytes")
-    if info.compress_size and info.file_size / info.compress_size > _MAX_RATIO:
-        raise CheckpointError(f"archive entry '{info.filename}' is compressed suspiciously well")
-    left = info.file_size
-    with archive.open(info) as src, dest.open("wb") as out:
-        while chunk := src.read(min(1 << 20, left + 1)):
-            left -= len(chunk)
-            if left < 0:
-                raise CheckpointError(f"archive entry '{info.filename}' lies about its size")
-            out.write(chunk)
-
-
 def _from_zip(path: Path, scratch: Path, max_bytes: int) -> HubFolder:
-    try:
-        archive = zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise CheckpointError(f"'{path.name}' is not a readable zip archive ({exc})") from None
+    archive = open_zip(path, path.name)
     with archive:
-        infos = archive.infolist()
-        if len(infos) > MAX_MEMBERS:
-            raise CheckpointError(f"'{path.name}' has more than {MAX_MEMBERS} entries")
-        files: dict[str, zipfile.ZipInfo] = {}
-        for info in infos:
-            parts = PurePosixPath(info.filename).parts
-            if info.filename.startswith(("/", "\\")) or ".." in parts or ":" in info.filename:
-                raise CheckpointError(f"'{path.name}' holds an unsafe path '{info.filename}'")
-            if stat.S_ISLNK(info.external_attr >> 16):
-                raise CheckpointError(f"'{path.name}' holds a symbolic link '{info.filename}'")
-            if not info.is_dir():
-                files[info.filename] = info
+        files = {
+            info.filename: info
+            for info in safe_entries(
+                archive, path.name, max_members=MAX_MEMBERS, max_bytes=max_bytes
+            )
+        }
         # the folder itself may be the archive's one top-level entry
         configs = [n for n in files if PurePosixPath(n).name == CONFIG]
         if len(configs) != 1 or len(PurePosixPath(configs[0]).parts) > 2:
@@ -157,12 +133,10 @@ def _from_zip(path: Path, scratch: Path, max_bytes: int) -> HubFolder:
         prefix = "" if prefix == "." else prefix + "/"
         if prefix + WEIGHTS not in files:
             _refuse_pickles(list(files))
-        if sum(i.file_size for i in files.values()) > max_bytes:
-            raise CheckpointError(f"'{path.name}' unpacks to more than {max_bytes} bytes")
-        _member(archive, files[configs[0]], MAX_CONFIG_BYTES, scratch / CONFIG)
+        copy_entry(archive, files[configs[0]], path.name, scratch / CONFIG, MAX_CONFIG_BYTES)
         # the config is checked before the (large) weights are copied out
         config = _check_config((scratch / CONFIG).read_bytes(), f"{path.name}: {CONFIG}")
-        _member(archive, files[prefix + WEIGHTS], max_bytes, scratch / WEIGHTS)
+        copy_entry(archive, files[prefix + WEIGHTS], path.name, scratch / WEIGHTS, max_bytes)
     return HubFolder(config, scratch / WEIGHTS)
 
 
@@ -179,7 +153,10 @@ def read_hub(
         raise CheckpointError(pickle_refusal(path.name))
     if not zipfile.is_zipfile(path):
         raise CheckpointError(f"{path.name} is neither a model folder nor a .zip of one")
-    return _from_zip(path, Path(scratch), max_bytes or DEFAULT_MAX_BYTES)
+    try:
+        return _from_zip(path, Path(scratch), max_bytes or DEFAULT_MAX_BYTES)
+    except ArchiveError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def load_hub(folder: HubFolder) -> tuple[nn.Module, dict[str, Any]]:

@@ -12,7 +12,8 @@ What the service stores with every model and shows on its page::
 such as ``depth`` renamed, the SW-MLP's default density resolved), so two spellings of one
 architecture normalise to one dict. Any timm architecture that is not a preset has no declared
 schema: its options are passed through as JSON values and its structure is whatever a meta
-build can tell (``None`` where Ω is not defined).
+build can tell (``None`` where Ω is not defined). What a family contributes (its schema,
+checks, γ and density) is looked up in :mod:`models.families`.
 """
 
 from __future__ import annotations
@@ -26,22 +27,22 @@ import timm
 import torch
 from torch import nn
 
-from models._builder import PRESET_DEFAULTS, PRESETS, list_presets
 from models.connections import connections, effective_width
 from models.errors import ConfigError, ModelError
 from models.factory import create
+from models.families import family_of, list_presets
 from models.schema import check_options, describe_options
-from models.sw_mlp import SparseWeightMlp
 
-__all__ = ["STRUCTURE_KEYS", "option_schema", "structure", "validate_config"]
+__all__ = ["STRUCTURE_KEYS", "model_structure", "option_schema", "structure", "validate_config"]
 
 # The keys of :func:`structure`, in the order the service shows them.
 STRUCTURE_KEYS = ("family", "omega", "effective_width", "density", "S", "C", "gamma")
 
 
 def _family(arch: str) -> str:
-    if arch in PRESETS:
-        return PRESETS[arch]
+    owner = family_of(arch)
+    if owner is not None:
+        return owner.name
     if timm.is_model(arch):
         return "timm"
     raise ConfigError(
@@ -63,7 +64,7 @@ def validate_config(arch: str, config: Mapping[str, Any] | None = None) -> dict[
             return dict(json.loads(json.dumps(given)))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"options {given} for {arch} are not JSON values") from exc
-    return check_options(arch, family, PRESET_DEFAULTS[arch], given)
+    return check_options(arch, family, dict(_defaults(arch)), given)
 
 
 def option_schema(arch: str) -> list[dict[str, Any]]:
@@ -75,17 +76,13 @@ def option_schema(arch: str) -> list[dict[str, Any]]:
     family = _family(arch)
     if family == "timm":
         return []
-    return describe_options(family, PRESET_DEFAULTS[arch])
+    return describe_options(family, _defaults(arch))
 
 
-def _gamma(family: str, config: Mapping[str, Any], tokens: int, channels: int) -> float | None:
-    """γ such that the Mixer's Ω is γ·S·C·(S + C)/2; the expansion for the other families."""
-    if family in ("mixer", "rp_mixer"):
-        gt, gc = float(config["token_expansion"]), float(config["channel_expansion"])
-        return (gt * tokens + gc * channels) / (tokens + channels)
-    if "mlp_ratio" in config:
-        return float(config["mlp_ratio"])
-    return None
+def _defaults(arch: str) -> dict[str, Any]:
+    owner = family_of(arch)
+    assert owner is not None  # callers checked that arch is a preset
+    return dict(owner.presets[arch])
 
 
 def _count(fn: Any, model: nn.Module) -> int | None:
@@ -111,18 +108,34 @@ def structure(arch: str, config: Mapping[str, Any] | None = None) -> dict[str, A
 def _structure(arch: str, config_json: str) -> dict[str, Any]:
     """Structure of a validated config (cached: a meta build costs tens of milliseconds)."""
     full = json.loads(config_json)
-    family = _family(arch)
     with torch.device("meta"):
         model = create(arch, **full)
+    return _measure(model, arch, full)
+
+
+def model_structure(model: nn.Module) -> dict[str, Any]:
+    """:func:`structure` of a model already built (by :func:`models.create` or ``load``).
+
+    The model is measured as it is, so a timm architecture gets what its layout defines (S and
+    C from a Mixer-style stem, Ω where its blocks are a family's) and None elsewhere.
+    """
+    atlas = getattr(model, "atlas_config", None) or {}
+    arch = str(atlas.get("arch", ""))
+    return _measure(model, arch, dict(atlas.get("config") or {}))
+
+
+def _measure(model: nn.Module, arch: str, config: dict[str, Any]) -> dict[str, Any]:
+    owner = family_of(arch)
     stem = getattr(model, "stem", None)
     tokens = getattr(stem, "num_patches", None)
     channels = getattr(model, "embed_dim", None)
-    density = float(model.density) if isinstance(model, SparseWeightMlp) else None
-    gamma = None
-    if tokens is not None and channels is not None and family != "timm":
-        gamma = _gamma(family, full, int(tokens), int(channels))
+    density = gamma = None
+    if owner is not None:
+        density = owner.density(config)
+        if tokens is not None and channels is not None:
+            gamma = owner.gamma(config, int(tokens), int(channels))
     return {
-        "family": family,
+        "family": owner.name if owner is not None else "timm",
         "omega": _count(connections, model),
         "effective_width": _count(effective_width, model),
         "density": density,

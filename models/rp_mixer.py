@@ -15,6 +15,10 @@ The residual stream stays the (B, S, C) token table and each mixing is wrapped b
 block outputs, LayerNorms (over C) and the head are exactly those of the Mixer. With the
 token permutation set to the transposition and the channel permutation to the identity the
 block *is* timm's :class:`~timm.models.mlp_mixer.MixerBlock`, which the tests check.
+
+The permutations do not change the weights' sizes, so the family takes the Mixer's options,
+checks, γ, Ω (an RP-Mixer block is a MixerBlock) and fixed-Ω grid; it registers its own presets
+and recipe.
 """
 
 from __future__ import annotations
@@ -27,8 +31,19 @@ from timm.models import MlpMixer, generate_default_cfgs, register_model
 from timm.models.mlp_mixer import MixerBlock
 from torch import nn
 
-from models._builder import build_preset, default_cfg, register
-from models.mixer import CIFAR, DIGITS, MIXER_DEFAULTS, mixer_kwargs
+from models._builder import build_preset, default_cfg
+from models.families import Family, Recipe, register_family
+from models.mixer import (
+    CIFAR,
+    DIGITS,
+    MIXER_DEFAULTS,
+    MixerOptions,
+    check_mixer,
+    mixer_block_connections,
+    mixer_gamma,
+    mixer_grid,
+    mixer_kwargs,
+)
 
 __all__ = ["RandomPermutedMixerBlock", "rp_mixer_cifar", "rp_mixer_digits"]
 
@@ -58,13 +73,15 @@ class RandomPermutedMixerBlock(MixerBlock):
         super().__init__(dim, seq_len, mlp_ratio, device=device, dtype=dtype, **kwargs)
         self.seq_len = seq_len
         width = seq_len * dim
-        if generator is None:
+        target = torch.device(device) if device is not None else torch.empty(0).device
+        if target.type == "meta":  # a weightless build (structure, budget) draws nothing
+            tokens = channels = torch.empty(width, dtype=torch.long, device="meta")
+        elif generator is None:
             tokens = torch.arange(width).reshape(seq_len, dim).t().reshape(-1)
             channels = torch.arange(width)
         else:
             tokens = torch.randperm(width, generator=generator, device="cpu")
             channels = torch.randperm(width, generator=generator, device="cpu")
-        target = torch.device(device) if device is not None else torch.empty(0).device
         self.register_buffer("perm_tokens", tokens.to(target))
         self.register_buffer("perm_channels", channels.to(target))
 
@@ -129,10 +146,19 @@ def rp_mixer_cifar(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     return _create("rp_mixer_cifar", CIFAR, pretrained, **kwargs)
 
 
-register(
-    "rp_mixer",
-    {
-        "rp_mixer_digits": {**MIXER_DEFAULTS, **DIGITS},
-        "rp_mixer_cifar": {**MIXER_DEFAULTS, **CIFAR},
-    },
+register_family(
+    Family(
+        name="rp_mixer",
+        options=MixerOptions,
+        presets={
+            "rp_mixer_digits": {**MIXER_DEFAULTS, **DIGITS},
+            "rp_mixer_cifar": {**MIXER_DEFAULTS, **CIFAR},
+        },
+        recipe=Recipe(epochs=30, lr=3e-3),
+        check=check_mixer,
+        gamma=mixer_gamma,
+        block_connections=mixer_block_connections,
+        grid=mixer_grid,
+        rank=2,
+    )
 )

@@ -1,14 +1,17 @@
-"""The declared options of every preset family: keys, types, ranges, and the checks across keys.
+"""Option validation for every family: strict types, ranges, then the family's checks across keys.
 
-One pydantic model per family lists what a preset accepts; a preset's defaults (its ``DIGITS``
-or ``CIFAR`` sizes over the family's defaults) fill what the caller leaves out. Validation is
-strict about types (``1.5`` is not an ``int``, ``true`` not a number, ``"3"`` not either; an
-``int`` is accepted where a float is expected) and runs once, in :func:`check_options`, which
-:func:`models.create` (through ``build_preset``) and :func:`models.validate_config` both call.
+Each family declares a pydantic model of its options in its own module (most extend
+:class:`CommonOptions`) and registers it (:mod:`models.families`); a preset's defaults fill
+what the caller leaves out. Validation is strict about types (``1.5`` is not an ``int``,
+``true`` not a number, ``"3"`` not either; an ``int`` is accepted where a float is expected)
+and runs once, in :func:`check_options`, which :func:`models.create` (through
+``build_preset``) and :func:`models.validate_config` both call.
 
-Checks that span keys (patches tile the image, hidden widths are whole numbers, the gMLP's
-gate splits evenly) follow the per-key ones. Every failure is a :class:`ConfigError` whose one
-sentence names the offending key. ``depth`` is accepted as another name for ``num_blocks``.
+Every option has a maximum, so a request cannot ask for a model that does not fit any machine.
+Checks that span keys (patches tile the image, hidden widths are whole numbers) follow the
+per-key ones and are the family's own (:func:`whole` and :func:`tokens` help write them).
+Every failure is a :class:`ConfigError` whose one sentence names the offending key. ``depth``
+is accepted as another name for ``num_blocks``.
 """
 
 from __future__ import annotations
@@ -21,79 +24,58 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models.errors import ConfigError
+from models.families import family
 
-__all__ = ["ALIASES", "FAMILY_SCHEMAS", "check_options", "describe_options", "family_schema"]
+__all__ = [
+    "ALIASES",
+    "CommonOptions",
+    "check_options",
+    "describe_options",
+    "family_schema",
+    "tokens",
+    "whole",
+]
 
 # Other names a user may write for an option; the stored config uses the canonical one.
 ALIASES = {"depth": "num_blocks"}
 
+# Maxima shared by the families: far above any experiment the project runs (cifar uses 32-pixel
+# images, C = 64, 8 blocks, γ = 4), far below what would not fit a machine.
+MAX_IMG_SIZE = 4096
+MAX_EMBED_DIM = 8192
+MAX_BLOCKS = 256
+MAX_CLASSES = 100_000
+MAX_EXPANSION = 64.0
 
-class _Common(BaseModel):
-    """Options every preset family shares: input, patching, sizes, regularisation, seed."""
+
+class CommonOptions(BaseModel):
+    """Options the Mixer-style families share: input, patching, sizes, regularisation, seed."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    img_size: int = Field(ge=1, description="side of the square input image, in pixels")
-    in_chans: int = Field(ge=1, description="channels of the input image")
-    num_classes: int = Field(ge=1, description="classes of the classifier head")
-    patch_size: int = Field(ge=1, description="side of a square patch; must divide img_size")
-    embed_dim: int = Field(ge=1, description="channels C of each token")
-    num_blocks: int = Field(ge=1, description="depth: the number of blocks (alias depth)")
+    img_size: int = Field(
+        ge=1, le=MAX_IMG_SIZE, description="side of the square input image, in pixels"
+    )
+    in_chans: int = Field(ge=1, le=4, description="channels of the input image")
+    num_classes: int = Field(ge=1, le=MAX_CLASSES, description="classes of the classifier head")
+    patch_size: int = Field(
+        ge=1, le=MAX_IMG_SIZE, description="side of a square patch; must divide img_size"
+    )
+    embed_dim: int = Field(ge=1, le=MAX_EMBED_DIM, description="channels C of each token")
+    num_blocks: int = Field(
+        ge=1, le=MAX_BLOCKS, description="depth: the number of blocks (alias depth)"
+    )
     drop_rate: float = Field(ge=0.0, lt=1.0, description="dropout before the head")
     proj_drop_rate: float = Field(ge=0.0, lt=1.0, description="dropout inside the blocks' MLPs")
     drop_path_rate: float = Field(ge=0.0, lt=1.0, description="stochastic depth rate")
-    seed: int = Field(ge=0, description="seed of the initial weights, masks and permutations")
-
-
-class MixerOptions(_Common):
-    """MLP-Mixer and RP-Mixer: expansions relative to S (tokens) and C (channels)."""
-
-    token_expansion: float = Field(
-        gt=0.0, description="γt: token-mixing hidden width over S; γt·S must be whole"
-    )
-    channel_expansion: float = Field(
-        gt=0.0, description="γc: channel-mixing hidden width over C; γc·C must be whole"
+    seed: int = Field(
+        ge=0, le=2**63 - 1, description="seed of the initial weights, masks and permutations"
     )
 
 
-class GmlpOptions(_Common):
-    """gMLP: one expansion γ of C, split in half by the spatial gate."""
-
-    mlp_ratio: float = Field(gt=0.0, description="γ: hidden width over C; γ·C must be even")
-
-
-class SwMlpOptions(_Common):
-    """SW-MLP: expansion of the width m = S·C and the density of its weight masks."""
-
-    mlp_ratio: float = Field(gt=0.0, description="γ: hidden width over m = S·C; γ·m must be whole")
-    density: float | None = Field(
-        gt=0.0,
-        le=1.0,
-        description="p: share of non-zero weights; unset means (1/S + 1/C)/2, the Mixer's Ω",
-    )
-
-
-class MlpOptions(_Common):
-    """Dense MLP: the SW-MLP block at density 1 (use an ``sw_mlp_*`` preset for p < 1)."""
-
-    mlp_ratio: float = Field(gt=0.0, description="γ: hidden width over m = S·C; γ·m must be whole")
-    density: float = Field(ge=1.0, le=1.0, description="always 1: every weight is a connection")
-
-
-FAMILY_SCHEMAS: dict[str, type[_Common]] = {
-    "mixer": MixerOptions,
-    "rp_mixer": MixerOptions,
-    "gmlp": GmlpOptions,
-    "sw_mlp": SwMlpOptions,
-    "mlp": MlpOptions,
-}
-
-
-def family_schema(family: str) -> type[_Common]:
-    """The pydantic model of ``family``'s options."""
-    if family not in FAMILY_SCHEMAS:
-        raise ConfigError(f"family '{family}' has no declared options")
-    return FAMILY_SCHEMAS[family]
+def family_schema(name: str) -> type[BaseModel]:
+    """The pydantic model of family ``name``'s options."""
+    return family(name).options
 
 
 def _canonical(variant: str, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -109,7 +91,7 @@ def _canonical(variant: str, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _sentence(
-    variant: str, schema: type[_Common], exc: ValidationError, given: Mapping[str, Any]
+    variant: str, schema: type[BaseModel], exc: ValidationError, given: Mapping[str, Any]
 ) -> str:
     error = exc.errors()[0]
     key = ".".join(str(part) for part in error["loc"]) or "?"
@@ -121,14 +103,16 @@ def _sentence(
     return f"option '{key}' of {variant}: {message} (got {error['input']!r})"
 
 
-def _whole(variant: str, key: str, value: float, what: str, even: bool = False) -> int:
+def whole(variant: str, key: str, value: float, what: str, even: bool = False) -> int:
+    """``value`` (hidden width ``what``, derived from option ``key``) as a positive whole number."""
     if value != int(value) or value < 1 or (even and int(value) % 2):
         kind = "an even whole number" if even else "a positive whole number"
         raise ConfigError(f"option '{key}' of {variant}: {what} {value:g} must be {kind}")
     return int(value)
 
 
-def _tokens(variant: str, config: Mapping[str, Any]) -> int:
+def tokens(variant: str, config: Mapping[str, Any]) -> int:
+    """S: the tokens of the square image under the config's patching (patches must tile it)."""
     img, patch = config["img_size"], config["patch_size"]
     if img % patch:
         raise ConfigError(
@@ -138,30 +122,21 @@ def _tokens(variant: str, config: Mapping[str, Any]) -> int:
 
 
 def check_options(
-    variant: str, family: str, defaults: Mapping[str, Any], given: Mapping[str, Any]
+    variant: str, family_name: str, defaults: Mapping[str, Any], given: Mapping[str, Any]
 ) -> dict[str, Any]:
     """``given`` over ``defaults``, validated: the full, explicit, JSON-able config.
 
-    The SW-MLP's unset density becomes (1/S + 1/C)/2, so a stored config never depends on a
+    The family's own checks run after the per-key ones and may fill defaults that depend on
+    other options (the SW-MLP's unset density), so a stored config never depends on a
     default that might change.
     """
-    schema = family_schema(family)
+    owner = family(family_name)
     merged = {**defaults, **_canonical(variant, given)}
     try:
-        config = schema.model_validate(merged).model_dump()
+        config = owner.options.model_validate(merged).model_dump()
     except ValidationError as exc:
-        raise ConfigError(_sentence(variant, schema, exc, given)) from None
-    tokens = _tokens(variant, config)
-    dim = config["embed_dim"]
-    if family in ("mixer", "rp_mixer"):
-        _whole(variant, "token_expansion", config["token_expansion"] * tokens, "γt·S")
-        _whole(variant, "channel_expansion", config["channel_expansion"] * dim, "γc·C")
-    elif family == "gmlp":
-        _whole(variant, "mlp_ratio", config["mlp_ratio"] * dim, "γ·C", even=True)
-    else:
-        _whole(variant, "mlp_ratio", config["mlp_ratio"] * tokens * dim, "γ·m")
-        if config["density"] is None:
-            config["density"] = (1.0 / tokens + 1.0 / dim) / 2.0
+        raise ConfigError(_sentence(variant, owner.options, exc, given)) from None
+    config = owner.check(variant, config)
     normalised: dict[str, Any] = json.loads(json.dumps(config))  # JSON values only
     return normalised
 

@@ -26,38 +26,15 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from models._builder import PRESETS
 from models.checkpoint import read_sidecar, save, weights_path
 from models.connections import input_spec
 from models.data import LabelledImages, TrainingData, dataset_record, training_splits
 from models.errors import CheckpointError, ConfigError, TrainingCancelled
 from models.factory import create
+from models.families import family_of, recipe
 from models.preprocessing import pipeline_from_spec
 
-__all__ = ["RECIPES", "ZOO", "Recipe", "ZooEntry", "build_zoo", "format_zoo_table", "train"]
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """Default hyper-parameters of a family (any of them can be overridden per run)."""
-
-    epochs: int
-    lr: float
-    batch_size: int = 64
-    weight_decay: float = 0.05
-    warmup_fraction: float = 0.05
-
-
-# Tuned so that every *_digits preset passes 90 % test accuracy on digits with margin and the
-# whole zoo trains in well under five minutes on a 2-core CPU (see README for the table).
-RECIPES: dict[str, Recipe] = {
-    "mixer": Recipe(epochs=30, lr=3e-3),
-    "rp_mixer": Recipe(epochs=30, lr=3e-3),
-    "gmlp": Recipe(epochs=30, lr=2e-3),
-    "sw_mlp": Recipe(epochs=15, lr=1e-3),
-    "mlp": Recipe(epochs=15, lr=1e-3),
-    "timm": Recipe(epochs=20, lr=1e-3),
-}
+__all__ = ["ZOO", "ZooEntry", "build_zoo", "format_zoo_table", "train"]
 
 # (checkpoint name, preset, seed): the five digits presets and a second seed of the Mixer, so
 # the atlas can show how much two runs of one architecture differ.
@@ -100,7 +77,7 @@ def _model_options(
     arch: str, data: LabelledImages, num_classes: int, seed: int, overrides: dict[str, Any]
 ) -> dict[str, Any]:
     options = dict(overrides)
-    if arch in PRESETS:
+    if family_of(arch) is not None:
         options.setdefault("seed", seed)
     with torch.device("meta"):
         spec = input_spec(create(arch, **options))
@@ -178,7 +155,8 @@ def train(
     fifth is held out for testing (:mod:`models.data`; ``analysis.training_data("digits")``
     gives digits' fixed split).
 
-    Unset hyper-parameters come from the family's :data:`RECIPES` entry; ``overrides`` go to
+    Unset hyper-parameters come from the family's recipe (:func:`models.families.recipe`);
+    ``overrides`` go to
     the architecture (e.g. ``density=0.1``). Input shape and class count follow the dataset.
 
     ``on_step(done, total)`` is called after every optimizer step (and once before the
@@ -189,12 +167,12 @@ def train(
     train_set, test_set = training_splits(dataset)
     assert train_set.y is not None and test_set.y is not None  # training_splits checked them
     num_classes = train_set.num_classes or int(max(train_set.y.max(), test_set.y.max())) + 1
-    family = PRESETS.get(arch, "timm")
-    recipe = RECIPES[family]
-    epochs = recipe.epochs if epochs is None else epochs
-    batch_size = recipe.batch_size if batch_size is None else batch_size
-    lr = recipe.lr if lr is None else lr
-    weight_decay = recipe.weight_decay if weight_decay is None else weight_decay
+    owner = family_of(arch)
+    defaults = recipe("timm" if owner is None else owner.name)
+    epochs = defaults.epochs if epochs is None else epochs
+    batch_size = defaults.batch_size if batch_size is None else batch_size
+    lr = defaults.lr if lr is None else lr
+    weight_decay = defaults.weight_decay if weight_decay is None else weight_decay
     if epochs < 1 or batch_size < 1 or lr <= 0:
         raise ConfigError("epochs and batch size must be at least 1 and the learning rate positive")
     options = _model_options(arch, train_set, num_classes, seed, overrides)
@@ -207,7 +185,7 @@ def train(
         model = create(arch, **options)
         optimizer = _optimizer(model, lr, weight_decay)
         steps = epochs * math.ceil(len(x_train) / batch_size)
-        warmup = max(1, round(recipe.warmup_fraction * steps))
+        warmup = max(1, round(defaults.warmup_fraction * steps))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(steps, warmup))
         order = torch.Generator().manual_seed(seed)
         _check(on_step, 0, steps)

@@ -20,7 +20,7 @@ from analysis.datasets import training_data
 from analysis.errors import AnalysisError
 from analysis.studies.spec import Arm, FixedOmegaGrid, Recipe, StudyError, StudySpec, load_spec
 from models import ConfigError, fixed_omega_grid, structure, validate_config
-from models.training import RECIPES
+from models import recipe as family_recipe
 
 __all__ = ["KEY_VERSION", "Entry", "StudyPlan", "Training", "plan", "training_key"]
 
@@ -116,7 +116,7 @@ def _recipe(spec: StudySpec, arm: Arm, family: str, quick: bool) -> dict[str, An
     chosen = arm.recipe.over(spec.recipe)
     if quick:
         chosen = spec.quick.over(chosen)
-    base = RECIPES.get(family, RECIPES["timm"])
+    base = family_recipe(family)
     defaults = Recipe(
         epochs=base.epochs, batch_size=base.batch_size, lr=base.lr, weight_decay=base.weight_decay
     )

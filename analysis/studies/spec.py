@@ -4,7 +4,7 @@ A study spec is YAML or JSON validated by :class:`StudySpec`::
 
     name: sparsity
     dataset: digits                 # a built-in dataset name or a file
-    recipe: {epochs: null, lr: null}  # null: the family's default (models.training.RECIPES)
+    recipe: {epochs: null, lr: null}  # null: the family's default (models.recipe)
     quick: {epochs: 1}              # merged over recipe by plan(..., quick=True)
     seeds: 3                        # 0, 1, 2 — or an explicit list
     reference: {name: mixer, arch: mixer_digits}

@@ -12,6 +12,7 @@ per training, which the job fills with its model.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,6 +23,7 @@ from analysis.studies.spec import MAX_TRAININGS  # checked by the spec, again af
 from app.errors import ProblemError
 from app.jobs import states as jobs
 from app.jobs.requests import MAX_MODELS, ComparisonIn, StudyIn
+from app.jobs.submit import check_model_budget
 from app.store.checkpoints import LOADER_OPTIONS
 from app.store.datasets import BUILTIN_DATASETS as SERVICE_DATASETS
 from app.store.datasets import builtin_dataset
@@ -120,6 +122,20 @@ def plan_study(body: StudyIn, *, local: bool = False) -> studies.StudyPlan:
     return plan
 
 
+def _check_budgets(services: Services, plan: studies.StudyPlan, field: str) -> None:
+    """422 when one of the study's trainings would need more memory than a model may."""
+    seen: set[str] = set()
+    for t in plan.trainings:
+        options = {k: v for k, v in t.config.items() if k != "seed"}
+        key = json.dumps([t.arch, options, t.recipe.get("batch_size")], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            batch = int(t.recipe.get("batch_size") or models.recipe("timm").batch_size)
+            check_model_budget(
+                services, t.arch, options, batch_size=batch, training=True, field=field
+            )
+
+
 def stored_spec(plan: studies.StudyPlan) -> dict[str, Any]:
     """The spec as stored with the study: its seeds resolved to the list that was planned."""
     document: dict[str, Any] = plan.spec.model_dump(mode="json")
@@ -136,6 +152,7 @@ def submit_study(
     if plan.dataset["name"] not in BUILTIN_DATASETS:  # only ``local`` gets here
         raise _invalid("studies over a dataset file are not supported yet", "spec.dataset")
     ds = builtin_dataset(services, plan.dataset["name"])
+    _check_budgets(services, plan, "builtin" if body.builtin is not None else "spec")
     with services.db.session() as s:
         job = jobs.enqueue(s, "study")
         study = Study(

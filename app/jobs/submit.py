@@ -34,10 +34,10 @@ from app.store.datasets import dataset_key
 from app.store.orm import Comparison, ComparisonModel, Dataset, JobState, Model, Training
 from app.store.services import Services
 from models.schema import ALIASES
-from models.training import RECIPES
 
 __all__ = [
     "check_config",
+    "check_model_budget",
     "skeleton",
     "submit_comparison",
     "submit_training",
@@ -70,6 +70,28 @@ def skeleton(arch: str, config: dict[str, Any]) -> Any:
 
 def _invalid(code: str, detail: str, field: str) -> ProblemError:
     return ProblemError(422, code, detail, field=field)
+
+
+def check_model_budget(
+    services: Services,
+    arch: str,
+    config: dict[str, Any],
+    *,
+    batch_size: int,
+    training: bool,
+    field: str,
+) -> None:
+    """422 when the model would need more memory than CKA_MAX_MODEL_BYTES (models.check_budget)."""
+    try:
+        models.check_budget(
+            arch,
+            config,
+            batch_size=batch_size,
+            max_bytes=services.settings.max_model_bytes,
+            training=training,
+        )
+    except models.ConfigError as exc:
+        raise _invalid("model_too_large", str(exc), field) from None
 
 
 def _labels(rows: list[Model]) -> list[str]:
@@ -129,6 +151,15 @@ def validate_comparison(
         kernel = parse_kernel(body.kernel).spec
     except AnalysisError as exc:
         raise _invalid("invalid_kernel", str(exc), "kernel") from None
+    for i, row in enumerate(rows):
+        check_model_budget(
+            services,
+            row.arch,
+            row.config,
+            batch_size=min(body.batch_size, ds.n),
+            training=False,
+            field=f"model_ids.{i}",
+        )
     labels = _labels(rows)
     resolved = {label: _resolve(row, body.layers) for label, row in zip(labels, rows, strict=True)}
     _check_size(body, ds, sum(len(names) for names in resolved.values()))
@@ -303,7 +334,7 @@ def training_identity(
         family = models.structure(body.arch, config)["family"]
     except models.ConfigError:
         return None
-    base = RECIPES.get(family, RECIPES["timm"])
+    base = models.recipe(family)
     recipe = {
         "epochs": body.epochs,
         "batch_size": body.batch_size or base.batch_size,
@@ -335,6 +366,9 @@ def submit_training(services: Services, body: TrainingIn) -> int:
             f"{tuple(ds.shape)}",
             "dataset_id",
         )
+    owner = models.family_of(body.arch)
+    batch = body.batch_size or models.recipe("timm" if owner is None else owner.name).batch_size
+    check_model_budget(services, body.arch, config, batch_size=batch, training=True, field="config")
     params = body.model_dump(exclude={"arch", "dataset_id", "config"})
     params["config"] = {**config, "seed": body.seed} if "seed" in config else config
     with services.db.session() as s:

@@ -2,22 +2,21 @@
 
 A checkpoint is stored as ``<sha>.safetensors`` with its sidecar at ``<sha>.json`` (same
 blob directory), which is exactly the pair :func:`models.load` reads. ``sha`` is the sha256
-of the weights file. Uploads are checked before any library sees them: the file must be a
-safetensors file with a sane header (never a pickle), and the weights must load strictly
-into the model the sidecar describes.
+of the weights file. An upload is checked by the library before it is stored: a safetensors
+header that is sane (never a pickle: models.check_safetensors), a sidecar that fits the one
+sidecar schema (models.validate_metadata), and weights that load strictly into the model the
+sidecar describes. A model row holds the library's description (models.describe).
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 from typing import Any
 
 import timm
 
 import models
-import models.preprocessing
 from analysis.layers import default_layers
 from app.errors import ProblemError
 from app.store.artifacts import ArtifactStore
@@ -25,7 +24,6 @@ from models import ConfigError, ModelError
 
 __all__ = [
     "LOADER_OPTIONS",
-    "MAX_HEADER_BYTES",
     "check_safetensors",
     "describe_model",
     "hub_checkpoint",
@@ -34,7 +32,6 @@ __all__ = [
     "refuse_loader_options",
     "sidecar_differences",
     "store_checkpoint",
-    "structure_of",
     "timm_checkpoint",
 ]
 
@@ -69,7 +66,6 @@ def refuse_loader_options(config: Any, field: str) -> None:
         )
 
 
-MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_SIDECAR_BYTES = 1024 * 1024  # models.save writes a few kilobytes
 
 
@@ -78,84 +74,34 @@ def _bad(detail: str, field: str = "weights") -> ProblemError:
 
 
 def check_safetensors(path: Path) -> None:
-    """Refuse anything that is not a plausible safetensors file, without loading it."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise _bad("the weights file is too short to be a safetensors file")
-        if head[:2] == b"PK" or head[:1] == b"\x80":
-            raise _bad("the weights file is a pickle/torch.save archive; upload safetensors")
-        (n,) = struct.unpack("<Q", head)
-        if n > MAX_HEADER_BYTES or n > size - 8:
-            raise _bad("the safetensors header length is larger than the file allows")
-        try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            raise _bad("the safetensors header is not valid JSON") from None
-    if not isinstance(header, dict):
-        raise _bad("the safetensors header is not a JSON object")
-    body = size - 8 - n
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(isinstance(o, int) for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1] <= body
-        ):
-            raise _bad(f"tensor {name[:80]!r} lies outside the safetensors file")
-
-
-def structure_of(model: Any) -> dict[str, Any]:
-    """``models.structure`` of a built model: family, Ω, effective width, density, S, C, γ.
-
-    Keys are those of :data:`models.STRUCTURE_KEYS`; a value is None where the architecture
-    does not define it (most timm models outside our families).
-    """
-    cfg = getattr(model, "atlas_config", {}) or {}
-    arch = str(cfg.get("arch", ""))
+    """The library's header check (models.check_safetensors) as a 422 on the weights."""
     try:
-        return dict(models.structure(arch, dict(cfg.get("config", {}))))
-    except Exception:  # not a preset whose options validate, or a timm model without Ω
-        info: dict[str, Any] = dict.fromkeys(models.STRUCTURE_KEYS)
-        info["family"] = str(cfg.get("family") or "timm")
-        for key, fn in (("omega", models.connections), ("effective_width", models.effective_width)):
-            try:
-                info[key] = int(fn(model))
-            except Exception:
-                info[key] = None
-        return info
+        models.check_safetensors(path)
+    except models.CheckpointError as exc:
+        raise _bad(str(exc)) from None
 
 
 def describe_model(model: Any) -> dict[str, Any]:
-    """Facts about a built model that the database keeps: shapes, sizes, default layers,
-    and its structure (family, Ω, effective width, density, S, C, γ)."""
-    spec = models.input_spec(model)
-    try:
-        connections: int | None = int(models.connections(model))
-    except Exception:  # timm models outside our families may not define Ω
-        connections = None
-    cfg = getattr(model, "atlas_config", {}) or {}
-    info = structure_of(model)
+    """The columns of a model row: the library's description (models.describe) as it is, with
+    S and C in the ``tokens`` and ``channels`` columns, and the default layers."""
+    info = models.describe(model)
+    structure = info["structure"]
     return {
-        "family": info["family"],
-        "omega": info["omega"],
-        "effective_width": info["effective_width"],
-        "density": info["density"],
-        "tokens": info["S"],
-        "channels": info["C"],
-        "gamma": info["gamma"],
-        "arch": str(cfg.get("arch", type(model).__name__)),
-        "config": dict(cfg.get("config", {})),
-        "input_shape": [int(spec.channels), int(spec.height), int(spec.width)],
-        "num_classes": int(spec.num_classes) if spec.num_classes is not None else None,
-        "parameters": int(sum(p.numel() for p in model.parameters())),
-        "connections": connections,
+        "family": structure["family"],
+        "omega": structure["omega"],
+        "effective_width": structure["effective_width"],
+        "density": structure["density"],
+        "tokens": structure["S"],
+        "channels": structure["C"],
+        "gamma": structure["gamma"],
+        "arch": info["arch"],
+        "config": info["config"],
+        "input_shape": info["input_shape"],
+        "num_classes": info["num_classes"],
+        "parameters": info["parameters"],
+        "connections": info["connections"],
         "default_layers": list(default_layers(model)),
-        "preprocessing": models.preprocessing.data_config(model),
+        "preprocessing": info["preprocessing"],
     }
 
 
@@ -213,8 +159,8 @@ def store_checkpoint(
         model, _ = _load_upload(lambda: models.load(w), w, options_field="sidecar")
         with weights.open("rb") as f:
             sha, size = store.put_stream(f, ".safetensors")
-    # The stored sidecar also records the structure the service computed for the model.
-    meta["structure"] = structure_of(model)
+    # The stored sidecar also records the structure the library measures on the model.
+    meta["structure"] = models.model_structure(model)
     stored = store.put_once(json.dumps(meta, sort_keys=True).encode(), sha, ".json")
     if stored is not None and not keep_stored:
         try:

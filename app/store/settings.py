@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(
         default=512 * 1024 * 1024, gt=0, description="Largest accepted upload body; larger is 413."
     )
+    max_model_bytes: int = Field(
+        default=16 << 30,
+        gt=0,
+        description="Most memory one model may need (weights, optimizer state, a batch's "
+        "activations: models.estimate) for a training, study or comparison to be queued.",
+    )
     worker_threads: int = Field(default=1, ge=0, description="Threads of the in-process worker.")
     device: str = Field(
         default="auto", description="Torch device for jobs: auto, cpu, cuda, cuda:1…"

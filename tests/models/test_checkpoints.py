@@ -130,6 +130,25 @@ def test_unknown_architecture_in_a_sidecar(saved: Path) -> None:
         models.load(saved)
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"metrics": {"test": {"accuracy": "90%"}}}, r"'metrics\.test\.accuracy': .*valid number"),
+        ({"metrics": {"test": {"accuracy": 1.5}}}, r"'metrics\.test\.accuracy': .*less than or"),
+        ({"normalisation": {"mean": [0.0], "std": [-1.0]}}, r"'normalisation\.std\.0'"),
+        ({"input_shape": [1, 8]}, r"'input_shape': .*at least 3 items"),
+        ({"config": {"embed_dim": 10**6}}, r"'config': option 'embed_dim' .*8192"),
+        ({"seed": "zero"}, r"'seed': .*valid integer"),
+    ],
+)
+def test_sidecar_fields_have_one_schema(saved: Path, change: dict, message: str) -> None:
+    sidecar = saved.with_suffix(".json")
+    sidecar.write_text(json.dumps({**json.loads(sidecar.read_text()), **change}))
+    with pytest.raises(models.CheckpointError, match=message) as caught:
+        models.load(saved)
+    assert "\n" not in str(caught.value)
+
+
 def test_timm_name_with_a_plain_state_dict(tmp_path: Path) -> None:
     reference = timm.create_model("gmlp_ti16_224", img_size=32, num_classes=10).eval()
     path = tmp_path / "gmlp.safetensors"

@@ -17,6 +17,8 @@ import models
         ("mixer_digits", {"depth": 0}, r"option 'depth' .*greater than or equal to 1"),
         ("mixer_digits", {"num_blocks": 0}, r"option 'num_blocks' .*greater than or equal to 1"),
         ("mixer_digits", {"embed_dim": 1.5}, r"option 'embed_dim' .*valid integer"),
+        ("mixer_digits", {"embed_dim": 10**6}, r"option 'embed_dim' .*less than or equal to 8192"),
+        ("sw_mlp_digits", {"mlp_ratio": 1e9}, r"option 'mlp_ratio' .*less than or equal to 64"),
         ("mixer_digits", {"seed": True}, r"option 'seed' .*valid integer"),
         ("mixer_digits", {"patch_size": 3}, r"option 'patch_size' .*does not divide img_size 8"),
         ("mixer_digits", {"token_expansion": 0.1}, r"option 'token_expansion' .*whole number"),
@@ -61,7 +63,7 @@ def test_schema_lists_every_option_with_type_default_and_range() -> None:
         **schema["num_blocks"],
         "type": "int",
         "default": 4,
-        "range": {"ge": 1},
+        "range": {"ge": 1, "le": 256},
         "aliases": ["depth"],
     }
     assert all(o["description"] for o in schema.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -77,7 +78,9 @@ def test_zoo_skips_existing_checkpoints(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(training, "ZOO", (("tiny_mixer", "mixer_digits", 0),))
-    monkeypatch.setitem(training.RECIPES, "mixer", training.Recipe(epochs=1, lr=3e-3))
+    mixer = models.families.family("mixer")
+    quick = dataclasses.replace(mixer, recipe=models.Recipe(epochs=1, lr=3e-3))
+    monkeypatch.setitem(models.families._FAMILIES, "mixer", quick)
     digits = training_data("digits")
     first = training.build_zoo(digits, tmp_path)
     assert [row.trained for row in first] == [True]
