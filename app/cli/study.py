@@ -121,12 +121,12 @@ class _Bars:
 
 def _run_job(services: Any, study_id: int, job_id: int, progress: bool) -> dict[str, Any]:
     """Run the study's job in a thread of this process; the bars follow the database."""
-    from app.jobs import states as jobs
+    from app.jobs.queue import new_worker_id, request_cancel
     from app.jobs.run import execute
     from app.store.orm import Study
 
     shutdown = threading.Event()
-    worker = jobs.new_worker_id("cli")
+    worker = new_worker_id("cli")
     thread = threading.Thread(
         target=execute, args=(services, worker, job_id, shutdown), name="study", daemon=True
     )
@@ -144,7 +144,7 @@ def _run_job(services: Any, study_id: int, job_id: int, progress: bool) -> dict[
         with services.db.session() as s:
             study = s.get(Study, study_id)
             if study is not None:
-                jobs.request_cancel(s, study.job_id)
+                request_cancel(s, study.job_id)
         thread.join()
         raise
     finally:

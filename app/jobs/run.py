@@ -14,8 +14,10 @@ from collections.abc import Callable
 
 import analysis
 from app.errors import problem_of
-from app.jobs import states as jobs
 from app.jobs.compare import run_comparison
+from app.jobs.control import JobControl
+from app.jobs.parking import Parked, children_left
+from app.jobs.queue import LostJob, claim, fail, mark_cancelled, release, retry_s, take_over
 from app.jobs.shards import run_shard
 from app.jobs.study import run_study
 from app.jobs.train import run_training
@@ -31,13 +33,13 @@ log = logging.getLogger(__name__)
 
 
 # One handler per job kind: ``handler(services, job, control)`` does the work and writes the
-# result through :func:`app.jobs.states.commit_result`.
-def _run_study(services: Services, job: Job, control: jobs.JobControl) -> None:
+# result through :func:`app.jobs.queue.commit_result`.
+def _run_study(services: Services, job: Job, control: JobControl) -> None:
     # A study runs its comparison as a job of its own, through run_claimed below.
     run_study(services, job, control, run_claimed)
 
 
-HANDLERS: dict[str, Callable[[Services, Job, jobs.JobControl], None]] = {
+HANDLERS: dict[str, Callable[[Services, Job, JobControl], None]] = {
     "comparison": run_comparison,
     "training": run_training,
     "study": _run_study,
@@ -45,7 +47,7 @@ HANDLERS: dict[str, Callable[[Services, Job, jobs.JobControl], None]] = {
 }
 
 
-def _run(services: Services, job: Job, control: jobs.JobControl) -> None:
+def _run(services: Services, job: Job, control: JobControl) -> None:
     handler = HANDLERS.get(job.kind)
     if handler is None:
         raise ValueError(f"unknown job kind {job.kind!r}")
@@ -74,7 +76,7 @@ def execute(
     Returns the claimed job, or None when there was nothing to claim (already taken,
     finished or cancelled — so a duplicate Celery message is harmless).
     """
-    job = jobs.claim(services.db, worker_id, job_id)
+    job = claim(services.db, worker_id, job_id)
     if job is None:
         return None
     run_claimed(services, job, worker_id, shutdown)
@@ -92,20 +94,20 @@ def run_claimed(
     interval = min(services.settings.heartbeat_s, 1.0)
     with (
         job_context(job.id, job.kind),  # every log record of this job carries its id
-        jobs.JobControl(
+        JobControl(
             services.db,
             job.id,
             worker_id,
             interval,
             shutdown,
-            retry_timeout=jobs.retry_s(services.settings),
+            retry_timeout=retry_s(services.settings),
         ) as control,
     ):
         log.info("job %s (%s) started on %s", job.id, job.kind, worker_id)
         try:
             _run(services, job, control)
             log.info("job %s succeeded", job.id)
-        except jobs.Parked as parked:
+        except Parked as parked:
             log.info("%s", parked)
         except Exception as exc:
             try:
@@ -127,32 +129,32 @@ def _settle(
 ) -> None:
     """After a shard ended: if none of its siblings is left, this worker ends the comparison
     (combines the shards, or fails or cancels it as they ended)."""
-    if jobs.shards_left(services.db, parent_id):
+    if children_left(services.db, parent_id):
         return
-    parent = jobs.take_over(services.db, parent_id, worker_id)
+    parent = take_over(services.db, parent_id, worker_id)
     if parent is not None:  # None: another worker took it, or it was cancelled meanwhile
         run_claimed(services, parent, worker_id, shutdown)
 
 
-def _record_end(services: Services, control: jobs.JobControl, exc: Exception) -> None:
+def _record_end(services: Services, control: JobControl, exc: Exception) -> None:
     db, job_id, worker_id = services.db, control.job_id, control.worker_id
-    if isinstance(exc, jobs.LostJob):
+    if isinstance(exc, LostJob):
         log.warning("job %s: %s", job_id, exc)
     elif control.lost:
         log.warning("job %s lost while failing: %s", job_id, exc)
     elif isinstance(exc, analysis.Cancelled) and control.cancel_requested:
-        jobs.mark_cancelled(db, job_id, worker_id)
+        mark_cancelled(db, job_id, worker_id)
         log.info("job %s cancelled", job_id)
     elif isinstance(exc, analysis.Cancelled) and control.shutdown.is_set():
-        jobs.release(db, job_id, worker_id, timeout=10.0)
+        release(db, job_id, worker_id, timeout=10.0)
         log.info("job %s put back in the queue: its worker is stopping", job_id)
     elif isinstance(exc, analysis.Cancelled):
-        jobs.mark_cancelled(db, job_id, worker_id)
+        mark_cancelled(db, job_id, worker_id)
         log.info("job %s cancelled", job_id)
     elif is_transient(exc):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         log.warning("job %s interrupted by the database (%s); re-queued", job_id, first)
-        jobs.release(db, job_id, worker_id, timeout=jobs.retry_s(services.settings))
+        release(db, job_id, worker_id, timeout=retry_s(services.settings))
     else:
         code = _error_code(exc)
         if code == "internal_error":
@@ -165,4 +167,4 @@ def _record_end(services: Services, control: jobs.JobControl, exc: Exception) ->
         else:
             message = str(exc)
         log.warning("job %s failed: %s", job_id, message)
-        jobs.fail(db, job_id, worker_id, message, code, timeout=jobs.retry_s(services.settings))
+        fail(db, job_id, worker_id, message, code, timeout=retry_s(services.settings))

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 import models
 from analysis import studies
 from app.errors import ProblemError
-from app.jobs import states as jobs
+from app.jobs.queue import enqueue
 from app.jobs.requests import MAX_MODELS, ComparisonIn, StudyIn
 from app.store.checkpoints import LOADER_OPTIONS
 from app.store.datasets import BUILTIN_DATASETS as SERVICE_DATASETS
@@ -138,7 +138,7 @@ def submit_study(
         raise _invalid("studies over a dataset file are not supported yet", "spec.dataset")
     ds = builtin_dataset(services, plan.dataset["name"])
     with services.db.session() as s:
-        job = jobs.enqueue(s, "study")
+        job = enqueue(s, "study")
         study = Study(
             name=plan.spec.name,
             spec=stored_spec(plan),

@@ -27,7 +27,9 @@ from sqlalchemy.orm import Session
 
 import analysis
 from analysis import Cancelled, studies
-from app.jobs import states as jobs
+from app.jobs.control import JobControl
+from app.jobs.queue import LostJob, claim, request_cancel
+from app.jobs.reaper import requeue_stale
 from app.jobs.studies import comparison_body
 from app.jobs.submit import submit_comparison
 from app.jobs.train import register_checkpoint
@@ -49,7 +51,7 @@ def _study_for_job(services: Services, job_id: int) -> Study:
     with services.db.session(readonly=True) as s:
         study = repository.study_for_job(s, job_id)
     if study is None:
-        raise jobs.LostJob(f"job {job_id} has no study any more")
+        raise LostJob(f"job {job_id} has no study any more")
     return study
 
 
@@ -58,9 +60,9 @@ def _set_stage(services: Services, study_id: int, stage: str) -> None:
         s.execute(update(Study).where(Study.id == study_id).values(stage=stage))
 
 
-def _stop_if_asked(control: jobs.JobControl, what: str) -> None:
+def _stop_if_asked(control: JobControl, what: str) -> None:
     if control.lost:
-        raise jobs.LostJob(f"job {control.job_id} is no longer this worker's")
+        raise LostJob(f"job {control.job_id} is no longer this worker's")
     if control.cancel_requested or control.shutdown.is_set():
         raise Cancelled(f"{what} was stopped")
 
@@ -106,7 +108,7 @@ def _record_member(
 
 
 def _trainings(
-    services: Services, study: Study, plan: studies.StudyPlan, control: jobs.JobControl
+    services: Services, study: Study, plan: studies.StudyPlan, control: JobControl
 ) -> dict[str, Model]:
     """Every training's model, reused by key or trained now; progress k / (n + 1)."""
     n = len(plan.trainings)
@@ -139,7 +141,7 @@ def _compare(
     study: Study,
     plan: studies.StudyPlan,
     model_ids: list[int],
-    control: jobs.JobControl,
+    control: JobControl,
     run_claimed: RunClaimed,
 ) -> int:
     """Find or queue the atlas of the study's models and see it finished; its id."""
@@ -156,7 +158,7 @@ def _compare(
             if runner is None and time.monotonic() >= next_reap:
                 # Another process may have died running this comparison (a killed CLI run has
                 # no reaper of its own): put it back in the queue once its heartbeat is stale.
-                jobs.requeue_stale(services.db, settings.stale_after_s, settings.max_attempts)
+                requeue_stale(services.db, settings.stale_after_s, settings.max_attempts)
                 next_reap = time.monotonic() + max(settings.stale_after_s / 4, 0.5)
             status, progress, error, job_id = _comparison_state(services, comparison_id)
             control.progress = (n + progress) / (n + 1)
@@ -168,10 +170,10 @@ def _compare(
                 )
             if control.cancel_requested and runner is not None:
                 with services.db.session() as s:
-                    jobs.request_cancel(s, job_id)
+                    request_cancel(s, job_id)
             _stop_if_asked(control, f"study {study.id}")
             if status == JobState.QUEUED and (runner is None or not runner.is_alive()):
-                claimed = jobs.claim(services.db, worker, job_id)
+                claimed = claim(services.db, worker, job_id)
                 if claimed is not None:  # else another worker has it: wait for it
                     runner = threading.Thread(
                         target=run_claimed,
@@ -224,9 +226,7 @@ def _summarize(
     return summary, artifacts
 
 
-def run_study(
-    services: Services, job: Job, control: jobs.JobControl, run_claimed: RunClaimed
-) -> None:
+def run_study(services: Services, job: Job, control: JobControl, run_claimed: RunClaimed) -> None:
     """The ``study`` job kind (see the module docstring)."""
     study = _study_for_job(services, job.id)
     plan = studies.plan(study.spec, quick=bool(study.params.get("quick")))
@@ -242,7 +242,7 @@ def run_study(
     def write(s: Session) -> None:
         row = s.get(Study, study.id)
         if row is None:
-            raise jobs.LostJob(f"study {study.id} was deleted while running")
+            raise LostJob(f"study {study.id} was deleted while running")
         row.summary = summary
         row.artifacts = artifacts
         row.comparison_id = comparison_id

@@ -26,7 +26,7 @@ from analysis.layers import resolve_layers
 from analysis.options import CompareOptions, OptionsError
 from analysis.studies import training_key
 from app.errors import ProblemError
-from app.jobs import states as jobs
+from app.jobs.queue import enqueue
 from app.jobs.requests import COMPARE_FIELDS, ComparisonIn, TrainingIn
 from app.store import repository
 from app.store.checkpoints import refuse_loader_options
@@ -231,7 +231,7 @@ def submit_comparison(
                     return existing.id, False
                 existing.request_hash = None  # superseded; stays readable by id
                 s.flush()
-            job = jobs.enqueue(s, "comparison")
+            job = enqueue(s, "comparison")
             cmp = Comparison(
                 request_hash=digest,
                 params=params,
@@ -335,7 +335,7 @@ def submit_training(services: Services, body: TrainingIn) -> int:
     params = body.model_dump(exclude={"arch", "dataset_id", "config"})
     params["config"] = {**config, "seed": body.seed} if "seed" in config else config
     with services.db.session() as s:
-        job = jobs.enqueue(s, "training")
+        job = enqueue(s, "training")
         tr = Training(
             arch=body.arch,
             dataset_id=ds.id,

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from app.http.main import create_app
-from app.jobs import states as jobs
+from app.jobs.queue import claim
 from app.store.orm import Comparison, Job, utcnow
 from app.store.services import Services
 from app.store.settings import Settings
@@ -79,7 +79,7 @@ def test_celery_worker_runs_queued_and_stale_jobs(
         # The second job's worker "died": running, with a heartbeat long past.
         with services.db.session() as s:
             stale_job = s.get(Comparison, stale.json()["id"]).job_id  # type: ignore[union-attr]
-        dead = jobs.claim(services.db, "celery:dead", stale_job)
+        dead = claim(services.db, "celery:dead", stale_job)
         assert dead is not None
         with services.db.session() as s:
             s.execute(

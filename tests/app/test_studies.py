@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 import analysis
 from analysis import studies
 from app.cli import main
-from app.jobs import states as jobs
+from app.jobs.queue import request_cancel
 from app.jobs.run import execute
 from app.store.orm import Comparison
 from app.store.services import Services
@@ -212,7 +212,7 @@ def test_cancel_and_resume(settings: Settings, trainer: FakeTrainer) -> None:
         body = StudyIn(spec=TINY, quick=True)
         queued_id, queued_job = submit_study(services, body, dispatch=False)
         with services.db.session() as s:
-            jobs.request_cancel(s, queued_job)  # a queued study is cancelled at once
+            request_cancel(s, queued_job)  # a queued study is cancelled at once
         study_id, job_id = submit_study(services, body, dispatch=False)
 
         # The worker stops (a shutdown, as when it is killed) after the second training: the

@@ -13,10 +13,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
-from app.http.api.deps import READ, WRITE, Limit, Offset, Svc, job_fields, not_found
+from app.http.api.deps import READ, WRITE, Limit, Offset, StatusFilter, Svc, job_fields, not_found
 from app.http.problems import PROBLEM_RESPONSES
 from app.http.schemas import ID_MAX, JobFields, Page
-from app.jobs import states as jobs
+from app.jobs.queue import request_cancel
 from app.store import repository
 from app.store.orm import Job
 
@@ -89,9 +89,7 @@ def list_jobs(
     limit: Limit = 50,
     offset: Offset = 0,
     kind: str | None = Query(None, pattern="^[a-z_]{1,20}$", description="e.g. training"),
-    status_: str | None = Query(
-        None, alias="status", pattern="^(queued|running|succeeded|failed|cancelled)$"
-    ),
+    status_: StatusFilter = None,
     parent_id: int | None = Query(
         None, ge=1, le=ID_MAX, description="Only the shards of this comparison job"
     ),
@@ -124,5 +122,5 @@ def cancel_job(services: Svc, job_id: JobId) -> dict[str, Any]:
     with services.db.session() as s:
         if s.get(Job, job_id) is None:
             raise not_found("job", job_id)
-        jobs.request_cancel(s, job_id)
+        request_cancel(s, job_id)
     return _one(services, job_id)

@@ -6,10 +6,10 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response, status
 
-from app.http.api.deps import READ, WRITE, Limit, Offset, Svc, job_fields, not_found
+from app.http.api.deps import READ, WRITE, Limit, Offset, StatusFilter, Svc, job_fields, not_found
 from app.http.problems import PROBLEM_RESPONSES, ProblemError
 from app.http.schemas import ID_MAX, Page, StudyIn, StudyOut
-from app.jobs import states as jobs
+from app.jobs.queue import request_cancel
 from app.jobs.studies import submit_study
 from app.store import repository
 from app.store.orm import Study
@@ -101,9 +101,7 @@ def list_studies(
     limit: Limit = 50,
     offset: Offset = 0,
     name: Annotated[str | None, Query(max_length=64, pattern=r"^[a-z0-9_.-]+$")] = None,
-    status_: str | None = Query(
-        None, alias="status", pattern="^(queued|running|succeeded|failed|cancelled)$"
-    ),
+    status_: StatusFilter = None,
 ) -> dict[str, Any]:
     """Newest first."""
     with services.db.session(readonly=True) as s:
@@ -128,7 +126,7 @@ def cancel_study(services: Svc, study_id: StudyId) -> dict[str, Any]:
         study = s.get(Study, study_id)
         if study is None:
             raise not_found("study", study_id)
-        jobs.request_cancel(s, study.job_id)
+        request_cancel(s, study.job_id)
     return study_view(_get(services, study_id), with_summary=True)
 
 

@@ -8,7 +8,8 @@
   "use strict";
 
   const $ = function (id) { return document.getElementById(id); };
-  const LIVE = ["queued", "running"];
+  const STATES = window.cka.states;
+  const LIVE = STATES.LIVE;
 
   const form = $("new-study");
   if (form) {
@@ -57,7 +58,7 @@
   }
 
   function label(view) {
-    if (view.status === "queued") return "Waiting for a worker";
+    if (view.status === STATES.QUEUED) return "Waiting for a worker";
     if (view.stage === "trainings") return "Training";
     if (view.stage === "comparison") return "Computing the atlas";
     return "Summarising";
