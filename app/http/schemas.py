@@ -224,6 +224,12 @@ class StudyMemberOut(BaseModel):
     seed: int = Field(examples=[0])
     training_key: str = Field(description="sha256 of (arch, options, seed, dataset, recipe)")
     model_id: int | None = Field(default=None, description="Set once trained or reused")
+    job_id: int | None = Field(
+        default=None, description="The training's own job (none when reused); /v1/jobs/{id}"
+    )
+    status: JobState | None = Field(default=None, description="The training job's state")
+    worker: str | None = Field(default=None, description="The worker that ran it last")
+    seconds: float | None = Field(default=None, description="How long it took, once done")
     reused: bool | None = Field(
         default=None, description="True: an existing model with this key was reused"
     )

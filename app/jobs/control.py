@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from sqlalchemy.orm import Session
@@ -34,6 +35,7 @@ class JobControl:
         interval: float,
         shutdown: threading.Event | None = None,
         retry_timeout: float = 60.0,
+        time_limit_s: float | None = None,
     ) -> None:
         self.db = db
         self.job_id = job_id
@@ -44,6 +46,7 @@ class JobControl:
         self.cancel_requested = False
         self.lost = False
         self.shutdown = shutdown or threading.Event()
+        self.deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
         self._failing = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
@@ -87,5 +90,11 @@ class JobControl:
         return not (self.should_stop or self.shutdown.is_set())
 
     @property
+    def timed_out(self) -> bool:
+        """Past ``time_limit_s`` (``CKA_JOB_TIMEOUT_S``): the job stops at its next batch or
+        training step and fails, on any worker."""
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    @property
     def should_stop(self) -> bool:
-        return self.cancel_requested or self.lost
+        return self.cancel_requested or self.lost or self.timed_out

@@ -72,6 +72,9 @@ def beat_parent(session: Session, parent_id: int) -> None:
         .values(heartbeat_at=utcnow(), progress=min(max(progress, 0.0), 1.0))
         .execution_options(synchronize_session=False)
     )
+    grandparent = session.scalar(select(Job.parent_id).where(Job.id == parent_id))
+    if grandparent is not None:  # a study whose atlas is a parked, sharded comparison
+        beat_parent(session, grandparent)
 
 
 def live_children(session: Session, parent_id: int) -> int:

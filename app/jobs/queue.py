@@ -173,6 +173,9 @@ def complete(session: Session, job_id: int, worker_id: str) -> None:
     )
     if res.rowcount != 1:  # type: ignore[attr-defined]
         raise LostJob(f"job {job_id} is no longer owned by {worker_id}; result discarded")
+    parent = session.scalar(select(Job.parent_id).where(Job.id == job_id))
+    if parent is not None:  # its parent's progress counts this child whole at once
+        beat_parent(session, parent)
 
 
 def commit_result(

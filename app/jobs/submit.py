@@ -214,11 +214,16 @@ def request_hash(rows: list[Model], ds: Dataset, params: dict[str, Any]) -> str:
 
 
 def submit_comparison(
-    services: Services, body: ComparisonIn, *, dispatch: bool = True
+    services: Services,
+    body: ComparisonIn,
+    *,
+    dispatch: bool = True,
+    parent_id: int | None = None,
 ) -> tuple[int, bool]:
     """Queue a comparison, or find the identical one. Returns (comparison id, created).
 
-    ``dispatch=False`` leaves the queued job to the caller (a study runs its comparison).
+    ``dispatch=False`` leaves the queued job to the caller; ``parent_id``: a new comparison's
+    job is a child of that job (a study's atlas).
     """
     rows, ds, params = validate_comparison(services, body)
     digest = request_hash(rows, ds, params)
@@ -231,7 +236,7 @@ def submit_comparison(
                     return existing.id, False
                 existing.request_hash = None  # superseded; stays readable by id
                 s.flush()
-            job = enqueue(s, "comparison")
+            job = enqueue(s, "comparison", parent_id=parent_id)
             cmp = Comparison(
                 request_hash=digest,
                 params=params,

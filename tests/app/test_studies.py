@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 import analysis
 from analysis import studies
@@ -198,12 +199,21 @@ def test_builtin_study_through_rest_then_reused(client: TestClient, trainer: Fak
     assert 'name="config.density"' in form and 'name="config.num_blocks"' in form
 
 
-def test_cancel_and_resume(settings: Settings, trainer: FakeTrainer) -> None:
+def _drain(services: Services, worker: str, stop: threading.Event | None = None) -> None:
+    """Run queued jobs in this thread, as one worker would, until none is left (or ``stop``)."""
+    stop = stop or threading.Event()
+    while not stop.is_set() and execute(services, worker, shutdown=stop) is not None:
+        pass
+
+
+def test_study_trainings_are_jobs_cancel_cascades_and_a_new_run_resumes(
+    settings: Settings, trainer: FakeTrainer
+) -> None:
     from app.jobs.requests import StudyIn
     from app.jobs.studies import submit_study
     from app.store.datasets import register_builtin_datasets
     from app.store.db import ensure_schema
-    from app.store.orm import Study
+    from app.store.orm import Job, JobState, Study
 
     services = Services(settings)
     ensure_schema(services.db.engine)
@@ -215,22 +225,43 @@ def test_cancel_and_resume(settings: Settings, trainer: FakeTrainer) -> None:
             request_cancel(s, queued_job)  # a queued study is cancelled at once
         study_id, job_id = submit_study(services, body, dispatch=False)
 
-        # The worker stops (a shutdown, as when it is killed) after the second training: the
-        # job goes back to the queue with two trainings done.
+        # One worker runs the study (it queues its 6 trainings and parks), then two of them.
         stop = threading.Event()
         trainer.after = lambda calls: stop.set() if calls == 2 else None
-        execute(services, "w1", job_id, shutdown=stop)
+        _drain(services, "w1", stop)
         with services.db.session(readonly=True) as s:
             st = s.get(Study, study_id)
-            assert st is not None and st.job.status == "queued"
+            assert st is not None and st.job.status == JobState.RUNNING and st.stage == "trainings"
+            children = list(s.scalars(select(Job).where(Job.parent_id == job_id)))
+            assert [c.kind for c in children] == ["training"] * 6
+            assert [c.status for c in children] == [JobState.SUCCEEDED] * 2 + [JobState.QUEUED] * 4
+            assert [c.detail["position"] for c in children] == list(range(6))
+            assert children[0].detail["worker"] == "w1" and children[0].detail["seconds"] >= 0
             assert sum(m.model_id is not None for m in st.members) == 2
+            # progress: trainings done of n, the atlas being the (n + 1)-th part
+            assert st.job.progress == pytest.approx(2 / 7)
             cancelled = s.get(Study, queued_id)
-            assert cancelled is not None and cancelled.job.status == "cancelled"
-        execute(services, "w2", job_id)
+            assert cancelled is not None and cancelled.job.status == JobState.CANCELLED
+
+        with services.db.session() as s:  # the cancel reaches every queued training at once
+            request_cancel(s, job_id)
         with services.db.session(readonly=True) as s:
-            st = s.get(Study, study_id)
-            assert st is not None and st.job.status == "succeeded", st.job.error
+            states = s.scalars(select(Job.status).where(Job.parent_id == job_id)).all()
+            assert states == [JobState.SUCCEEDED] * 2 + [JobState.CANCELLED] * 4
+            assert s.get(Job, job_id).status == JobState.CANCELLED  # type: ignore[union-attr]
+        _drain(services, "w1")
+        assert len(trainer.calls) == 2
+
+        # Started again, the study finds the two finished trainings by their keys.
+        again_id, _ = submit_study(services, body)
+        _drain(services, "w2")
+        with services.db.session(readonly=True) as s:
+            st = s.get(Study, again_id)
+            assert st is not None and st.job.status == JobState.SUCCEEDED, st.job.error
             assert [m.reused for m in st.members] == [True, True, False, False, False, False]
+            assert st.job.progress == 1.0 and st.stage == "done"
+            kinds = s.scalars(select(Job.kind).where(Job.parent_id == st.job_id)).all()
+            assert sorted(kinds) == ["comparison"] + ["training"] * 4  # the atlas is a child too
         assert len(trainer.calls) == 6  # 3 entries × 2 seeds, each trained once
     finally:
         services.close()

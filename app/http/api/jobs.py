@@ -34,13 +34,15 @@ class JobOut(JobFields):
     created_at: datetime
     heartbeat_at: datetime | None = None
     parent_id: int | None = Field(
-        default=None, description="A shard: the comparison job it is part of"
+        default=None,
+        description="A shard: its comparison's job; a study's training or atlas: the study's",
     )
     shard: int | None = Field(default=None, description="A shard: its index, from 0")
     detail: dict[str, Any] | None = Field(
         default=None,
         examples=[{"batches": [0, 8], "of": 2, "worker": "celery-w1:host:41:ab12cd34"}],
-        description="A shard: its batch range and, once done, its worker, host and seconds",
+        description="A shard: its batch range; a study's training: its name, key and position; "
+        "once done, the worker, host and seconds",
     )
     links: dict[str, str] = Field(
         examples=[{"self": "/v1/jobs/12", "cancel": "/v1/jobs/12/cancel"}],
@@ -91,7 +93,11 @@ def list_jobs(
     kind: str | None = Query(None, pattern="^[a-z_]{1,20}$", description="e.g. training"),
     status_: StatusFilter = None,
     parent_id: int | None = Query(
-        None, ge=1, le=ID_MAX, description="Only the shards of this comparison job"
+        None,
+        ge=1,
+        le=ID_MAX,
+        description="Only the children of this job: a comparison's shards, a study's trainings "
+        "and atlas",
     ),
 ) -> dict[str, Any]:
     """Newest first."""

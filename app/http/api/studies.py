@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response, status
+from sqlalchemy import select
+from sqlalchemy.orm import object_session
 
 from app.http.api.deps import READ, WRITE, Limit, Offset, StatusFilter, Svc, job_fields, not_found
 from app.http.problems import PROBLEM_RESPONSES, ProblemError
@@ -12,7 +14,7 @@ from app.http.schemas import ID_MAX, Page, StudyIn, StudyOut
 from app.jobs.queue import request_cancel
 from app.jobs.studies import submit_study
 from app.store import repository
-from app.store.orm import Study
+from app.store.orm import Job, Study
 
 __all__ = ["router", "study_view"]
 
@@ -21,21 +23,47 @@ StudyId = Annotated[int, Path(ge=1, le=ID_MAX, description="Study id")]
 MEDIA = {"csv": "text/csv; charset=utf-8", "png": "image/png", "svg": "image/svg+xml"}
 
 
+def _training_jobs(study: Study) -> dict[str, Job]:
+    """The study's training jobs by training key (read in the study row's session)."""
+    session = object_session(study)
+    if session is None:
+        return {}
+    stmt = select(Job).where(Job.parent_id == study.job_id, Job.kind == "training")
+    return {str((j.detail or {}).get("key")): j for j in session.scalars(stmt)}
+
+
 def study_view(study: Study, *, with_summary: bool = False) -> dict[str, Any]:
-    """The REST shape of a study row: job fields, progress by trainings, models, links."""
+    """The REST shape of a study row: job fields, progress by trainings, models, links.
+
+    ``with_summary`` (one study) adds the spec and each training's job: state, worker and
+    seconds.
+    """
     base = f"/v1/studies/{study.id}"
-    members = [
-        {
-            "position": m.position,
-            "name": m.name,
-            "arch": m.arch,
-            "seed": m.seed,
-            "training_key": m.training_key,
-            "model_id": m.model_id,
-            "reused": m.reused,
-        }
-        for m in study.members
-    ]
+    jobs = _training_jobs(study) if with_summary else {}
+    members = []
+    for m in study.members:
+        job = jobs.get(m.training_key)
+        members.append(
+            {
+                "position": m.position,
+                "name": m.name,
+                "arch": m.arch,
+                "seed": m.seed,
+                "training_key": m.training_key,
+                "model_id": m.model_id,
+                "reused": m.reused,
+                **(
+                    {
+                        "job_id": job.id,
+                        "status": job.status,
+                        "worker": job.worker_id,
+                        "seconds": (job.detail or {}).get("seconds"),
+                    }
+                    if job is not None
+                    else {}
+                ),
+            }
+        )
     done = [m for m in study.members if m.reused is not None]
     view = {
         "id": study.id,
