@@ -255,6 +255,9 @@ class StudyOut(JobFields):
     trainings: StudyTrainingsOut
     models: list[StudyMemberOut]
     comparison_id: int | None = None
+    job_id: int = Field(
+        examples=[7], description="The study's job; its trainings are its children in /v1/jobs"
+    )
     spec: dict[str, Any] | None = Field(default=None, description="The expanded study spec")
     created_at: datetime
     links: dict[str, str]

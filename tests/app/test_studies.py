@@ -8,10 +8,13 @@ optimisation), so a whole built-in study runs in seconds and the tests can count
 from __future__ import annotations
 
 import json
+import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -20,11 +23,13 @@ from sqlalchemy import select
 import analysis
 from analysis import studies
 from app.cli import main
+from app.http.main import create_app
 from app.jobs.queue import request_cancel
 from app.jobs.run import execute
 from app.store.orm import Comparison
 from app.store.services import Services
 from app.store.settings import Settings
+from models.errors import TrainingCancelled
 from tests.app.payloads import assert_problem
 from tests.app.study_tools import FakeTrainer, fake_accuracy
 from tests.helpers import digits_id, register, wait
@@ -232,7 +237,7 @@ def test_study_trainings_are_jobs_cancel_cascades_and_a_new_run_resumes(
         with services.db.session(readonly=True) as s:
             st = s.get(Study, study_id)
             assert st is not None and st.job.status == JobState.RUNNING and st.stage == "trainings"
-            children = list(s.scalars(select(Job).where(Job.parent_id == job_id)))
+            children = list(s.scalars(select(Job).where(Job.parent_id == job_id).order_by(Job.id)))
             assert [c.kind for c in children] == ["training"] * 6
             assert [c.status for c in children] == [JobState.SUCCEEDED] * 2 + [JobState.QUEUED] * 4
             assert [c.detail["position"] for c in children] == list(range(6))
@@ -246,7 +251,8 @@ def test_study_trainings_are_jobs_cancel_cascades_and_a_new_run_resumes(
         with services.db.session() as s:  # the cancel reaches every queued training at once
             request_cancel(s, job_id)
         with services.db.session(readonly=True) as s:
-            states = s.scalars(select(Job.status).where(Job.parent_id == job_id)).all()
+            stmt = select(Job.status).where(Job.parent_id == job_id).order_by(Job.id)
+            states = s.scalars(stmt).all()
             assert states == [JobState.SUCCEEDED] * 2 + [JobState.CANCELLED] * 4
             assert s.get(Job, job_id).status == JobState.CANCELLED  # type: ignore[union-attr]
         _drain(services, "w1")
@@ -335,3 +341,118 @@ def test_cli_study_run_writes_summary_and_reuses(
     assert main(["study", "list"]) == 0
     listing = capsys.readouterr().out
     assert listing.count("sparsity") == 2 and "16/16" in listing
+
+
+# --- every job cancellable and bounded in time (issue 26) -----------------------------------
+
+
+class SlowTrainer:
+    """A training of many short steps that asks ``on_step`` after each, as the real one does;
+    it records every step, and never finishes within a test."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.stopped = False
+
+    def __call__(self, arch: str, dataset: Any = "digits", **kwargs: Any) -> Path:
+        on_step = kwargs.get("on_step")
+        total = 100_000
+        for i in range(total):
+            self.steps += 1
+            if on_step is not None and not on_step(i, total):
+                self.stopped = True
+                raise TrainingCancelled("stopped by its callback")
+            time.sleep(0.005)
+        raise AssertionError("the slow training ran to its end")
+
+
+def test_a_running_study_cancels_within_one_training_step(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow = SlowTrainer()
+    monkeypatch.setattr("app.jobs.study.train", slow)
+    r = client.post("/v1/studies", json={"spec": TINY, "quick": True})
+    url = r.headers["location"]
+    deadline = time.monotonic() + 60
+    while slow.steps < 5:
+        assert time.monotonic() < deadline, "the study's first training never started"
+        time.sleep(0.01)
+    asked = time.monotonic()
+    assert client.post(f"{url}/cancel").status_code == 200
+    done = wait(client, url, timeout=30)
+    assert done["status"] == "cancelled", done
+    # The flag reaches the training with its next heartbeat (0.2 s here); the training stops
+    # at the step after that, through its callback, never running to its end.
+    assert slow.stopped and time.monotonic() - asked < 5
+    trainings = client.get("/v1/jobs", params={"parent_id": done["job_id"]}).json()["items"]
+    assert {j["status"] for j in trainings} == {"cancelled"}
+
+
+def test_the_embedded_worker_stops_a_job_past_its_time_limit(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow = SlowTrainer()
+    monkeypatch.setattr("app.jobs.study.train", slow)
+    with TestClient(create_app(settings.model_copy(update={"job_timeout_s": 1}))) as client:
+        r = client.post("/v1/studies", json={"spec": TINY, "quick": True})
+        started = time.monotonic()
+        done = wait(client, r.headers["location"], timeout=60)
+        assert done["status"] == "failed" and time.monotonic() - started < 30
+        assert "CKA_JOB_TIMEOUT_S (1 s)" in done["error"], done
+        trainings = client.get("/v1/jobs", params={"parent_id": done["job_id"]}).json()["items"]
+        first = next(j for j in trainings if j["detail"]["position"] == 0)
+        assert first["status"] == "failed" and first["error_code"] == "job_timeout"
+        assert slow.stopped
+
+
+def test_sigterm_stops_the_server_while_a_study_trains_and_requeues_the_training(
+    db_url: str, tmp_path: Path
+) -> None:
+    """``cka-atlas serve`` with its embedded worker, a real training running: SIGTERM ends the
+    process within a few seconds, and the training goes back to the queue."""
+    from app.jobs.parking import PARKED
+    from app.store.db import Database
+    from app.store.orm import Job, JobState
+    from tests.app.fault_tools import Proc, poll, service_env
+    from tests.servers import free_port
+
+    port = free_port()
+    env = service_env(db_url, tmp_path / "data", CKA_WORKER_THREADS="1")
+    server = Proc(["serve", "--port", str(port)], env, tmp_path / "serve.log")
+    db = Database(db_url)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+
+            def up() -> bool:
+                try:
+                    return http.get("/healthz").status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            poll(up, 60, "cka-atlas serve answered /healthz", (server,))
+            # the full recipe (30 epochs for the Mixer): each training takes a while
+            full = {k: v for k, v in TINY.items() if k != "quick"}
+            r = http.post("/v1/studies", json={"spec": full})
+            assert r.status_code == 202, r.text
+
+            def working() -> list[int]:  # jobs a worker runs (a parked study is nobody's)
+                with db.session(readonly=True) as s:
+                    stmt = select(Job.id).where(
+                        Job.status == JobState.RUNNING, Job.worker_id != PARKED
+                    )
+                    return list(s.scalars(stmt))
+
+            poll(working, 120, "the study started", (server,))
+            time.sleep(3)  # well into its first training (each takes tens of seconds)
+            busy = working()
+        began = time.monotonic()
+        code = server.stop(signal.SIGTERM, timeout=30)
+        assert time.monotonic() - began < 10, server.output()
+        assert code in (0, -signal.SIGTERM), server.output()
+        assert working() == [], server.output()
+        with db.session(readonly=True) as s:
+            states = s.scalars(select(Job.status).where(Job.id.in_(busy))).all()
+            assert states == [JobState.QUEUED], server.output()
+    finally:
+        server.stop(signal.SIGKILL, timeout=5)
+        db.dispose()

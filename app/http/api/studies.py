@@ -79,6 +79,7 @@ def study_view(study: Study, *, with_summary: bool = False) -> dict[str, Any]:
         },
         "models": members,
         "comparison_id": study.comparison_id,
+        "job_id": study.job_id,
         "created_at": study.created_at,
         "links": {
             "self": base,
@@ -87,6 +88,7 @@ def study_view(study: Study, *, with_summary: bool = False) -> dict[str, Any]:
             "plot_png": f"{base}/plot.png",
             "plot_svg": f"{base}/plot.svg",
             "cancel": f"{base}/cancel",
+            "trainings": f"/v1/jobs?parent_id={study.job_id}&kind=training",
             **(
                 {"comparison": f"/v1/comparisons/{study.comparison_id}"}
                 if study.comparison_id
