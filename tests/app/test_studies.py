@@ -198,6 +198,10 @@ def test_builtin_study_through_rest_then_reused(client: TestClient, trainer: Fak
         f'src="{url}/plot.svg"' in page and f'href="/comparisons/{done["comparison_id"]}"' in page
     )
     assert page.count('<tr data-arm="') == 8
+    assert page.count('<td class="training-state"><span class="pill status-succeeded">') == n
+    reused_page = client.get(f"/studies/{second['id']}")  # no training job: all reused
+    assert reused_page.status_code == 200
+    assert reused_page.text.count('<td class="training-state">reused</td>') == n
     assert all(f'href="/models/{i}"' in page for i in model_ids)
     assert "Start a built-in study" in client.get("/studies").text
     form = client.get("/trainings/new").text

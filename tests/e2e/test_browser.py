@@ -262,10 +262,15 @@ def test_start_and_watch_a_study(page: Any, server: Server, results_dir: Path) -
     study_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
 
     counts: list[int] = []
+    live_rows: set[str] = set()  # a training's row as the poll showed it while it ran
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if page.locator("#arms").count():
             break
+        for row in page.locator("#members tbody tr").all():
+            state = row.locator(".training-state").inner_text().strip()
+            if state == "running":
+                live_rows.add(row.locator(".training-worker").inner_text().strip())
         text = page.locator("#progress-text").inner_text()
         found = re.match(r"trainings (\d+) of 8", text)
         if found and (not counts or int(found.group(1)) != counts[-1]):
@@ -275,6 +280,8 @@ def test_start_and_watch_a_study(page: Any, server: Server, results_dir: Path) -
         page.wait_for_timeout(200)
     assert page.locator("#arms").count() == 1, "the study page did not show its results"
     assert counts == sorted(counts) and len(counts) >= 2, f"trainings seen: {counts}"
+    # each training is a job: its row showed it running, and on which worker
+    assert live_rows and all(w.startswith("embedded") for w in live_rows), live_rows
 
     view = server.api.get(f"/v1/studies/{study_id}").json()
     assert view["status"] == "succeeded" and view["trainings"]["total"] == 8
@@ -283,6 +290,9 @@ def test_start_and_watch_a_study(page: Any, server: Server, results_dir: Path) -
     page.wait_for_function("() => document.getElementById('study-plot').naturalWidth > 0")
     for member in view["models"]:
         assert page.locator(f'#members a[href="/models/{member["model_id"]}"]').count() == 1
+        row = page.locator(f'#members tr[data-key="{member["training_key"]}"]')
+        assert row.locator(".training-state").inner_text().strip() == "succeeded"
+        assert row.locator(".training-worker").inner_text().startswith("embedded")
     shot(page, results_dir, "12-study-finished")
     page.locator("#atlas-link").click()
     page.wait_for_url(f"**/comparisons/{view['comparison_id']}")

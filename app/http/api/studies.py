@@ -52,16 +52,10 @@ def study_view(study: Study, *, with_summary: bool = False) -> dict[str, Any]:
                 "training_key": m.training_key,
                 "model_id": m.model_id,
                 "reused": m.reused,
-                **(
-                    {
-                        "job_id": job.id,
-                        "status": job.status,
-                        "worker": job.worker_id,
-                        "seconds": (job.detail or {}).get("seconds"),
-                    }
-                    if job is not None
-                    else {}
-                ),
+                "job_id": job.id if job else None,
+                "status": job.status if job else None,
+                "worker": job.worker_id if job else None,
+                "seconds": (job.detail or {}).get("seconds") if job else None,
             }
         )
     done = [m for m in study.members if m.reused is not None]
