@@ -246,6 +246,12 @@ def test_model_and_dataset_pages(page: Any, server: Server, results_dir: Path) -
     shot(page, results_dir, "08-dataset")
 
 
+# The worker cell of every training row whose state pill reads "running" (one round trip).
+RUNNING_WORKERS = """() => Array.from(document.querySelectorAll('#members tbody tr'))
+  .filter((r) => r.querySelector('.training-state').textContent.trim() === 'running')
+  .map((r) => r.querySelector('.training-worker').textContent.trim())"""
+
+
 def test_start_and_watch_a_study(page: Any, server: Server, results_dir: Path) -> None:
     """The built-in sparsity study (one seed, quick recipe) started from the form, watched live,
     then read: the plot, the table of arms and the links to every model and to the atlas."""
@@ -267,10 +273,7 @@ def test_start_and_watch_a_study(page: Any, server: Server, results_dir: Path) -
     while time.monotonic() < deadline:
         if page.locator("#arms").count():
             break
-        for row in page.locator("#members tbody tr").all():
-            state = row.locator(".training-state").inner_text().strip()
-            if state == "running":
-                live_rows.add(row.locator(".training-worker").inner_text().strip())
+        live_rows.update(page.evaluate(RUNNING_WORKERS))
         text = page.locator("#progress-text").inner_text()
         found = re.match(r"trainings (\d+) of 8", text)
         if found and (not counts or int(found.group(1)) != counts[-1]):
