@@ -381,6 +381,8 @@ def test_a_running_study_cancels_within_one_training_step(
     while slow.steps < 5:
         assert time.monotonic() < deadline, "the study's first training never started"
         time.sleep(0.01)
+    running = [m for m in client.get(url).json()["models"] if m["status"] == "running"]
+    assert len(running) == 1 and running[0]["worker"].startswith("embedded"), running
     asked = time.monotonic()
     assert client.post(f"{url}/cancel").status_code == 200
     done = wait(client, url, timeout=30)
@@ -460,3 +462,42 @@ def test_sigterm_stops_the_server_while_a_study_trains_and_requeues_the_training
     finally:
         server.stop(signal.SIGKILL, timeout=5)
         db.dispose()
+
+
+def test_a_study_atlas_is_sharded_as_configured_with_the_same_summary(
+    settings: Settings, tmp_path: Path, trainer: FakeTrainer
+) -> None:
+    """With ``CKA_SHARD_BATCHES = 1`` the study's atlas (3 batches) runs as 3 shards; the
+    summary equals that of the same study with its atlas in one piece, to 1e-12."""
+    from app.jobs.requests import StudyIn
+    from app.jobs.studies import submit_study
+    from app.store.datasets import register_builtin_datasets
+    from app.store.db import ensure_schema
+    from app.store.orm import Job, JobState, Study
+    from tests.helpers import assert_same_numbers, make_settings
+
+    def run(config: Settings) -> tuple[dict[str, Any], list[Job]]:
+        services = Services(config)
+        ensure_schema(services.db.engine)
+        register_builtin_datasets(services)
+        try:
+            study_id, job_id = submit_study(services, StudyIn(spec=TINY, quick=True))
+            _drain(services, "w1")
+            with services.db.session(readonly=True) as s:
+                st = s.get(Study, study_id)
+                assert st is not None and st.job.status == JobState.SUCCEEDED, st.job.error
+                atlas = s.scalars(
+                    select(Job).where(Job.parent_id == job_id, Job.kind == "comparison")
+                ).one()
+                shards = list(s.scalars(select(Job).where(Job.parent_id == atlas.id)))
+                return dict(st.summary or {}), shards
+        finally:
+            services.close()
+
+    sharded, shards = run(settings.model_copy(update={"shard_batches": 1}))
+    assert len(shards) == 3 and {j.status for j in shards} == {JobState.SUCCEEDED}
+    one_piece = make_settings(f"sqlite:///{tmp_path / 'one.db'}", tmp_path / "one")
+    whole, none = run(one_piece)
+    assert none == []
+    ignore = ("comparison_id", "model_ids")
+    assert_same_numbers(whole, sharded, tol=1e-12, ignore=ignore)

@@ -96,6 +96,15 @@ def study_view(study: Study, *, with_summary: bool = False) -> dict[str, Any]:
     return view
 
 
+def _detail(services: Svc, study_id: int) -> dict[str, Any]:
+    """One study's view with its spec and its trainings' jobs, read in one session."""
+    with services.db.session(readonly=True) as s:
+        study = s.get(Study, study_id)
+        if study is None:
+            raise not_found("study", study_id)
+        return study_view(study, with_summary=True)
+
+
 def _get(services: Svc, study_id: int) -> Study:
     with services.db.session(readonly=True) as s:
         study = s.get(Study, study_id)
@@ -116,7 +125,7 @@ def create_study(services: Svc, body: StudyIn, response: Response) -> dict[str, 
     """
     study_id, _ = submit_study(services, body)
     response.headers["Location"] = f"/v1/studies/{study_id}"
-    return study_view(_get(services, study_id), with_summary=True)
+    return _detail(services, study_id)
 
 
 @router.get("", response_model=Page[StudyOut], **READ)
@@ -139,7 +148,7 @@ def list_studies(
 @router.get("/{study_id}", response_model=StudyOut, **READ)
 def get_study(services: Svc, study_id: StudyId) -> dict[str, Any]:
     """Status, progress (trainings k of n, then the comparison), models and comparison."""
-    return study_view(_get(services, study_id), with_summary=True)
+    return _detail(services, study_id)
 
 
 @router.post("/{study_id}/cancel", response_model=StudyOut, **WRITE)
@@ -151,7 +160,7 @@ def cancel_study(services: Svc, study_id: StudyId) -> dict[str, Any]:
         if study is None:
             raise not_found("study", study_id)
         request_cancel(s, study.job_id)
-    return study_view(_get(services, study_id), with_summary=True)
+    return _detail(services, study_id)
 
 
 def _finished(services: Svc, study_id: int) -> Study:
