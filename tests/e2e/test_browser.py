@@ -294,8 +294,8 @@ def test_start_and_watch_a_study(page: Any, server: Server, results_dir: Path) -
     for member in view["models"]:
         assert page.locator(f'#members a[href="/models/{member["model_id"]}"]').count() == 1
         row = page.locator(f'#members tr[data-key="{member["training_key"]}"]')
-        assert row.locator(".training-state").inner_text().strip() == "succeeded"
-        assert row.locator(".training-worker").inner_text().startswith("embedded")
+        assert (row.locator(".training-state").text_content() or "").strip() == "succeeded"
+        assert (row.locator(".training-worker").text_content() or "").startswith("embedded")
     shot(page, results_dir, "12-study-finished")
     page.locator("#atlas-link").click()
     page.wait_for_url(f"**/comparisons/{view['comparison_id']}")
