@@ -1,10 +1,11 @@
 """``cka-atlas study run | list``: a study as one command, against the local database.
 
-``study run`` queues the study exactly as ``POST /v1/studies`` does and runs its job in this
-process (the same handler a worker runs), showing two progress bars: trainings k of n, then
-the atlas. A second run finds every checkpoint by its training key and trains nothing; an
-interrupted run (Ctrl-C) cancels its job, and the next run resumes from the finished
-trainings. The results are written to ``--out``: summary.json, results.csv, plot.png and
+``study run`` queues the study exactly as ``POST /v1/studies`` does and runs it on the
+workers — the Celery workers when a broker is configured, else a pool of threads in this
+process — showing two progress bars: trainings k of n, then the atlas. A second run finds
+every checkpoint by its training key and trains nothing; an interrupted run (Ctrl-C)
+cancels its job and its trainings, and the next run resumes from the finished trainings.
+The results are written to ``--out``: summary.json, results.csv, plot.png and
 plot.svg.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -120,35 +120,47 @@ class _Bars:
 
 
 def _run_job(services: Any, study_id: int, job_id: int, progress: bool) -> dict[str, Any]:
-    """Run the study's job in a thread of this process; the bars follow the database."""
-    from app.jobs import states as jobs
-    from app.jobs.run import execute
-    from app.store.orm import Study
+    """Run the study on the workers and follow it in the database with the bars.
 
-    shutdown = threading.Event()
-    worker = jobs.new_worker_id("cli")
-    thread = threading.Thread(
-        target=execute, args=(services, worker, job_id, shutdown), name="study", daemon=True
-    )
+    With a broker (``CKA_BROKER_URL``) its trainings and atlas go to the Celery workers;
+    without one, a pool of ``CKA_WORKER_THREADS`` threads (at least one) in this process runs
+    them, as the server's embedded worker would.
+    """
+    from app.jobs.queue import request_cancel
+    from app.store.orm import JobState, Study
+
+    worker = None
+    if services.settings.broker_url:
+        from app.jobs.celery_app import make_celery, send_job
+
+        celery = make_celery(services.settings)
+        services.dispatch = lambda job: send_job(celery, job)
+    else:
+        from app.jobs.embedded import EmbeddedWorker
+
+        worker = EmbeddedWorker(services, threads=max(services.settings.worker_threads, 1))
+        services.dispatch = worker.notify
+        worker.start()
     view = _state(services, study_id)
     bars = _Bars(view["trainings"]["total"], progress)
-    thread.start()
+    services.dispatch(job_id)
     try:
         while True:
             view = _state(services, study_id)
             bars.update(view)
-            if view["status"] in ("succeeded", "failed", "cancelled") and not thread.is_alive():
+            if not JobState(view["status"]).live:
                 return view
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         with services.db.session() as s:
             study = s.get(Study, study_id)
             if study is not None:
-                jobs.request_cancel(s, study.job_id)
-        thread.join()
+                request_cancel(s, study.job_id)
         raise
     finally:
         bars.close()
+        if worker is not None:
+            worker.stop()
 
 
 def _write(services: Any, study_id: int, out: Path) -> list[Path]:

@@ -232,6 +232,12 @@ class StudyMemberOut(BaseModel):
     seed: int = Field(examples=[0])
     training_key: str = Field(description="sha256 of (arch, options, seed, dataset, recipe)")
     model_id: int | None = Field(default=None, description="Set once trained or reused")
+    job_id: int | None = Field(
+        default=None, description="The training's own job (none when reused); /v1/jobs/{id}"
+    )
+    status: JobState | None = Field(default=None, description="The training job's state")
+    worker: str | None = Field(default=None, description="The worker that ran it last")
+    seconds: float | None = Field(default=None, description="How long it took, once done")
     reused: bool | None = Field(
         default=None, description="True: an existing model with this key was reused"
     )
@@ -257,6 +263,9 @@ class StudyOut(JobFields):
     trainings: StudyTrainingsOut
     models: list[StudyMemberOut]
     comparison_id: int | None = None
+    job_id: int = Field(
+        examples=[7], description="The study's job; its trainings are its children in /v1/jobs"
+    )
     spec: dict[str, Any] | None = Field(default=None, description="The expanded study spec")
     created_at: datetime
     links: dict[str, str]

@@ -1,4 +1,6 @@
-"""Jobs: the state machine (:mod:`~app.jobs.states`), submission with up-front validation
+"""Jobs: the state machine (:mod:`~app.jobs.queue`: transitions; :mod:`~app.jobs.parking`: a
+parent waiting for its children; :mod:`~app.jobs.reaper`: stale jobs back to the queue;
+:mod:`~app.jobs.control`: what a running job sees), submission with up-front validation
 (:mod:`~app.jobs.submit`), one handler module per job kind (:mod:`~app.jobs.compare`,
 :mod:`~app.jobs.train`, :mod:`~app.jobs.study`, :mod:`~app.jobs.shards`) with what a comparison
 reads (:mod:`~app.jobs.inputs`), the dispatcher that runs a claimed job (:mod:`~app.jobs.run`), the

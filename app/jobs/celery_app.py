@@ -21,7 +21,8 @@ from typing import Any
 
 from celery import Celery
 
-from app.jobs import states as jobs
+from app.jobs.queue import claim, new_worker_id, queued_ids
+from app.jobs.reaper import requeue_stale
 from app.jobs.run import run_claimed
 from app.store.db import ensure_schema, retry
 from app.store.services import Services
@@ -68,7 +69,7 @@ def _run_job_task(job_id: int) -> None:
     # The message is acknowledged when this returns or raises, so a database that is away
     # at delivery is waited for (with backoff) rather than losing the job's only message.
     job = retry(
-        lambda: jobs.claim(services.db, worker_id, int(job_id)),
+        lambda: claim(services.db, worker_id, int(job_id)),
         timeout=max(services.settings.stale_after_s, 10.0),
         what=f"claiming job {job_id}",
     )
@@ -79,7 +80,7 @@ def _run_job_task(job_id: int) -> None:
 @cache
 def _worker_id() -> str:
     name = _services().settings.worker_name
-    return jobs.new_worker_id(f"celery-{name}" if name else "celery")
+    return new_worker_id(f"celery-{name}" if name else "celery")
 
 
 def send_job(celery: Celery, job_id: int) -> None:
@@ -91,8 +92,8 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
     services = Services(settings)
     ensure_schema(services.db.engine)
     celery = make_celery(settings)
-    jobs.requeue_stale(services.db, settings.stale_after_s, settings.max_attempts)
-    for job_id in jobs.queued_ids(services.db, limit=10_000):
+    requeue_stale(services.db, settings.stale_after_s, settings.max_attempts)
+    for job_id in queued_ids(services.db, limit=10_000):
         send_job(celery, job_id)
     threading.Thread(
         target=_reap_forever, args=(services, celery), name="stale-reaper", daemon=True
@@ -119,9 +120,7 @@ def _reap_forever(services: Any, celery: Celery) -> None:
     while True:
         time.sleep(max(stale_after / 4, 0.5))
         try:
-            for job_id in jobs.requeue_stale(
-                services.db, stale_after, services.settings.max_attempts
-            ):
+            for job_id in requeue_stale(services.db, stale_after, services.settings.max_attempts):
                 send_job(celery, job_id)
         except Exception as exc:  # database or broker briefly away: the next round retries
             log.warning("could not re-queue stale jobs (%s)", type(exc).__name__)

@@ -27,7 +27,6 @@ from sqlalchemy.orm import Session
 import analysis
 from analysis.baselines import random_init_baseline
 from app.jobs import shards
-from app.jobs import states as jobs
 from app.jobs.baselines import (
     Identity,
     find_siblings,
@@ -36,7 +35,9 @@ from app.jobs.baselines import (
     seed_ceiling_baseline,
     undefined_blocks,
 )
+from app.jobs.control import JobControl
 from app.jobs.inputs import engine_options, load_comparison, member_rows
+from app.jobs.queue import LostJob
 from app.store import gc
 from app.store.artifacts import StoreGramCache
 from app.store.datasets import dataset_key
@@ -82,7 +83,7 @@ def _layer_diagnostics(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _compare(
-    services: Services, job: Job, cmp: Comparison, ds: Dataset, control: jobs.JobControl
+    services: Services, job: Job, cmp: Comparison, ds: Dataset, control: JobControl
 ) -> None:
     params = cmp.params
     rows = member_rows(services, cmp)
@@ -171,7 +172,7 @@ def _compare(
     def write(s: Session) -> None:
         row = s.get(Comparison, cmp.id)
         if row is None:
-            raise jobs.LostJob(f"comparison {cmp.id} was deleted while running")
+            raise LostJob(f"comparison {cmp.id} was deleted while running")
         row.result = result
         row.result_sha256 = hashlib.sha256(blob).hexdigest()
         row.diagnostics = diagnostics
@@ -205,6 +206,6 @@ def _torch_version() -> str:
     return str(torch.__version__)
 
 
-def run_comparison(services: Services, job: Job, control: jobs.JobControl) -> None:
+def run_comparison(services: Services, job: Job, control: JobControl) -> None:
     cmp, ds = load_comparison(services, job.id)
     _compare(services, job, cmp, ds, control)

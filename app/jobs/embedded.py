@@ -15,7 +15,8 @@ import logging
 import threading
 import time
 
-from app.jobs import states as jobs
+from app.jobs.queue import new_worker_id
+from app.jobs.reaper import requeue_stale
 from app.jobs.run import execute
 from app.store.db import is_transient
 from app.store.services import Services
@@ -39,7 +40,7 @@ class EmbeddedWorker:
         self._reap()
         for i in range(self.threads):
             name = self.services.settings.worker_name or "embedded"
-            worker_id = jobs.new_worker_id(f"{name}-{i}")
+            worker_id = new_worker_id(f"{name}-{i}")
             t = threading.Thread(target=self._loop, args=(worker_id,), name=worker_id, daemon=True)
             t.start()
             self._pool.append(t)
@@ -64,7 +65,7 @@ class EmbeddedWorker:
                 return
             self._next_reap = now + max(stale_after / 4, 0.5)
         try:
-            jobs.requeue_stale(self.services.db, stale_after, self.services.settings.max_attempts)
+            requeue_stale(self.services.db, stale_after, self.services.settings.max_attempts)
         except Exception as exc:  # the database may be briefly away; the next round retries
             log.warning("could not look for stale jobs (%s)", type(exc).__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import analysis
-from app.jobs import states as jobs
+from app.jobs.queue import LostJob
 from app.store import repository
 from app.store.orm import Comparison, Dataset, Model
 from app.store.services import Services
@@ -23,7 +23,7 @@ def load_comparison(services: Services, job_id: int) -> tuple[Comparison, Datase
         cmp = repository.comparison_for_job(s, job_id)
         ds = s.get(Dataset, cmp.dataset_id) if cmp else None
     if cmp is None or ds is None:
-        raise jobs.LostJob(f"job {job_id} has no comparison any more")
+        raise LostJob(f"job {job_id} has no comparison any more")
     return cmp, ds
 
 

@@ -12,12 +12,16 @@ import logging
 import threading
 from collections.abc import Callable
 
+from sqlalchemy import select
+
 import analysis
 from app.errors import problem_of
-from app.jobs import states as jobs
 from app.jobs.compare import run_comparison
+from app.jobs.control import JobControl
+from app.jobs.parking import Parked, children_left
+from app.jobs.queue import LostJob, claim, fail, mark_cancelled, release, retry_s, take_over
 from app.jobs.shards import run_shard
-from app.jobs.study import run_study
+from app.jobs.study import run_study, run_study_training
 from app.jobs.train import run_training
 from app.logs import job_context
 from app.store.artifacts import StoreError
@@ -30,22 +34,22 @@ __all__ = ["HANDLERS", "execute", "run_claimed"]
 log = logging.getLogger(__name__)
 
 
+def _run_training(services: Services, job: Job, control: JobControl) -> None:
+    # A training of a study is the study's child; any other is a /v1/trainings request.
+    (run_study_training if job.parent_id is not None else run_training)(services, job, control)
+
+
 # One handler per job kind: ``handler(services, job, control)`` does the work and writes the
-# result through :func:`app.jobs.states.commit_result`.
-def _run_study(services: Services, job: Job, control: jobs.JobControl) -> None:
-    # A study runs its comparison as a job of its own, through run_claimed below.
-    run_study(services, job, control, run_claimed)
-
-
-HANDLERS: dict[str, Callable[[Services, Job, jobs.JobControl], None]] = {
+# result through :meth:`app.jobs.control.JobControl.commit`.
+HANDLERS: dict[str, Callable[[Services, Job, JobControl], None]] = {
     "comparison": run_comparison,
-    "training": run_training,
-    "study": _run_study,
+    "training": _run_training,
+    "study": run_study,
     "shard": run_shard,
 }
 
 
-def _run(services: Services, job: Job, control: jobs.JobControl) -> None:
+def _run(services: Services, job: Job, control: JobControl) -> None:
     handler = HANDLERS.get(job.kind)
     if handler is None:
         raise ValueError(f"unknown job kind {job.kind!r}")
@@ -74,7 +78,7 @@ def execute(
     Returns the claimed job, or None when there was nothing to claim (already taken,
     finished or cancelled — so a duplicate Celery message is harmless).
     """
-    job = jobs.claim(services.db, worker_id, job_id)
+    job = claim(services.db, worker_id, job_id)
     if job is None:
         return None
     run_claimed(services, job, worker_id, shutdown)
@@ -92,21 +96,24 @@ def run_claimed(
     interval = min(services.settings.heartbeat_s, 1.0)
     with (
         job_context(job.id, job.kind),  # every log record of this job carries its id
-        jobs.JobControl(
+        JobControl(
             services.db,
             job.id,
             worker_id,
             interval,
             shutdown,
-            retry_timeout=jobs.retry_s(services.settings),
+            retry_timeout=retry_s(services.settings),
+            time_limit_s=services.settings.job_timeout_s,
         ) as control,
     ):
         log.info("job %s (%s) started on %s", job.id, job.kind, worker_id)
+        parked = False
         try:
             _run(services, job, control)
             log.info("job %s succeeded", job.id)
-        except jobs.Parked as parked:
-            log.info("%s", parked)
+        except Parked as waiting:
+            log.info("%s", waiting)
+            parked = True
         except Exception as exc:
             try:
                 _record_end(services, control, exc)
@@ -118,41 +125,58 @@ def run_claimed(
                     str(again).strip().splitlines()[0] if str(again).strip() else again,
                     services.settings.stale_after_s,
                 )
-    if job.parent_id is not None:
-        _settle(services, job.parent_id, worker_id, shutdown)
+    if parked:  # its children may all have ended before it was parked: nobody would wake it
+        _settle(services, job.id, worker_id, shutdown)
+    parent_id = _parent_of(services, job.id)  # read again: a study may adopt a comparison
+    if parent_id is not None:
+        _settle(services, parent_id, worker_id, shutdown)
+
+
+def _parent_of(services: Services, job_id: int) -> int | None:
+    with services.db.session(readonly=True) as s:
+        return s.scalar(select(Job.parent_id).where(Job.id == job_id))
 
 
 def _settle(
     services: Services, parent_id: int, worker_id: str, shutdown: threading.Event | None
 ) -> None:
-    """After a shard ended: if none of its siblings is left, this worker ends the comparison
-    (combines the shards, or fails or cancels it as they ended)."""
-    if jobs.shards_left(services.db, parent_id):
+    """After a child ended: if none of its siblings is left, this worker takes the parked
+    parent back and runs it again (a comparison combines its shards, a study queues its atlas
+    or summarises; either fails or cancels as its children ended)."""
+    if children_left(services.db, parent_id):
         return
-    parent = jobs.take_over(services.db, parent_id, worker_id)
+    parent = take_over(services.db, parent_id, worker_id)
     if parent is not None:  # None: another worker took it, or it was cancelled meanwhile
         run_claimed(services, parent, worker_id, shutdown)
 
 
-def _record_end(services: Services, control: jobs.JobControl, exc: Exception) -> None:
+def _record_end(services: Services, control: JobControl, exc: Exception) -> None:
     db, job_id, worker_id = services.db, control.job_id, control.worker_id
-    if isinstance(exc, jobs.LostJob):
+    if isinstance(exc, LostJob):
         log.warning("job %s: %s", job_id, exc)
     elif control.lost:
         log.warning("job %s lost while failing: %s", job_id, exc)
+    elif isinstance(exc, analysis.Cancelled) and control.timed_out:
+        limit = services.settings.job_timeout_s
+        message = (
+            f"the job ran longer than CKA_JOB_TIMEOUT_S ({limit} s) and was stopped; "
+            "raise the limit or submit a smaller job"
+        )
+        log.warning("job %s failed: %s", job_id, message)
+        fail(db, job_id, worker_id, message, "job_timeout", timeout=retry_s(services.settings))
     elif isinstance(exc, analysis.Cancelled) and control.cancel_requested:
-        jobs.mark_cancelled(db, job_id, worker_id)
+        mark_cancelled(db, job_id, worker_id)
         log.info("job %s cancelled", job_id)
     elif isinstance(exc, analysis.Cancelled) and control.shutdown.is_set():
-        jobs.release(db, job_id, worker_id, timeout=10.0)
+        release(db, job_id, worker_id, timeout=10.0)
         log.info("job %s put back in the queue: its worker is stopping", job_id)
     elif isinstance(exc, analysis.Cancelled):
-        jobs.mark_cancelled(db, job_id, worker_id)
+        mark_cancelled(db, job_id, worker_id)
         log.info("job %s cancelled", job_id)
     elif is_transient(exc):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         log.warning("job %s interrupted by the database (%s); re-queued", job_id, first)
-        jobs.release(db, job_id, worker_id, timeout=jobs.retry_s(services.settings))
+        release(db, job_id, worker_id, timeout=retry_s(services.settings))
     else:
         code = _error_code(exc)
         if code == "internal_error":
@@ -165,4 +189,4 @@ def _record_end(services: Services, control: jobs.JobControl, exc: Exception) ->
         else:
             message = str(exc)
         log.warning("job %s failed: %s", job_id, message)
-        jobs.fail(db, job_id, worker_id, message, code, timeout=jobs.retry_s(services.settings))
+        fail(db, job_id, worker_id, message, code, timeout=retry_s(services.settings))

@@ -11,12 +11,12 @@ The life of a sharded comparison:
 1. Its job is claimed like any other. :func:`plan` finds more than one range (the request's
    ``shards``, or more than ``CKA_SHARD_BATCHES`` batches), :func:`gather` adds one queued
    ``shard`` job per range (once; each records its range), parks the comparison job
-   (:func:`app.jobs.states.park`) and dispatches the shards. No worker waits for them.
+   (:func:`app.jobs.queue.park`) and dispatches the shards. No worker waits for them.
 2. Any free worker claims a shard (Celery: every worker on the queue; the embedded worker: the
    same pool, one after another), runs it, writes its file and, in the transaction that marks
    it succeeded, its detail: worker, host, batches, seconds, attempts.
 3. The worker that ends the last shard takes the comparison job back
-   (:func:`app.jobs.states.take_over`: one winner) and runs its handler again, which now finds
+   (:func:`app.jobs.queue.take_over`: one winner) and runs its handler again, which now finds
    every shard ended: it combines them, or fails or cancels as they did.
 
 A shard whose worker is killed is re-queued by the stale reaper like any job and run again
@@ -36,8 +36,10 @@ from sqlalchemy import select
 
 import analysis
 from app.errors import ProblemError
-from app.jobs import states as jobs
+from app.jobs.control import JobControl
 from app.jobs.inputs import engine_options, load_comparison, member_rows
+from app.jobs.parking import Parked
+from app.jobs.queue import LostJob, enqueue, park
 from app.jobs.requests import MAX_SHARDS
 from app.store import gc
 from app.store.artifacts import StoreGramCache
@@ -71,14 +73,14 @@ def _file(services: Services, comparison_id: int, index: int) -> Path:
 
 
 def gather(
-    services: Services, job: Job, control: jobs.JobControl, comparison_id: int, ranges: list[range]
+    services: Services, job: Job, control: JobControl, comparison_id: int, ranges: list[range]
 ) -> tuple[list[analysis.Partial], list[dict[str, Any]]] | None:
     """Every shard's terms and details once all have succeeded; else start them and park.
 
     None: the comparison has no shards and ``ranges`` (its :func:`plan`) asks for none, so it
     runs in one piece. Creates the shard jobs on the first call; later calls use the shards
     that exist, whatever the plan says now. Raises when a shard failed or was cancelled (the
-    comparison ends the same way), :class:`app.jobs.states.Parked` after parking.
+    comparison ends the same way), :class:`app.jobs.parking.Parked` after parking.
     """
     with services.db.session() as s:
         children = list(s.scalars(select(Job).where(Job.parent_id == job.id)))
@@ -86,7 +88,7 @@ def gather(
             return None
         if not children:
             for k, r in enumerate(ranges):
-                shard = jobs.enqueue(s, "shard", parent_id=job.id, shard=k)
+                shard = enqueue(s, "shard", parent_id=job.id, shard=k)
                 shard.detail = {"batches": [r.start, r.stop], "of": len(ranges)}
             s.flush()
             children = list(s.scalars(select(Job).where(Job.parent_id == job.id)))
@@ -105,18 +107,18 @@ def gather(
     if all(state == JobState.SUCCEEDED for _, _, state, *_ in found):
         partials = [analysis.Partial.load(_file(services, comparison_id, k)) for k, *_ in found]
         return partials, [{"shard": k, **detail} for k, *_, detail in found]
-    if not jobs.park(services.db, job.id, control.worker_id):
-        raise jobs.LostJob(f"job {job.id} is no longer owned by {control.worker_id}")
+    if not park(services.db, job.id, control.worker_id):
+        raise LostJob(f"job {job.id} is no longer owned by {control.worker_id}")
     for _, job_id, state, *_ in found:
         if state == JobState.QUEUED:
             services.dispatch(job_id)
-    raise jobs.Parked(f"job {job.id} waits for its {n} shards")
+    raise Parked(f"job {job.id} waits for its {n} shards")
 
 
-def run_shard(services: Services, job: Job, control: jobs.JobControl) -> None:
+def run_shard(services: Services, job: Job, control: JobControl) -> None:
     """Run every model of the parent comparison over this shard's batches; store the terms."""
     if job.parent_id is None or job.shard is None or not job.detail:
-        raise jobs.LostJob(f"job {job.id} is not a shard of a comparison")
+        raise LostJob(f"job {job.id} is not a shard of a comparison")
     start, stop = job.detail["batches"]
     cmp, ds = load_comparison(services, job.parent_id)
     params = cmp.params

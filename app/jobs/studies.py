@@ -21,7 +21,7 @@ import models
 from analysis import studies
 from analysis.studies.spec import MAX_TRAININGS  # checked by the spec, again after the plan
 from app.errors import ProblemError
-from app.jobs import states as jobs
+from app.jobs.queue import enqueue
 from app.jobs.requests import MAX_MODELS, ComparisonIn, StudyIn
 from app.jobs.submit import check_model_budget
 from app.store.checkpoints import LOADER_OPTIONS
@@ -154,7 +154,7 @@ def submit_study(
     ds = builtin_dataset(services, plan.dataset["name"])
     _check_budgets(services, plan, "builtin" if body.builtin is not None else "spec")
     with services.db.session() as s:
-        job = jobs.enqueue(s, "study")
+        job = enqueue(s, "study")
         study = Study(
             name=plan.spec.name,
             spec=stored_spec(plan),

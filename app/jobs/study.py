@@ -1,24 +1,30 @@
-"""The study job: train (or reuse) every model of a study, compare them once, summarise.
+"""The study job: every training a job of its own, then one atlas, then the summary.
 
-Stages, recorded on the study row: ``trainings`` (k of n, one :func:`models.training.train`
-per training in this process, a finished model with the same training key reused instead),
-``comparison`` (one atlas over every model of the study, a comparison job of its own found or
-queued through :func:`app.jobs.submit.submit_comparison` and run here unless another worker
-already has it), ``summary`` (:func:`analysis.studies.summarize`: summary.json, results.csv
-and the plots, stored in the artifact store), ``done``.
+A study's job is re-entrant: every time a worker runs it, it looks at what its children have
+done and takes the next step, then parks (:mod:`app.jobs.parking`) until they have done it:
 
-Cancellation and worker shutdown are checked between trainings and while the comparison
-runs. A killed job is re-queued by the stale-job reaper and starts over: every training that
-finished is found again by its key, and the comparison by its request hash, so a resumed
-study redoes only what was not finished.
+1. ``trainings``: a training whose key (arch, options, seed, dataset, recipe) already has a
+   model is reused; every other one becomes a child job of kind ``training``
+   (:func:`run_study_training`), which any free worker runs (the embedded pool's threads or
+   the Celery workers, one training per worker at a time). The study parks while they run.
+2. ``comparison``: once they have all succeeded, the atlas over every model of the study is
+   found (by its request hash) or queued as a child job — sharded when ``CKA_SHARD_BATCHES``
+   says so — and the study parks again.
+3. ``summary``: :func:`analysis.studies.summarize` writes summary.json, results.csv and the
+   plots to the artifact store; ``done``.
+
+Progress is the trainings done (reused ones included) out of n + 1, the atlas being the last
+part. A cancel reaches every training and the atlas (:func:`app.jobs.queue.request_cancel`):
+each stops at its next training step or batch. A worker killed mid-training has that training
+re-queued by the stale reaper and run by another; a failed training fails the study. A killed
+or re-submitted study finds every finished training by its key.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,29 +33,31 @@ from sqlalchemy.orm import Session
 
 import analysis
 from analysis import Cancelled, studies
-from app.jobs import states as jobs
+from app.errors import ProblemError
+from app.jobs.control import JobControl
+from app.jobs.parking import Parked, progress_plan
+from app.jobs.queue import LostJob, enqueue, park
 from app.jobs.studies import comparison_body
 from app.jobs.submit import submit_comparison
 from app.jobs.train import register_checkpoint
 from app.store import repository
 from app.store.orm import Comparison, Job, JobState, Model, Study, StudyMember
 from app.store.services import Services
+from models.errors import TrainingCancelled
 from models.training import train
 
-__all__ = ["RunClaimed", "run_study"]
+__all__ = ["run_study", "run_study_training"]
 
 log = logging.getLogger(__name__)
-
-# app.jobs.run.run_claimed, passed in by the dispatcher (which imports this module).
-RunClaimed = Callable[[Services, Job, str, threading.Event | None], None]
-POLL_S = 0.2
+# How often a study polls an atlas that belongs to another job (two identical studies at once).
+POLL_S = 0.5
 
 
 def _study_for_job(services: Services, job_id: int) -> Study:
     with services.db.session(readonly=True) as s:
         study = repository.study_for_job(s, job_id)
     if study is None:
-        raise jobs.LostJob(f"job {job_id} has no study any more")
+        raise LostJob(f"job {job_id} has no study any more")
     return study
 
 
@@ -58,133 +66,154 @@ def _set_stage(services: Services, study_id: int, stage: str) -> None:
         s.execute(update(Study).where(Study.id == study_id).values(stage=stage))
 
 
-def _stop_if_asked(control: jobs.JobControl, what: str) -> None:
-    if control.lost:
-        raise jobs.LostJob(f"job {control.job_id} is no longer this worker's")
-    if control.cancel_requested or control.shutdown.is_set():
-        raise Cancelled(f"{what} was stopped")
-
-
 def _model_by_key(services: Services, key: str) -> Model | None:
     with services.db.session(readonly=True) as s:
         return s.scalar(select(Model).where(Model.training_key == key).order_by(Model.id).limit(1))
 
 
-def _train(services: Services, t: studies.Training) -> Model:
-    with services.store.scratch() as tmp:
-        with services.store.writing():  # a full or read-only store fails with a sentence
-            path = Path(
-                train(
-                    t.arch,
-                    analysis.training_data(t.dataset),
-                    out_dir=Path(tmp),
-                    name="model",
-                    progress=False,
-                    **t.train_kwargs(),
-                )
-            )
-        model, _ = register_checkpoint(
-            services,
-            path,
-            path.with_suffix(".json"),
-            name=t.name,
-            source="study",
-            training_key=t.key,
+def _record_member(session: Session, study_id: int, key: str, model_id: int, reused: bool) -> None:
+    session.execute(
+        update(StudyMember)
+        .where(StudyMember.study_id == study_id, StudyMember.training_key == key)
+        .values(model_id=model_id, reused=reused)
+    )
+
+
+def _children(services: Services, job_id: int) -> list[Job]:
+    with services.db.session(readonly=True) as s:
+        return list(s.scalars(select(Job).where(Job.parent_id == job_id).order_by(Job.id)))
+
+
+def _check(children: list[Job], n: int) -> None:
+    """A failed child fails the study, a cancelled one cancels it."""
+    for child in children:
+        what = (
+            f"training {int((child.detail or {}).get('position', 0)) + 1} of {n} "
+            f"({(child.detail or {}).get('name')})"
+            if child.kind == "training"
+            else f"the study's {child.kind} (job {child.id})"
         )
-    return model
+        if child.status == JobState.FAILED:
+            raise ProblemError(
+                500, child.error_code or "internal_error", f"{what} failed: {child.error}"
+            )
+        if child.status == JobState.CANCELLED:
+            raise Cancelled(f"{what} was cancelled")
 
 
-def _record_member(
-    services: Services, study_id: int, key: str, model_id: int, reused: bool
+def _wait_for_children(
+    services: Services, job: Job, control: JobControl, children: list[Job], plan: dict[str, Any]
+) -> None:
+    """Park the study until its live children end, and send the queued ones to the workers."""
+    if not park(services.db, job.id, control.worker_id, detail=plan):
+        raise LostJob(f"job {job.id} is no longer owned by {control.worker_id}")
+    for child in children:
+        if child.status == JobState.QUEUED:
+            services.dispatch(child.id)
+    live = sum(1 for c in children if c.status.live)
+    raise Parked(f"job {job.id} waits for {live} of its children")
+
+
+def _queue_trainings(
+    services: Services, study: Study, job: Job, missing: list[tuple[int, studies.Training]], n: int
 ) -> None:
     with services.db.session() as s:
-        s.execute(
-            update(StudyMember)
-            .where(StudyMember.study_id == study_id, StudyMember.training_key == key)
-            .values(model_id=model_id, reused=reused)
-        )
+        for position, t in missing:
+            enqueue(
+                s,
+                "training",
+                parent_id=job.id,
+                detail={
+                    "study_id": study.id,
+                    "key": t.key,
+                    "name": t.name,
+                    "position": position,
+                    "of": n,
+                    "arch": t.arch,
+                    "dataset": t.dataset,
+                    "kwargs": t.train_kwargs(),
+                },
+            )
 
 
 def _trainings(
-    services: Services, study: Study, plan: studies.StudyPlan, control: jobs.JobControl
+    services: Services, study: Study, job: Job, control: JobControl, plan: studies.StudyPlan
 ) -> dict[str, Model]:
-    """Every training's model, reused by key or trained now; progress k / (n + 1)."""
+    """Every training's model once all exist; else queue the missing ones and park."""
     n = len(plan.trainings)
-    out: dict[str, Model] = {}
-    for k, t in enumerate(plan.trainings):
-        _stop_if_asked(control, f"study {study.id}")
-        control.progress = k / (n + 1)
-        model = _model_by_key(services, t.key)
-        reused = model is not None
-        if model is None:
-            log.info("study %s: training %d of %d (%s)", study.id, k + 1, n, t.name)
-            model = _train(services, t)
-        _record_member(services, study.id, t.key, model.id, reused)
-        out[t.key] = model
-    control.progress = n / (n + 1)
-    return out
+    children = _children(services, job.id)
+    _check(children, n)
+    trained = [c for c in children if c.kind == "training"]
+    found = {t.key: _model_by_key(services, t.key) for t in plan.trainings}
+    if not trained:  # the first run: reuse what exists, queue the rest
+        with services.db.session() as s:
+            for t in plan.trainings:
+                model = found[t.key]
+                if model is not None:
+                    _record_member(s, study.id, t.key, model.id, reused=True)
+        missing = [(k, t) for k, t in enumerate(plan.trainings) if found[t.key] is None]
+        if missing:
+            log.info("study %s: %d of %d trainings to run", study.id, len(missing), n)
+            _queue_trainings(services, study, job, missing, n)
+            children = _children(services, job.id)
+            trained = children
+    models_by_key = {key: m for key, m in found.items() if m is not None}
+    if len(models_by_key) == n:
+        return models_by_key
+    # Reused trainings count as done; each training child adds its own progress.
+    plan_detail = progress_plan(n + 1, n - len(trained))
+    if not any(c.status.live for c in children):
+        # Every child succeeded but a model is missing: it was deleted meanwhile.
+        lost = next(t for t in plan.trainings if t.key not in models_by_key)
+        raise analysis.AnalysisError(f"the model of training {lost.name!r} was deleted")
+    _wait_for_children(services, job, control, children, plan_detail)
+    raise AssertionError("unreachable")  # pragma: no cover - _wait_for_children raises
 
 
-def _comparison_state(services: Services, comparison_id: int) -> tuple[str, float, str, int]:
-    with services.db.session(readonly=True) as s:
-        cmp = s.get(Comparison, comparison_id)
-        if cmp is None:
-            raise analysis.AnalysisError(f"comparison {comparison_id} was deleted")
-        job = cmp.job
-        return job.status, float(job.progress), job.error or "", job.id
-
-
-def _compare(
+def _atlas(
     services: Services,
     study: Study,
+    job: Job,
+    control: JobControl,
     plan: studies.StudyPlan,
-    model_ids: list[int],
-    control: jobs.JobControl,
-    run_claimed: RunClaimed,
+    trained: dict[str, Model],
 ) -> int:
-    """Find or queue the atlas of the study's models and see it finished; its id."""
-    body = comparison_body(plan.cka, model_ids, study.dataset_id)
-    comparison_id, _ = submit_comparison(services, body, dispatch=False)
+    """The id of the study's succeeded atlas; else find or queue it as a child, and park."""
     n = len(plan.trainings)
-    worker = f"{control.worker_id}/comparison"
-    stop = threading.Event()
-    runner: threading.Thread | None = None
-    settings = services.settings
-    next_reap = 0.0
-    try:
-        while True:
-            if runner is None and time.monotonic() >= next_reap:
-                # Another process may have died running this comparison (a killed CLI run has
-                # no reaper of its own): put it back in the queue once its heartbeat is stale.
-                jobs.requeue_stale(services.db, settings.stale_after_s, settings.max_attempts)
-                next_reap = time.monotonic() + max(settings.stale_after_s / 4, 0.5)
-            status, progress, error, job_id = _comparison_state(services, comparison_id)
-            control.progress = (n + progress) / (n + 1)
-            if status == JobState.SUCCEEDED:
-                return comparison_id
-            if status in (JobState.FAILED, JobState.CANCELLED):
-                raise analysis.AnalysisError(
-                    f"the study's comparison {comparison_id} {status}: {error or 'no reason given'}"
-                )
-            if control.cancel_requested and runner is not None:
-                with services.db.session() as s:
-                    jobs.request_cancel(s, job_id)
-            _stop_if_asked(control, f"study {study.id}")
-            if status == JobState.QUEUED and (runner is None or not runner.is_alive()):
-                claimed = jobs.claim(services.db, worker, job_id)
-                if claimed is not None:  # else another worker has it: wait for it
-                    runner = threading.Thread(
-                        target=run_claimed,
-                        args=(services, claimed, worker, stop),
-                        name=f"study-{study.id}-comparison",
-                        daemon=True,
-                    )
-                    runner.start()
-            control.shutdown.wait(POLL_S)
-    finally:
-        if runner is not None and runner.is_alive():
-            stop.set()  # the comparison stops at its next batch (released or cancelled)
-            runner.join()
+    model_ids = list(dict.fromkeys(trained[t.key].id for t in plan.trainings))
+    body = comparison_body(plan.cka, model_ids, study.dataset_id)
+    comparison_id, _ = submit_comparison(services, body, dispatch=False, parent_id=job.id)
+    while True:
+        with services.db.session() as s:
+            cmp = s.get(Comparison, comparison_id)
+            if cmp is None:
+                raise analysis.AnalysisError(f"comparison {comparison_id} was deleted")
+            cmp_job = cmp.job
+            if cmp_job.parent_id is None and cmp_job.status.live:
+                cmp_job.parent_id = job.id  # a live identical request: the study waits for it
+            status, owner, error = cmp_job.status, cmp_job.parent_id, cmp_job.error
+            cmp_job_id = cmp_job.id
+        if status == JobState.SUCCEEDED:
+            return comparison_id
+        if not status.live:
+            raise analysis.AnalysisError(
+                f"the study's comparison {comparison_id} {status}: {error or 'no reason given'}"
+            )
+        if owner == job.id:
+            break
+        # Another study's atlas: wait for it here (rare: two identical studies at once).
+        control.progress = (n + 0.5) / (n + 1)
+        if control.lost:
+            raise LostJob(f"job {job.id} is no longer this worker's")
+        if control.cancel_requested or control.shutdown.is_set():
+            raise Cancelled(f"study {study.id} was stopped")
+        time.sleep(POLL_S)
+    children = _children(services, job.id)
+    trainings = sum(1 for c in children if c.kind == "training")
+    plan_detail = progress_plan(n + 1, n - trainings)
+    waiting = [c for c in children if c.id == cmp_job_id]
+    _wait_for_children(services, job, control, waiting, plan_detail)
+    raise AssertionError("unreachable")  # pragma: no cover - _wait_for_children raises
 
 
 def _accuracy(model: Model) -> float | None:
@@ -224,28 +253,90 @@ def _summarize(
     return summary, artifacts
 
 
-def run_study(
-    services: Services, job: Job, control: jobs.JobControl, run_claimed: RunClaimed
-) -> None:
+def run_study(services: Services, job: Job, control: JobControl) -> None:
     """The ``study`` job kind (see the module docstring)."""
     study = _study_for_job(services, job.id)
     plan = studies.plan(study.spec, quick=bool(study.params.get("quick")))
-    _set_stage(services, study.id, "trainings")
-    trained = _trainings(services, study, plan, control)
+    if study.stage in ("queued", "trainings"):
+        _set_stage(services, study.id, "trainings")
+    trained = {t.key: m for t, m in _ordered(plan, _trainings(services, study, job, control, plan))}
     _set_stage(services, study.id, "comparison")
-    model_ids = list(dict.fromkeys(m.id for m in trained.values()))
-    comparison_id = _compare(services, study, plan, model_ids, control, run_claimed)
-    _stop_if_asked(control, f"study {study.id}")
+    comparison_id = _atlas(services, study, job, control, plan, trained)
+    if control.should_stop or control.shutdown.is_set():
+        raise Cancelled(f"study {study.id} was stopped")
     _set_stage(services, study.id, "summary")
     summary, artifacts = _summarize(services, plan, trained, comparison_id)
 
     def write(s: Session) -> None:
         row = s.get(Study, study.id)
         if row is None:
-            raise jobs.LostJob(f"study {study.id} was deleted while running")
+            raise LostJob(f"study {study.id} was deleted while running")
         row.summary = summary
         row.artifacts = artifacts
         row.comparison_id = comparison_id
         row.stage = "done"
+
+    control.commit(write)
+
+
+def _ordered(
+    plan: studies.StudyPlan, by_key: dict[str, Model]
+) -> list[tuple[studies.Training, Model]]:
+    return [(t, by_key[t.key]) for t in plan.trainings]
+
+
+def run_study_training(services: Services, job: Job, control: JobControl) -> None:
+    """A study's ``training`` child: train (or find by key) one model and record it.
+
+    The training takes the job's cancel callback, so a cancelled or shut-down study stops
+    within one training step. The job's ``detail`` gets the worker, host and seconds.
+    """
+    d = dict(job.detail or {})
+    if job.parent_id is None or "key" not in d:
+        raise LostJob(f"job {job.id} is not a training of a study")
+    began = time.perf_counter()
+    model = _model_by_key(services, d["key"])
+    if model is None:
+        with services.store.scratch() as tmp:
+            try:
+                with services.store.writing():  # a full or read-only store fails with a sentence
+                    path = Path(
+                        train(
+                            d["arch"],
+                            d["dataset"],
+                            out_dir=Path(tmp),
+                            name="model",
+                            progress=False,
+                            on_step=control.on_batch,  # False once cancelled: stop between steps
+                            **d["kwargs"],
+                        )
+                    )
+            except TrainingCancelled as exc:
+                raise Cancelled(f"training {d['name']!r} was cancelled: {exc}") from None
+            if control.should_stop:
+                raise Cancelled(f"training {d['name']!r} was cancelled")
+            model, _ = register_checkpoint(
+                services,
+                path,
+                path.with_suffix(".json"),
+                name=d["name"],
+                source="study",
+                training_key=d["key"],
+            )
+    detail = {
+        **d,
+        "worker": control.worker_id,
+        "host": socket.gethostname(),
+        "seconds": round(time.perf_counter() - began, 3),
+        "attempts": job.attempts,
+        "model_id": model.id,
+    }
+    model_id = model.id
+
+    def write(s: Session) -> None:
+        row = s.get(Job, job.id)
+        if row is not None:
+            row.detail = detail
+        _record_member(s, int(d["study_id"]), d["key"], model_id, reused=False)
 
     control.commit(write)

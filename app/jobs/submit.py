@@ -26,7 +26,7 @@ from analysis.layers import resolve_layers
 from analysis.options import CompareOptions, OptionsError
 from analysis.studies import training_key
 from app.errors import ProblemError
-from app.jobs import states as jobs
+from app.jobs.queue import enqueue
 from app.jobs.requests import COMPARE_FIELDS, ComparisonIn, TrainingIn
 from app.store import repository
 from app.store.checkpoints import refuse_loader_options
@@ -248,11 +248,16 @@ def request_hash(rows: list[Model], ds: Dataset, params: dict[str, Any]) -> str:
 
 
 def submit_comparison(
-    services: Services, body: ComparisonIn, *, dispatch: bool = True
+    services: Services,
+    body: ComparisonIn,
+    *,
+    dispatch: bool = True,
+    parent_id: int | None = None,
 ) -> tuple[int, bool]:
     """Queue a comparison, or find the identical one. Returns (comparison id, created).
 
-    ``dispatch=False`` leaves the queued job to the caller (a study runs its comparison).
+    ``dispatch=False`` leaves the queued job to the caller; ``parent_id``: a new comparison's
+    job is a child of that job (a study's atlas).
     """
     rows, ds, params = validate_comparison(services, body)
     digest = request_hash(rows, ds, params)
@@ -265,7 +270,7 @@ def submit_comparison(
                     return existing.id, False
                 existing.request_hash = None  # superseded; stays readable by id
                 s.flush()
-            job = jobs.enqueue(s, "comparison")
+            job = enqueue(s, "comparison", parent_id=parent_id)
             cmp = Comparison(
                 request_hash=digest,
                 params=params,
@@ -372,7 +377,7 @@ def submit_training(services: Services, body: TrainingIn) -> int:
     params = body.model_dump(exclude={"arch", "dataset_id", "config"})
     params["config"] = {**config, "seed": body.seed} if "seed" in config else config
     with services.db.session() as s:
-        job = jobs.enqueue(s, "training")
+        job = enqueue(s, "training")
         tr = Training(
             arch=body.arch,
             dataset_id=ds.id,

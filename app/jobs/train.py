@@ -9,7 +9,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from analysis import Cancelled
-from app.jobs import states as jobs
+from app.jobs.control import JobControl
+from app.jobs.queue import LostJob
 from app.store import repository
 from app.store.artifacts import ArtifactStore
 from app.store.checkpoints import describe_model, store_checkpoint
@@ -78,12 +79,12 @@ def _default_name(meta: dict[str, Any], arch: str) -> str:
     return (clean_name(name) if isinstance(name, str) else "") or arch
 
 
-def run_training(services: Services, job: Job, control: jobs.JobControl) -> None:
+def run_training(services: Services, job: Job, control: JobControl) -> None:
     with services.db.session(readonly=True) as s:
         tr = repository.training_for_job(s, job.id)
         ds = s.get(Dataset, tr.dataset_id) if tr else None
     if tr is None or ds is None:
-        raise jobs.LostJob(f"job {job.id} has no training any more")
+        raise LostJob(f"job {job.id} has no training any more")
     # A built-in dataset trains on its fixed (train, test) split (the row is the test split);
     # a file trains on the whole, of which training holds out a fixed fifth.
     data: Any = (
@@ -130,7 +131,7 @@ def run_training(services: Services, job: Job, control: jobs.JobControl) -> None
     def write(s: Session) -> None:
         row = s.get(Training, tr.id)
         if row is None:
-            raise jobs.LostJob(f"training {tr.id} was deleted while running")
+            raise LostJob(f"training {tr.id} was deleted while running")
         row.model_id = model.id
 
     control.commit(write)

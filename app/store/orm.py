@@ -15,6 +15,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Enum,
     Float,
     ForeignKey,
     Integer,
@@ -49,7 +50,7 @@ __all__ = [
 class JobState(StrEnum):
     """Where a job is in its life: queued → running → succeeded | failed | cancelled.
 
-    A running job whose worker dies goes back to queued (see :mod:`app.jobs.states`).
+    A running job whose worker dies goes back to queued (see :mod:`app.jobs.queue`).
     """
 
     QUEUED = "queued"
@@ -171,13 +172,27 @@ class Dataset(Base):
 
 
 class Job(Base):
-    """A unit of background work and its state machine (see :mod:`app.jobs.states`)."""
+    """A unit of background work and its state machine (see :mod:`app.jobs.queue`)."""
 
     __tablename__ = "jobs"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    kind: Mapped[str] = mapped_column(String(20))  # comparison | training | study | shard
-    status: Mapped[str] = mapped_column(String(20), index=True, default=JobState.QUEUED)
+    # comparison | training | study | shard (a study's trainings: training, parent the study)
+    kind: Mapped[str] = mapped_column(String(20))
+    # Stored as the state's name in a VARCHAR(20), no database enum type: rows written as plain
+    # strings before read back as JobState, and no migration is needed.
+    status: Mapped[JobState] = mapped_column(
+        Enum(
+            JobState,
+            native_enum=False,
+            create_constraint=False,
+            length=20,
+            values_callable=lambda states: [s.value for s in states],
+            validate_strings=True,
+        ),
+        index=True,
+        default=JobState.QUEUED,
+    )
     progress: Mapped[float] = mapped_column(Float, default=0.0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     worker_id: Mapped[str | None] = mapped_column(String(200))

@@ -1,4 +1,4 @@
-"""Every query of models, datasets, comparisons and trainings (jobs: :mod:`app.jobs.states`).
+"""Every query of models, datasets, comparisons and trainings (jobs: :mod:`app.jobs.queue`).
 
 Functions take the caller's session, so a request or a job decides the transaction; list
 functions return ``(items, total)`` for pagination.
@@ -18,6 +18,7 @@ from app.store.orm import (
     ComparisonModel,
     Dataset,
     Job,
+    JobState,
     Model,
     Study,
     Training,
@@ -129,7 +130,7 @@ def list_comparisons(
     offset: int,
     model_id: int | None = None,
     dataset_id: int | None = None,
-    status: str | None = None,
+    status: JobState | None = None,
     kernel: str | None = None,
 ) -> tuple[list[Comparison], int]:
     # Lists never show the atlas itself: leave the (large) result column unloaded.
@@ -156,7 +157,7 @@ def list_comparisons(
 
 
 def list_trainings(
-    session: Session, *, limit: int, offset: int, status: str | None = None
+    session: Session, *, limit: int, offset: int, status: JobState | None = None
 ) -> tuple[list[Training], int]:
     stmt = select(Training).join(Job, Training.job_id == Job.id).order_by(Training.id.desc())
     if status:
@@ -170,7 +171,7 @@ def list_jobs(
     limit: int,
     offset: int,
     kind: str | None = None,
-    status: str | None = None,
+    status: JobState | None = None,
     parent_id: int | None = None,
     roots: bool = False,
 ) -> tuple[list[Job], int]:
@@ -231,7 +232,7 @@ def list_studies(
     limit: int,
     offset: int,
     name: str | None = None,
-    status: str | None = None,
+    status: JobState | None = None,
 ) -> tuple[list[Study], int]:
     """Newest first, without the (large) summary column."""
     stmt = (

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 import models
+from models.errors import TrainingCancelled
 
 
 def fake_accuracy(arch: str, options: dict[str, Any], seed: int) -> float:
@@ -42,8 +43,11 @@ class FakeTrainer:
         batch_size: int | None = None,
         lr: float | None = None,
         weight_decay: float | None = None,
+        on_step: Callable[[int, int], bool] | None = None,
         **options: Any,
     ) -> Path:
+        if on_step is not None and not on_step(0, 1):  # cancelled before its one "step"
+            raise TrainingCancelled("stopped before the first step")
         self.calls.append((arch, seed, dict(options)))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)

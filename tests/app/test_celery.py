@@ -19,8 +19,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from app.http.main import create_app
-from app.jobs import states as jobs
-from app.store.orm import Comparison, Job, utcnow
+from app.jobs.queue import claim
+from app.store.orm import Comparison, Job, Model, Study, utcnow
 from app.store.services import Services
 from app.store.settings import Settings
 from tests.app.fault_tools import CIFAR, upload_dataset
@@ -79,7 +79,7 @@ def test_celery_worker_runs_queued_and_stale_jobs(
         # The second job's worker "died": running, with a heartbeat long past.
         with services.db.session() as s:
             stale_job = s.get(Comparison, stale.json()["id"]).job_id  # type: ignore[union-attr]
-        dead = jobs.claim(services.db, "celery:dead", stale_job)
+        dead = claim(services.db, "celery:dead", stale_job)
         assert dead is not None
         with services.db.session() as s:
             s.execute(
@@ -194,3 +194,102 @@ def test_two_workers_share_a_sharded_comparison_and_survive_a_kill(
             # the counters differ: no store in-process, and the re-run shard read the Grams
             # its killed predecessor had stored instead of running the models again
             assert_same_numbers(expected, stored, ignore=("gram_cache", "forward_passes"))
+
+
+# A small study: the Mixer reference and two SW-MLP densities, two seeds each (6 trainings).
+STUDY = {
+    "name": "tiny",
+    "dataset": "digits",
+    "seeds": 2,
+    "quick": {"epochs": 1},
+    "reference": {"name": "mixer", "arch": "mixer_digits"},
+    "arms": [{"name": "sw", "arch": "sw_mlp_digits", "grid": {"density": [0.125, "matched"]}}],
+    "cka": {"batch_size": 150},
+}
+
+
+def _one_worker_sha256s(tmp_path: Path) -> dict[str, str]:
+    """Every training of STUDY run one after another in this process, on one thread as the
+    workers are: the weights' sha256 by training key."""
+    import hashlib
+
+    import torch
+
+    from analysis import studies
+    from models.training import train
+
+    plan = studies.plan(STUDY, quick=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = {}
+        for k, t in enumerate(plan.trainings):
+            path = train(
+                t.arch, t.dataset, out_dir=tmp_path / f"solo-{k}", name="model", **t.train_kwargs()
+            )
+            out[t.key] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_two_workers_share_a_study_and_survive_a_kill(
+    broker_settings: Settings, tmp_path: Path
+) -> None:
+    """Two ``cka-atlas worker --name`` processes run a study's trainings; w1 is SIGKILLed in
+    the middle of one after it finished another: w2 re-runs it and the study ends once, with
+    the checkpoints one worker gives."""
+    settings = broker_settings
+    with TestClient(create_app(settings)) as client:
+        services: Services = client.app.state.services  # type: ignore[attr-defined]
+        workers = {
+            name: _worker(settings, tmp_path / f"{name}.log", name=name, stale_after_s=4)
+            for name in ("w1", "w2")
+        }
+        try:
+            r = client.post("/v1/studies", json={"spec": STUDY, "quick": True})
+            assert r.status_code == 202, r.text
+            study = r.json()
+            with services.db.session(readonly=True) as s:
+                job_id = s.get(Study, study["id"]).job_id  # type: ignore[union-attr]
+            children = {"parent_id": job_id, "kind": "training", "limit": 50}
+            deadline = time.monotonic() + 300
+            victim = None
+            while victim is None and time.monotonic() < deadline:
+                items = client.get("/v1/jobs", params=children).json()["items"]
+                w1_done = [
+                    j
+                    for j in items
+                    if j["status"] == "succeeded" and _node(j["detail"]["worker"]) == "celery-w1"
+                ]
+                for j in items:
+                    mine = j["status"] == "running" and _node(j["worker"]) == "celery-w1"
+                    if w1_done and mine and 0 < j["progress"] < 1:
+                        victim = j
+                time.sleep(0.02)
+            assert victim is not None, "w1 never ran two trainings"
+            os.killpg(workers["w1"].pid, signal.SIGKILL)
+            workers["w1"].wait(timeout=30)
+            done = wait(client, r.headers["location"], timeout=600, alive=workers["w2"])
+        finally:
+            for proc in workers.values():
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(timeout=60)
+        logs = {n: (tmp_path / f"{n}.log").read_text(errors="replace") for n in workers}
+        assert done["status"] == "succeeded", (done, logs["w2"][-3000:])
+        trainings = client.get("/v1/jobs", params=children).json()["items"]
+        assert len(trainings) == 6 and all(j["status"] == "succeeded" for j in trainings)
+        assert {_node(j["detail"]["worker"]) for j in trainings} == {"celery-w1", "celery-w2"}
+        assert all(j["detail"]["seconds"] > 0 for j in trainings)
+        redone = next(j for j in trainings if j["id"] == victim["id"])
+        assert redone["attempts"] == 2 and _node(redone["detail"]["worker"]) == "celery-w2"
+        with services.db.session(readonly=True) as s:  # one result: the study succeeded once
+            row = s.get(Study, study["id"])
+            assert row is not None and row.job.status == "succeeded" and row.summary is not None
+            models = {m.training_key: s.get(Model, m.model_id) for m in row.members}
+            shas = {key: m.sha256 for key, m in models.items() if m is not None}
+            assert s.query(Model).count() == 6  # the killed training registered nothing twice
+        page = client.get(f"/studies/{study['id']}").text
+        assert "celery-w1" in page and "celery-w2" in page  # each training's worker
+    assert shas == _one_worker_sha256s(tmp_path)

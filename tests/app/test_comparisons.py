@@ -10,8 +10,9 @@ import numpy as np
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
-from app.jobs import states as jobs
 from app.jobs.embedded import EmbeddedWorker
+from app.jobs.queue import LostJob, claim, complete
+from app.jobs.reaper import requeue_stale
 from app.jobs.run import run_claimed
 from app.store.orm import Comparison, Job, utcnow
 from app.store.services import Services
@@ -92,7 +93,7 @@ def test_cancel_queued_and_running(idle_client: TestClient, zoo: dict[str, Path]
     assert client.get(f"{url}/matrix").status_code == 409
     running = submit(client, ids)  # a cancelled identical comparison is recomputed
     assert running.status_code == 202
-    job = jobs.claim(services.db, "test-worker")
+    job = claim(services.db, "test-worker")
     assert job is not None
     assert client.post(f"{running.headers['location']}/cancel").json()["status"] == "running"
     run_claimed(services, job, "test-worker")  # stops at its first batch boundary
@@ -107,7 +108,7 @@ def test_stale_job_is_requeued_and_killed_worker_writes_nothing(
     services: Services = client.app.state.services  # type: ignore[attr-defined]
     ids = register(client, zoo, "mixer_digits", "mlp_digits")
     url = submit(client, ids).headers["location"]
-    dead = jobs.claim(services.db, "dead-worker")
+    dead = claim(services.db, "dead-worker")
     assert dead is not None
     with services.db.session() as s:
         s.execute(
@@ -125,9 +126,9 @@ def test_stale_job_is_requeued_and_killed_worker_writes_nothing(
     # The killed worker coming back cannot overwrite or duplicate the result.
     with services.db.session() as s:
         try:
-            jobs.complete(s, dead.id, "dead-worker")
+            complete(s, dead.id, "dead-worker")
             raise AssertionError("a worker that lost its job completed it")
-        except jobs.LostJob:
+        except LostJob:
             pass
     with services.db.session() as s:
         assert s.scalar(select(func.count()).select_from(Comparison)) == 1
@@ -141,7 +142,7 @@ def test_a_job_that_keeps_killing_its_worker_is_failed_not_requeued(
     url = submit(client, register(client, zoo, "mlp_digits")).headers["location"]
     limit = services.settings.max_attempts
     for attempt in range(1, limit + 1):
-        job = jobs.claim(services.db, f"doomed-{attempt}")
+        job = claim(services.db, f"doomed-{attempt}")
         assert job is not None, f"attempt {attempt}: the job was not back in the queue"
         with services.db.session() as s:
             s.execute(
@@ -149,12 +150,12 @@ def test_a_job_that_keeps_killing_its_worker_is_failed_not_requeued(
                 .values(heartbeat_at=utcnow() - timedelta(seconds=600))
                 .where(Job.id == job.id)
             )
-        requeued = jobs.requeue_stale(services.db, 60, limit)
+        requeued = requeue_stale(services.db, 60, limit)
         assert requeued == ([job.id] if attempt < limit else [])
     body = client.get(url).json()
     assert body["status"] == "failed" and body["attempts"] == limit
     assert body["error_code"] == "worker_lost" and "stopped responding" in body["error"]
-    assert jobs.claim(services.db, "another") is None
+    assert claim(services.db, "another") is None
 
 
 def test_stored_grams_skip_forward_of_known_models(

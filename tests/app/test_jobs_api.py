@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 import app.jobs.train as train_job
-from app.jobs import states as jobs
+from app.jobs.queue import claim, enqueue
 from app.jobs.run import run_claimed
 from app.store.orm import Model, Training
 from app.store.services import Services
@@ -35,7 +35,7 @@ def test_jobs_of_every_kind_with_filters_and_pages(
     cmp_b = client.post("/v1/comparisons", json={"model_ids": ids[:1], "dataset_id": ds}).json()
     tr = client.post("/v1/trainings", json={"arch": "mlp_digits", "dataset_id": ds}).json()
     with _services(client).db.session() as s:  # a kind this code has no handler for yet
-        study = jobs.enqueue(s, "study").id
+        study = enqueue(s, "study").id
 
     page = client.get("/v1/jobs").json()
     assert page["total"] == 4
@@ -105,7 +105,7 @@ def test_training_cancelled_mid_run_registers_and_leaves_no_checkpoint(
         return real_train(*args, on_step=hook, **kw)
 
     monkeypatch.setattr(train_job, "train", train)
-    job = jobs.claim(services.db, "test-worker")
+    job = claim(services.db, "test-worker")
     assert job is not None
     run_claimed(services, job, "test-worker")
 

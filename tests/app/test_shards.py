@@ -14,7 +14,9 @@ from sqlalchemy import select, update
 
 from app.http.main import create_app
 from app.jobs import run
-from app.jobs import states as jobs
+from app.jobs.parking import PARKED
+from app.jobs.queue import claim, fail, heartbeat
+from app.jobs.reaper import requeue_stale
 from app.jobs.run import execute, run_claimed
 from app.store.orm import Comparison, Job, utcnow
 from app.store.services import Services
@@ -108,7 +110,7 @@ def _park(client: TestClient, zoo: dict[str, Path], shards: int = 3) -> tuple[in
     assert execute(services, "test:host:1:parent", parent) is not None
     with services.db.session(readonly=True) as s:
         row = s.get(Job, parent)
-        assert row is not None and (row.status, row.worker_id) == ("running", jobs.SHARD_OWNER)
+        assert row is not None and (row.status, row.worker_id) == ("running", PARKED)
         children = list(s.scalars(select(Job.id).where(Job.parent_id == parent)))
     assert len(children) == shards
     return parent, children
@@ -124,7 +126,7 @@ def _status(services: Services, job_id: int) -> str:
 def test_cancel_reaches_every_shard(idle_client: TestClient, zoo: dict[str, Path]) -> None:
     client, services = idle_client, _services(idle_client)
     parent, children = _park(client, zoo)
-    running = jobs.claim(services.db, "test:host:2:w", children[0])
+    running = claim(services.db, "test:host:2:w", children[0])
     assert running is not None
 
     r = client.post(f"/v1/jobs/{parent}/cancel")
@@ -142,9 +144,9 @@ def test_cancel_reaches_every_shard(idle_client: TestClient, zoo: dict[str, Path
 def test_a_failed_shard_fails_the_comparison(idle_client: TestClient, zoo: dict[str, Path]) -> None:
     client, services = idle_client, _services(idle_client)
     parent, children = _park(client, zoo, shards=2)
-    claimed = jobs.claim(services.db, "test:host:3:w", children[0])
+    claimed = claim(services.db, "test:host:3:w", children[0])
     assert claimed is not None
-    jobs.fail(services.db, children[0], "test:host:3:w", "a bad batch", "invalid_input")
+    fail(services.db, children[0], "test:host:3:w", "a bad batch", "invalid_input")
     assert execute(services, "test:host:4:w", children[1]) is not None  # the last one settles
     assert _status(services, children[1]) == "succeeded"
     job = client.get(f"/v1/jobs/{parent}").json()
@@ -158,9 +160,9 @@ def test_progress_sums_the_shards_and_the_reaper_waits_for_them(
 ) -> None:
     client, services = idle_client, _services(idle_client)
     parent, children = _park(client, zoo, shards=2)
-    first = jobs.claim(services.db, "test:host:5:w", children[0])
+    first = claim(services.db, "test:host:5:w", children[0])
     assert first is not None
-    jobs.heartbeat(services.db, children[0], "test:host:5:w", 0.5)
+    heartbeat(services.db, children[0], "test:host:5:w", 0.5)
     assert client.get(f"/v1/jobs/{parent}").json()["progress"] == 0.25  # (0.5 + 0) / 2
 
     def age(job_id: int) -> None:
@@ -172,10 +174,10 @@ def test_progress_sums_the_shards_and_the_reaper_waits_for_them(
     # a shard may still run: the parked comparison is left alone, the stale shard re-queued,
     # and, none of them having beaten for a minute, the queued ones are sent again (once)
     age(children[0])
-    assert sorted(jobs.requeue_stale(services.db, 60.0)) == sorted(children)
+    assert sorted(requeue_stale(services.db, 60.0)) == sorted(children)
     assert _status(services, parent) == "running"
     assert _status(services, children[0]) == "queued"
-    assert jobs.requeue_stale(services.db, 60.0) == []
+    assert requeue_stale(services.db, 60.0) == []
 
     # both shards end, but the worker of the last one dies before it takes the comparison
     # over: once stale, the comparison is re-queued, and its next run combines the shards
@@ -184,7 +186,7 @@ def test_progress_sums_the_shards_and_the_reaper_waits_for_them(
         assert execute(services, "test:host:6:w", child) is not None
         assert _status(services, child) == "succeeded"
     age(parent)
-    assert jobs.requeue_stale(services.db, 60.0) == [parent]
+    assert requeue_stale(services.db, 60.0) == [parent]
     assert execute(services, "test:host:7:w", parent) is not None
     done = client.get(f"/v1/jobs/{parent}").json()
     assert done["status"] == "succeeded" and done["worker"] == "test:host:7:w"

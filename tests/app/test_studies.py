@@ -9,22 +9,28 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 import analysis
 from analysis import studies
 from app.cli import main
-from app.jobs import states as jobs
+from app.http.main import create_app
+from app.jobs.queue import request_cancel
 from app.jobs.run import execute
 from app.store.orm import Comparison
 from app.store.services import Services
 from app.store.settings import Settings
+from models.errors import TrainingCancelled
 from tests.app.payloads import assert_problem
 from tests.app.study_tools import FakeTrainer, fake_accuracy
 from tests.helpers import digits_id, register, wait
@@ -193,6 +199,10 @@ def test_builtin_study_through_rest_then_reused(client: TestClient, trainer: Fak
         f'src="{url}/plot.svg"' in page and f'href="/comparisons/{done["comparison_id"]}"' in page
     )
     assert page.count('<tr data-arm="') == 8
+    assert page.count('<td class="training-state"><span class="pill status-succeeded">') == n
+    reused_page = client.get(f"/studies/{second['id']}")  # no training job: all reused
+    assert reused_page.status_code == 200
+    assert reused_page.text.count('<td class="training-state">reused</td>') == n
     assert all(f'href="/models/{i}"' in page for i in model_ids)
     assert "Start a built-in study" in client.get("/studies").text
     # In the comparisons list the atlas is marked as the study's, with a link to it.
@@ -203,12 +213,21 @@ def test_builtin_study_through_rest_then_reused(client: TestClient, trainer: Fak
     assert 'name="config.density"' in form and 'name="config.num_blocks"' in form
 
 
-def test_cancel_and_resume(settings: Settings, trainer: FakeTrainer) -> None:
+def _drain(services: Services, worker: str, stop: threading.Event | None = None) -> None:
+    """Run queued jobs in this thread, as one worker would, until none is left (or ``stop``)."""
+    stop = stop or threading.Event()
+    while not stop.is_set() and execute(services, worker, shutdown=stop) is not None:
+        pass
+
+
+def test_study_trainings_are_jobs_cancel_cascades_and_a_new_run_resumes(
+    settings: Settings, trainer: FakeTrainer
+) -> None:
     from app.jobs.requests import StudyIn
     from app.jobs.studies import submit_study
     from app.store.datasets import register_builtin_datasets
     from app.store.db import ensure_schema
-    from app.store.orm import Study
+    from app.store.orm import Job, JobState, Study
 
     services = Services(settings)
     ensure_schema(services.db.engine)
@@ -217,25 +236,47 @@ def test_cancel_and_resume(settings: Settings, trainer: FakeTrainer) -> None:
         body = StudyIn(spec=TINY, quick=True)
         queued_id, queued_job = submit_study(services, body, dispatch=False)
         with services.db.session() as s:
-            jobs.request_cancel(s, queued_job)  # a queued study is cancelled at once
+            request_cancel(s, queued_job)  # a queued study is cancelled at once
         study_id, job_id = submit_study(services, body, dispatch=False)
 
-        # The worker stops (a shutdown, as when it is killed) after the second training: the
-        # job goes back to the queue with two trainings done.
+        # One worker runs the study (it queues its 6 trainings and parks), then two of them.
         stop = threading.Event()
         trainer.after = lambda calls: stop.set() if calls == 2 else None
-        execute(services, "w1", job_id, shutdown=stop)
+        _drain(services, "w1", stop)
         with services.db.session(readonly=True) as s:
             st = s.get(Study, study_id)
-            assert st is not None and st.job.status == "queued"
+            assert st is not None and st.job.status == JobState.RUNNING and st.stage == "trainings"
+            children = list(s.scalars(select(Job).where(Job.parent_id == job_id).order_by(Job.id)))
+            assert [c.kind for c in children] == ["training"] * 6
+            assert [c.status for c in children] == [JobState.SUCCEEDED] * 2 + [JobState.QUEUED] * 4
+            assert [c.detail["position"] for c in children] == list(range(6))
+            assert children[0].detail["worker"] == "w1" and children[0].detail["seconds"] >= 0
             assert sum(m.model_id is not None for m in st.members) == 2
+            # progress: trainings done of n, the atlas being the (n + 1)-th part
+            assert st.job.progress == pytest.approx(2 / 7)
             cancelled = s.get(Study, queued_id)
-            assert cancelled is not None and cancelled.job.status == "cancelled"
-        execute(services, "w2", job_id)
+            assert cancelled is not None and cancelled.job.status == JobState.CANCELLED
+
+        with services.db.session() as s:  # the cancel reaches every queued training at once
+            request_cancel(s, job_id)
         with services.db.session(readonly=True) as s:
-            st = s.get(Study, study_id)
-            assert st is not None and st.job.status == "succeeded", st.job.error
+            stmt = select(Job.status).where(Job.parent_id == job_id).order_by(Job.id)
+            states = s.scalars(stmt).all()
+            assert states == [JobState.SUCCEEDED] * 2 + [JobState.CANCELLED] * 4
+            assert s.get(Job, job_id).status == JobState.CANCELLED  # type: ignore[union-attr]
+        _drain(services, "w1")
+        assert len(trainer.calls) == 2
+
+        # Started again, the study finds the two finished trainings by their keys.
+        again_id, _ = submit_study(services, body)
+        _drain(services, "w2")
+        with services.db.session(readonly=True) as s:
+            st = s.get(Study, again_id)
+            assert st is not None and st.job.status == JobState.SUCCEEDED, st.job.error
             assert [m.reused for m in st.members] == [True, True, False, False, False, False]
+            assert st.job.progress == 1.0 and st.stage == "done"
+            kinds = s.scalars(select(Job.kind).where(Job.parent_id == st.job_id)).all()
+            assert sorted(kinds) == ["comparison"] + ["training"] * 4  # the atlas is a child too
         assert len(trainer.calls) == 6  # 3 entries × 2 seeds, each trained once
     finally:
         services.close()
@@ -309,3 +350,159 @@ def test_cli_study_run_writes_summary_and_reuses(
     assert main(["study", "list"]) == 0
     listing = capsys.readouterr().out
     assert listing.count("sparsity") == 2 and "16/16" in listing
+
+
+# --- every job cancellable and bounded in time (issue 26) -----------------------------------
+
+
+class SlowTrainer:
+    """A training of many short steps that asks ``on_step`` after each, as the real one does;
+    it records every step, and never finishes within a test."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.stopped = False
+
+    def __call__(self, arch: str, dataset: Any = "digits", **kwargs: Any) -> Path:
+        on_step = kwargs.get("on_step")
+        total = 100_000
+        for i in range(total):
+            self.steps += 1
+            if on_step is not None and not on_step(i, total):
+                self.stopped = True
+                raise TrainingCancelled("stopped by its callback")
+            time.sleep(0.005)
+        raise AssertionError("the slow training ran to its end")
+
+
+def test_a_running_study_cancels_within_one_training_step(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow = SlowTrainer()
+    monkeypatch.setattr("app.jobs.study.train", slow)
+    r = client.post("/v1/studies", json={"spec": TINY, "quick": True})
+    url = r.headers["location"]
+    deadline = time.monotonic() + 60
+    while slow.steps < 5:
+        assert time.monotonic() < deadline, "the study's first training never started"
+        time.sleep(0.01)
+    running = [m for m in client.get(url).json()["models"] if m["status"] == "running"]
+    assert len(running) == 1 and running[0]["worker"].startswith("embedded"), running
+    asked = time.monotonic()
+    assert client.post(f"{url}/cancel").status_code == 200
+    done = wait(client, url, timeout=30)
+    assert done["status"] == "cancelled", done
+    # The flag reaches the training with its next heartbeat (0.2 s here); the training stops
+    # at the step after that, through its callback, never running to its end.
+    assert slow.stopped and time.monotonic() - asked < 5
+    trainings = client.get("/v1/jobs", params={"parent_id": done["job_id"]}).json()["items"]
+    assert {j["status"] for j in trainings} == {"cancelled"}
+
+
+def test_the_embedded_worker_stops_a_job_past_its_time_limit(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow = SlowTrainer()
+    monkeypatch.setattr("app.jobs.study.train", slow)
+    with TestClient(create_app(settings.model_copy(update={"job_timeout_s": 1}))) as client:
+        r = client.post("/v1/studies", json={"spec": TINY, "quick": True})
+        started = time.monotonic()
+        done = wait(client, r.headers["location"], timeout=60)
+        assert done["status"] == "failed" and time.monotonic() - started < 30
+        assert "CKA_JOB_TIMEOUT_S (1 s)" in done["error"], done
+        trainings = client.get("/v1/jobs", params={"parent_id": done["job_id"]}).json()["items"]
+        first = next(j for j in trainings if j["detail"]["position"] == 0)
+        assert first["status"] == "failed" and first["error_code"] == "job_timeout"
+        assert slow.stopped
+
+
+def test_sigterm_stops_the_server_while_a_study_trains_and_requeues_the_training(
+    db_url: str, tmp_path: Path
+) -> None:
+    """``cka-atlas serve`` with its embedded worker, a real training running: SIGTERM ends the
+    process within a few seconds, and the training goes back to the queue."""
+    from app.jobs.parking import PARKED
+    from app.store.db import Database
+    from app.store.orm import Job, JobState
+    from tests.app.fault_tools import Proc, poll, service_env
+    from tests.servers import free_port
+
+    port = free_port()
+    env = service_env(db_url, tmp_path / "data", CKA_WORKER_THREADS="1")
+    server = Proc(["serve", "--port", str(port)], env, tmp_path / "serve.log")
+    db = Database(db_url)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+
+            def up() -> bool:
+                try:
+                    return http.get("/healthz").status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            poll(up, 60, "cka-atlas serve answered /healthz", (server,))
+            # the full recipe (30 epochs for the Mixer): each training takes a while
+            full = {k: v for k, v in TINY.items() if k != "quick"}
+            r = http.post("/v1/studies", json={"spec": full})
+            assert r.status_code == 202, r.text
+
+            def working() -> list[int]:  # jobs a worker runs (a parked study is nobody's)
+                with db.session(readonly=True) as s:
+                    stmt = select(Job.id).where(
+                        Job.status == JobState.RUNNING, Job.worker_id != PARKED
+                    )
+                    return list(s.scalars(stmt))
+
+            poll(working, 120, "the study started", (server,))
+            time.sleep(3)  # well into its first training (each takes tens of seconds)
+            busy = working()
+        began = time.monotonic()
+        code = server.stop(signal.SIGTERM, timeout=30)
+        assert time.monotonic() - began < 10, server.output()
+        assert code in (0, -signal.SIGTERM), server.output()
+        assert working() == [], server.output()
+        with db.session(readonly=True) as s:
+            states = s.scalars(select(Job.status).where(Job.id.in_(busy))).all()
+            assert states == [JobState.QUEUED], server.output()
+    finally:
+        server.stop(signal.SIGKILL, timeout=5)
+        db.dispose()
+
+
+def test_a_study_atlas_is_sharded_as_configured_with_the_same_summary(
+    settings: Settings, tmp_path: Path, trainer: FakeTrainer
+) -> None:
+    """With ``CKA_SHARD_BATCHES = 1`` the study's atlas (3 batches) runs as 3 shards; the
+    summary equals that of the same study with its atlas in one piece, to 1e-12."""
+    from app.jobs.requests import StudyIn
+    from app.jobs.studies import submit_study
+    from app.store.datasets import register_builtin_datasets
+    from app.store.db import ensure_schema
+    from app.store.orm import Job, JobState, Study
+    from tests.helpers import assert_same_numbers, make_settings
+
+    def run(config: Settings) -> tuple[dict[str, Any], list[Job]]:
+        services = Services(config)
+        ensure_schema(services.db.engine)
+        register_builtin_datasets(services)
+        try:
+            study_id, job_id = submit_study(services, StudyIn(spec=TINY, quick=True))
+            _drain(services, "w1")
+            with services.db.session(readonly=True) as s:
+                st = s.get(Study, study_id)
+                assert st is not None and st.job.status == JobState.SUCCEEDED, st.job.error
+                atlas = s.scalars(
+                    select(Job).where(Job.parent_id == job_id, Job.kind == "comparison")
+                ).one()
+                shards = list(s.scalars(select(Job).where(Job.parent_id == atlas.id)))
+                return dict(st.summary or {}), shards
+        finally:
+            services.close()
+
+    sharded, shards = run(settings.model_copy(update={"shard_batches": 1}))
+    assert len(shards) == 3 and {j.status for j in shards} == {JobState.SUCCEEDED}
+    one_piece = make_settings(f"sqlite:///{tmp_path / 'one.db'}", tmp_path / "one")
+    whole, none = run(one_piece)
+    assert none == []
+    ignore = ("comparison_id", "model_ids")
+    assert_same_numbers(whole, sharded, tol=1e-12, ignore=ignore)

@@ -300,3 +300,29 @@ def test_form_bodies_over_the_limit_are_413(tmp_path: Path) -> None:
         r = c.post("/login", data={"token": "x" * 5000})
         assert r.status_code == 413
         assert r.headers["content-type"] == "application/problem+json"
+
+
+def test_state_names_come_from_the_enum_never_retyped(idle_client: TestClient) -> None:
+    """The page's scripts get the job states from base.html's JSON, rendered from JobState;
+    no template, script or API filter spells a state name out."""
+    from app.store.orm import JobState
+
+    page = idle_client.get("/").text
+    found = re.search(r'<script type="application/json" id="job-states">(.*?)</script>', page)
+    assert found is not None
+    assert json.loads(found.group(1)) == {
+        "QUEUED": "queued",
+        "RUNNING": "running",
+        "SUCCEEDED": "succeeded",
+        "FAILED": "failed",
+        "CANCELLED": "cancelled",
+        "LIVE": ["queued", "running"],
+    }
+    assert [s.value for s in JobState if s.live] == ["queued", "running"]
+    root = Path(__file__).parents[2] / "app" / "http"
+    names = "|".join(s.value for s in JobState)
+    literal = re.compile(rf"""(["'])({names})\1|\^\(({names})\|""")
+    files = [*root.glob("web/static/*.js"), *root.glob("web/templates/*.html")]
+    files += list(root.glob("api/*.py"))
+    retyped = {f.name: literal.findall(f.read_text()) for f in files}
+    assert {name: hits for name, hits in retyped.items() if hits} == {}

@@ -248,6 +248,12 @@ def test_model_and_dataset_pages(page: Any, server: Server, results_dir: Path) -
     shot(page, results_dir, "08-dataset")
 
 
+# The worker cell of every training row whose state pill reads "running" (one round trip).
+RUNNING_WORKERS = """() => Array.from(document.querySelectorAll('#members tbody tr'))
+  .filter((r) => r.querySelector('.training-state').textContent.trim() === 'running')
+  .map((r) => r.querySelector('.training-worker').textContent.trim())"""
+
+
 def test_start_and_watch_a_study(page: Any, server: Server, results_dir: Path) -> None:
     """The built-in sparsity study (one seed, quick recipe) started from the form, watched live,
     then read: the plot, the table of arms and the links to every model and to the atlas."""
@@ -264,10 +270,12 @@ def test_start_and_watch_a_study(page: Any, server: Server, results_dir: Path) -
     study_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
 
     counts: list[int] = []
+    live_rows: set[str] = set()  # a training's row as the poll showed it while it ran
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if page.locator("#arms").count():
             break
+        live_rows.update(page.evaluate(RUNNING_WORKERS))
         text = page.locator("#progress-text").inner_text()
         found = re.match(r"trainings (\d+) of 8", text)
         if found and (not counts or int(found.group(1)) != counts[-1]):
@@ -277,6 +285,8 @@ def test_start_and_watch_a_study(page: Any, server: Server, results_dir: Path) -
         page.wait_for_timeout(200)
     assert page.locator("#arms").count() == 1, "the study page did not show its results"
     assert counts == sorted(counts) and len(counts) >= 2, f"trainings seen: {counts}"
+    # each training is a job: its row showed it running, and on which worker
+    assert live_rows and all(w.startswith("embedded") for w in live_rows), live_rows
 
     view = server.api.get(f"/v1/studies/{study_id}").json()
     assert view["status"] == "succeeded" and view["trainings"]["total"] == 8
@@ -285,6 +295,9 @@ def test_start_and_watch_a_study(page: Any, server: Server, results_dir: Path) -
     page.wait_for_function("() => document.getElementById('study-plot').naturalWidth > 0")
     for member in view["models"]:
         assert page.locator(f'#members a[href="/models/{member["model_id"]}"]').count() == 1
+        row = page.locator(f'#members tr[data-key="{member["training_key"]}"]')
+        assert (row.locator(".training-state").text_content() or "").strip() == "succeeded"
+        assert (row.locator(".training-worker").text_content() or "").startswith("embedded")
     shot(page, results_dir, "12-study-finished")
     page.locator("#atlas-link").click()
     page.wait_for_url(f"**/comparisons/{view['comparison_id']}")

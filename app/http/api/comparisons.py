@@ -13,13 +13,14 @@ from app.http.api.deps import (
     ComparisonId,
     Limit,
     Offset,
+    StatusFilter,
     Svc,
     comparison_view,
     not_found,
 )
 from app.http.problems import PROBLEM_RESPONSES
 from app.http.schemas import ID_MAX, NO_NUL, ComparisonIn, ComparisonOut, Page
-from app.jobs import states as jobs
+from app.jobs.queue import request_cancel
 from app.jobs.submit import submit_comparison
 from app.store import gc, repository
 from app.store.orm import Comparison
@@ -68,9 +69,7 @@ def list_comparisons(
         None, ge=1, le=ID_MAX, description="Only comparisons including this model"
     ),
     dataset_id: int | None = Query(None, ge=1, le=ID_MAX, description="Only over this dataset"),
-    status_: str | None = Query(
-        None, alias="status", pattern="^(queued|running|succeeded|failed|cancelled)$"
-    ),
+    status_: StatusFilter = None,
     kernel: Annotated[str | None, Query(max_length=40), NO_NUL] = None,
 ) -> dict[str, Any]:
     """Newest first."""
@@ -102,7 +101,7 @@ def cancel_comparison(services: Svc, comparison_id: ComparisonId) -> dict[str, A
         cmp = s.get(Comparison, comparison_id)
         if cmp is None:
             raise not_found("comparison", comparison_id)
-        jobs.request_cancel(s, cmp.job_id)
+        request_cancel(s, cmp.job_id)
     return view(services, comparison_id)
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "Limit",
     "ModelId",
     "Offset",
+    "StatusFilter",
     "TrainingId",
     "comparison_view",
     "get_services",
@@ -38,6 +39,8 @@ def get_services(request: Request) -> Services:
 
 Svc = Annotated[Services, Depends(get_services)]
 Limit = Annotated[int, Query(ge=1, le=500, description="Page size")]
+# A list's ``?status=`` filter: one of the job states (their names come from the enum).
+StatusFilter = Annotated[JobState | None, Query(alias="status", description="Only this state")]
 Offset = Annotated[int, Query(ge=0, le=2**31 - 1, description="Items to skip")]
 # Ids are 32-bit INTEGER keys: anything outside 1..ID_MAX is refused (422, naming the
 # parameter) before it reaches the database, where it would overflow the column type.

@@ -13,10 +13,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
-from app.http.api.deps import READ, WRITE, Limit, Offset, Svc, job_fields, not_found
+from app.http.api.deps import READ, WRITE, Limit, Offset, StatusFilter, Svc, job_fields, not_found
 from app.http.problems import PROBLEM_RESPONSES
 from app.http.schemas import ID_MAX, JobFields, Page
-from app.jobs import states as jobs
+from app.jobs.queue import request_cancel
 from app.store import repository
 from app.store.orm import Job
 
@@ -34,13 +34,15 @@ class JobOut(JobFields):
     created_at: datetime
     heartbeat_at: datetime | None = None
     parent_id: int | None = Field(
-        default=None, description="A shard: the comparison job it is part of"
+        default=None,
+        description="A shard: its comparison's job; a study's training or atlas: the study's",
     )
     shard: int | None = Field(default=None, description="A shard: its index, from 0")
     detail: dict[str, Any] | None = Field(
         default=None,
         examples=[{"batches": [0, 8], "of": 2, "worker": "celery-w1:host:41:ab12cd34"}],
-        description="A shard: its batch range and, once done, its worker, host and seconds",
+        description="A shard: its batch range; a study's training: its name, key and position; "
+        "once done, the worker, host and seconds",
     )
     links: dict[str, str] = Field(
         examples=[{"self": "/v1/jobs/12", "cancel": "/v1/jobs/12/cancel"}],
@@ -89,11 +91,13 @@ def list_jobs(
     limit: Limit = 50,
     offset: Offset = 0,
     kind: str | None = Query(None, pattern="^[a-z_]{1,20}$", description="e.g. training"),
-    status_: str | None = Query(
-        None, alias="status", pattern="^(queued|running|succeeded|failed|cancelled)$"
-    ),
+    status_: StatusFilter = None,
     parent_id: int | None = Query(
-        None, ge=1, le=ID_MAX, description="Only the shards of this comparison job"
+        None,
+        ge=1,
+        le=ID_MAX,
+        description="Only the children of this job: a comparison's shards, a study's trainings "
+        "and atlas",
     ),
 ) -> dict[str, Any]:
     """Newest first."""
@@ -124,5 +128,5 @@ def cancel_job(services: Svc, job_id: JobId) -> dict[str, Any]:
     with services.db.session() as s:
         if s.get(Job, job_id) is None:
             raise not_found("job", job_id)
-        jobs.request_cancel(s, job_id)
+        request_cancel(s, job_id)
     return _one(services, job_id)

@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response, status
+from sqlalchemy import select
+from sqlalchemy.orm import object_session
 
-from app.http.api.deps import READ, WRITE, Limit, Offset, Svc, job_fields, not_found
+from app.http.api.deps import READ, WRITE, Limit, Offset, StatusFilter, Svc, job_fields, not_found
 from app.http.problems import PROBLEM_RESPONSES, ProblemError
 from app.http.schemas import ID_MAX, Page, StudyIn, StudyOut
-from app.jobs import states as jobs
+from app.jobs.queue import request_cancel
 from app.jobs.studies import submit_study
 from app.store import repository
-from app.store.orm import Study
+from app.store.orm import Job, Study
 
 __all__ = ["router", "study_view"]
 
@@ -21,21 +23,41 @@ StudyId = Annotated[int, Path(ge=1, le=ID_MAX, description="Study id")]
 MEDIA = {"csv": "text/csv; charset=utf-8", "png": "image/png", "svg": "image/svg+xml"}
 
 
+def _training_jobs(study: Study) -> dict[str, Job]:
+    """The study's training jobs by training key (read in the study row's session)."""
+    session = object_session(study)
+    if session is None:
+        return {}
+    stmt = select(Job).where(Job.parent_id == study.job_id, Job.kind == "training")
+    return {str((j.detail or {}).get("key")): j for j in session.scalars(stmt)}
+
+
 def study_view(study: Study, *, with_summary: bool = False) -> dict[str, Any]:
-    """The REST shape of a study row: job fields, progress by trainings, models, links."""
+    """The REST shape of a study row: job fields, progress by trainings, models, links.
+
+    ``with_summary`` (one study) adds the spec and each training's job: state, worker and
+    seconds.
+    """
     base = f"/v1/studies/{study.id}"
-    members = [
-        {
-            "position": m.position,
-            "name": m.name,
-            "arch": m.arch,
-            "seed": m.seed,
-            "training_key": m.training_key,
-            "model_id": m.model_id,
-            "reused": m.reused,
-        }
-        for m in study.members
-    ]
+    jobs = _training_jobs(study) if with_summary else {}
+    members = []
+    for m in study.members:
+        job = jobs.get(m.training_key)
+        members.append(
+            {
+                "position": m.position,
+                "name": m.name,
+                "arch": m.arch,
+                "seed": m.seed,
+                "training_key": m.training_key,
+                "model_id": m.model_id,
+                "reused": m.reused,
+                "job_id": job.id if job else None,
+                "status": job.status if job else None,
+                "worker": job.worker_id if job else None,
+                "seconds": (job.detail or {}).get("seconds") if job else None,
+            }
+        )
     done = [m for m in study.members if m.reused is not None]
     view = {
         "id": study.id,
@@ -51,6 +73,7 @@ def study_view(study: Study, *, with_summary: bool = False) -> dict[str, Any]:
         },
         "models": members,
         "comparison_id": study.comparison_id,
+        "job_id": study.job_id,
         "created_at": study.created_at,
         "links": {
             "self": base,
@@ -59,6 +82,7 @@ def study_view(study: Study, *, with_summary: bool = False) -> dict[str, Any]:
             "plot_png": f"{base}/plot.png",
             "plot_svg": f"{base}/plot.svg",
             "cancel": f"{base}/cancel",
+            "trainings": f"/v1/jobs?parent_id={study.job_id}&kind=training",
             **(
                 {"comparison": f"/v1/comparisons/{study.comparison_id}"}
                 if study.comparison_id
@@ -70,6 +94,15 @@ def study_view(study: Study, *, with_summary: bool = False) -> dict[str, Any]:
     if with_summary:
         view["spec"] = study.spec
     return view
+
+
+def _detail(services: Svc, study_id: int) -> dict[str, Any]:
+    """One study's view with its spec and its trainings' jobs, read in one session."""
+    with services.db.session(readonly=True) as s:
+        study = s.get(Study, study_id)
+        if study is None:
+            raise not_found("study", study_id)
+        return study_view(study, with_summary=True)
 
 
 def _get(services: Svc, study_id: int) -> Study:
@@ -92,7 +125,7 @@ def create_study(services: Svc, body: StudyIn, response: Response) -> dict[str, 
     """
     study_id, _ = submit_study(services, body)
     response.headers["Location"] = f"/v1/studies/{study_id}"
-    return study_view(_get(services, study_id), with_summary=True)
+    return _detail(services, study_id)
 
 
 @router.get("", response_model=Page[StudyOut], **READ)
@@ -101,9 +134,7 @@ def list_studies(
     limit: Limit = 50,
     offset: Offset = 0,
     name: Annotated[str | None, Query(max_length=64, pattern=r"^[a-z0-9_.-]+$")] = None,
-    status_: str | None = Query(
-        None, alias="status", pattern="^(queued|running|succeeded|failed|cancelled)$"
-    ),
+    status_: StatusFilter = None,
 ) -> dict[str, Any]:
     """Newest first."""
     with services.db.session(readonly=True) as s:
@@ -117,7 +148,7 @@ def list_studies(
 @router.get("/{study_id}", response_model=StudyOut, **READ)
 def get_study(services: Svc, study_id: StudyId) -> dict[str, Any]:
     """Status, progress (trainings k of n, then the comparison), models and comparison."""
-    return study_view(_get(services, study_id), with_summary=True)
+    return _detail(services, study_id)
 
 
 @router.post("/{study_id}/cancel", response_model=StudyOut, **WRITE)
@@ -128,8 +159,8 @@ def cancel_study(services: Svc, study_id: StudyId) -> dict[str, Any]:
         study = s.get(Study, study_id)
         if study is None:
             raise not_found("study", study_id)
-        jobs.request_cancel(s, study.job_id)
-    return study_view(_get(services, study_id), with_summary=True)
+        request_cancel(s, study.job_id)
+    return _detail(services, study_id)
 
 
 def _finished(services: Svc, study_id: int) -> Study:

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Response, status
 
-from app.http.api.deps import READ, WRITE, Limit, Offset, Svc, TrainingId, not_found, training_view
+from app.http.api.deps import (
+    READ,
+    WRITE,
+    Limit,
+    Offset,
+    StatusFilter,
+    Svc,
+    TrainingId,
+    not_found,
+    training_view,
+)
 from app.http.problems import PROBLEM_RESPONSES
 from app.http.schemas import Page, TrainingIn, TrainingOut
-from app.jobs import states as jobs
+from app.jobs.queue import request_cancel
 from app.jobs.submit import submit_training
 from app.store import repository
 from app.store.orm import Training
@@ -40,9 +50,7 @@ def list_trainings(
     services: Svc,
     limit: Limit = 50,
     offset: Offset = 0,
-    status_: str | None = Query(
-        None, alias="status", pattern="^(queued|running|succeeded|failed|cancelled)$"
-    ),
+    status_: StatusFilter = None,
 ) -> dict[str, Any]:
     with services.db.session(readonly=True) as s:
         items, total = repository.list_trainings(s, limit=limit, offset=offset, status=status_)
@@ -62,5 +70,5 @@ def cancel_training(services: Svc, training_id: TrainingId) -> dict[str, Any]:
         tr = s.get(Training, training_id)
         if tr is None:
             raise not_found("training", training_id)
-        jobs.request_cancel(s, tr.job_id)
+        request_cancel(s, tr.job_id)
     return _view(services, training_id)

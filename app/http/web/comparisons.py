@@ -23,7 +23,7 @@ from app.http.web.common import (
 from app.jobs.requests import ComparisonIn
 from app.store import repository
 from app.store.cells import QUANTITIES, Cells
-from app.store.orm import JOB_STATES, Comparison, Dataset, Model
+from app.store.orm import JOB_STATES, Comparison, Dataset, JobState, Model
 
 __all__ = ["atlas_payload", "router"]
 
@@ -53,9 +53,9 @@ def comparisons_page(
 ) -> Response:
     """Newest comparisons first, filtered by model, dataset, status and kernel."""
     model_id, dataset_id = as_int(model, minimum=1), as_int(dataset, minimum=1)
-    status = status if status in JOB_STATES else None
+    state = JobState(status) if status in JOB_STATES else None
     kernel = as_text(kernel, 40)
-    filters = {"model": model_id, "dataset": dataset_id, "status": status, "kernel": kernel}
+    filters = {"model": model_id, "dataset": dataset_id, "status": state, "kernel": kernel}
     number = as_int(page, minimum=1) or 1
     models, datasets, kernels = _catalog(request)
     with services_of(request).db.session(readonly=True) as s:
@@ -65,7 +65,7 @@ def comparisons_page(
             offset=(number - 1) * PAGE_SIZE,
             model_id=model_id,
             dataset_id=dataset_id,
-            status=status,
+            status=state,
             kernel=kernel,
         )
         studies = repository.studies_of_comparisons(s, [c.id for c in items])

@@ -61,7 +61,7 @@ def jobs_page(
     number = as_int(page, minimum=1) or 1
     kind_ = as_text(kind, 20)
     states = [s.value for s in JobState]
-    status_ = status if status in states else None
+    status_ = JobState(status) if status in states else None
     with services_of(request).db.session(readonly=True) as s:
         items, total = repository.list_jobs(
             s,

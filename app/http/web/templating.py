@@ -16,6 +16,8 @@ from typing import Any
 
 from fastapi.templating import Jinja2Templates
 
+from app.store.orm import JobState
+
 __all__ = ["STATIC_DIR", "TEMPLATE_DIR", "templates"]
 
 HERE = Path(__file__).parent
@@ -89,12 +91,23 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
+def job_states() -> dict[str, Any]:
+    """The job states for the page's scripts (``window.cka.states``): each by its enum name,
+    and ``LIVE``, those that may still change."""
+    return {**{s.name: s.value for s in JobState}, "LIVE": [s.value for s in JobState if s.live]}
+
+
 def _make() -> Jinja2Templates:
     t = Jinja2Templates(directory=str(TEMPLATE_DIR))
     env = t.env
     env.trim_blocks = True
     env.lstrip_blocks = True
     env.globals["static_url"] = static_url
+    # The state names come from the enum, never retyped: ``JobState.CANCELLED`` in a template,
+    # ``status in LIVE_STATES``, and the same in the scripts through base.html's JSON.
+    env.globals["JobState"] = JobState
+    env.globals["LIVE_STATES"] = tuple(s for s in JobState if s.live)
+    env.globals["job_states"] = job_states()
     env.filters["num"] = fmt_number
     env.filters["pct"] = fmt_percent
     env.filters["bytes"] = fmt_bytes

@@ -50,7 +50,13 @@
     return Math.floor(s / 3600) + " h " + String(Math.floor((s % 3600) / 60)).padStart(2, "0") + " min";
   }
 
-  window.cka = { api: api, setProgress: setProgress, setStatus: setStatus, formatDuration: formatDuration };
+  // The job states by their enum names (QUEUED, ..., and LIVE: those that may still change),
+  // from the JSON that base.html renders from the server's JobState.
+  const states = JSON.parse(document.getElementById("job-states").textContent);
+
+  window.cka = {
+    api: api, setProgress: setProgress, setStatus: setStatus, formatDuration: formatDuration, states: states,
+  };
 
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll(".progress").forEach(function (bar) {

@@ -8,7 +8,8 @@
 (function () {
   "use strict";
 
-  const LIVE = ["queued", "running"];
+  const STATES = window.cka.states;
+  const LIVE = STATES.LIVE;
   const $ = function (id) { return document.getElementById(id); };
   const meta = JSON.parse($("comparison-meta").textContent);
   let atlas = JSON.parse($("atlas-data").textContent);
@@ -156,8 +157,8 @@
 
   function showError(c) {
     $("error-card").classList.remove("hidden");
-    $("error-title").textContent = c.status === "cancelled" ? "Cancelled" : "This comparison failed";
-    $("error-text").textContent = c.error || (c.status === "cancelled" ? "Cancelled before it finished." : "");
+    $("error-title").textContent = c.status === STATES.CANCELLED ? "Cancelled" : "This comparison failed";
+    $("error-text").textContent = c.error || (c.status === STATES.CANCELLED ? "Cancelled before it finished." : "");
     $("progress-card").classList.add("hidden");
   }
 
@@ -180,15 +181,15 @@
     window.cka.setProgress($("progress"), c.progress);
     $("progress-text").textContent = Math.round(c.progress * 100) + " %";
     $("progress-label").textContent =
-      c.status === "queued" ? "Waiting for a worker" : c.status === "running" ? "Computing" : "Finished";
-    $("progress-eta").textContent = c.eta_s !== null && c.eta_s !== undefined && c.status === "running"
+      c.status === STATES.QUEUED ? "Waiting for a worker" : c.status === STATES.RUNNING ? "Computing" : "Finished";
+    $("progress-eta").textContent = c.eta_s !== null && c.eta_s !== undefined && c.status === STATES.RUNNING
       ? "about " + window.cka.formatDuration(c.eta_s) + " left" : "\u00a0";
     if (!LIVE.includes(c.status)) {
       $("progress").classList.remove("live");
       const cancel = $("cancel");
       if (cancel) cancel.remove();
     }
-    if (c.status === "failed" || c.status === "cancelled") showError(c);
+    if (c.status === STATES.FAILED || c.status === STATES.CANCELLED) showError(c);
   }
 
   async function poll() {
@@ -197,7 +198,7 @@
       const c = (await window.cka.api("GET", "/v1/comparisons/" + meta.id)).data;
       status = c.status;
       update(c);
-      if (c.status === "succeeded") await finish();
+      if (c.status === STATES.SUCCEEDED) await finish();
     } catch (e) {
       $("progress-eta").textContent = "Could not reach the server (" + e.message + "); retrying…";
     }

@@ -1,7 +1,8 @@
 /* The comparisons list: keep the progress of queued and running comparisons live. */
 (function () {
   "use strict";
-  const LIVE = ["queued", "running"];
+  const STATES = window.cka.states;
+  const LIVE = STATES.LIVE;
 
   async function refresh(row) {
     const id = row.getAttribute("data-comparison-id");

@@ -8,7 +8,8 @@
   "use strict";
 
   const $ = function (id) { return document.getElementById(id); };
-  const LIVE = ["queued", "running"];
+  const STATES = window.cka.states;
+  const LIVE = STATES.LIVE;
 
   const form = $("new-study");
   if (form) {
@@ -57,10 +58,28 @@
   }
 
   function label(view) {
-    if (view.status === "queued") return "Waiting for a worker";
+    if (view.status === STATES.QUEUED) return "Waiting for a worker";
     if (view.stage === "trainings") return "Training";
     if (view.stage === "comparison") return "Computing the atlas";
     return "Summarising";
+  }
+
+  // Each training's row: its job's state pill and the worker running it (the worker id's
+  // first part, its name), as the server renders them.
+  function showTrainings(members) {
+    members.forEach(function (m) {
+      const row = document.querySelector('tr[data-key="' + m.training_key + '"]');
+      if (!row || !m.status) return;
+      let pill = row.querySelector(".training-state .pill");
+      if (!pill) {
+        pill = document.createElement("span");
+        const cell = row.querySelector(".training-state");
+        cell.textContent = "";
+        cell.appendChild(pill);
+      }
+      window.cka.setStatus(pill, m.status);
+      row.querySelector(".training-worker").textContent = (m.worker || "—").split(":")[0];
+    });
   }
 
   async function poll() {
@@ -75,6 +94,7 @@
     window.cka.setProgress($("progress"), view.progress);
     const t = view.trainings;
     $("progress-label").textContent = label(view);
+    showTrainings(view.models || []);
     $("progress-text").textContent = "trainings " + t.done + " of " + t.total + " (" + t.reused +
       " reused) · " + Math.round(view.progress * 100) + " %";
     if (LIVE.indexOf(view.status) < 0) {

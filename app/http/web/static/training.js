@@ -5,6 +5,7 @@
  * under that field. Once queued, the page polls GET /v1/trainings/{id} and links the model. */
 (function () {
   "use strict";
+  const STATES = window.cka.states;
 
   const form = document.getElementById("new-training");
   if (!form) return;
@@ -65,7 +66,7 @@
 
   async function follow(id) {
     const view = (await window.cka.api("GET", "/v1/trainings/" + id)).data;
-    if (view.status === "succeeded" && view.model_id) {
+    if (view.status === STATES.SUCCEEDED && view.model_id) {
       status.innerHTML = "";
       const link = document.createElement("a");
       link.href = "/models/" + view.model_id;
@@ -76,7 +77,7 @@
     }
     status.textContent = "Training " + id + ": " + view.status +
       (view.error ? " — " + view.error : "");
-    if (view.status === "queued" || view.status === "running") {
+    if (STATES.LIVE.includes(view.status)) {
       window.setTimeout(function () { follow(id); }, 1000);
     }
   }

@@ -1,0 +1,309 @@
+"""The job state machine: every transition of a ``jobs`` row, as a compare-and-set.
+
+States (:class:`app.store.orm.JobState`): ``queued -> running -> succeeded | failed |
+cancelled``, and ``running -> queued`` when a worker's heartbeat goes stale
+(:mod:`app.jobs.reaper`) or its worker shuts down. Every transition is an ``UPDATE`` guarded by
+the expected state (and, once running, by the owning worker id), so two workers can never both
+run one job and a worker that lost its job cannot write a result: the result is written in the
+same transaction as the ``succeeded`` transition, and that transition only matches while this
+worker still owns the job. A running job may also be parked while its children run
+(:mod:`app.jobs.parking`): :func:`park` hands it to them, :func:`take_over` takes it back.
+
+The database may go away for a while (a restart, a lost connection): the end-of-job writes are
+retried with backoff (:func:`app.store.db.retry`), so a finished result is not lost and is
+written once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from app.jobs.parking import PARKED, beat_parent, is_parked, live_children
+from app.store.db import Database, retry
+from app.store.orm import Job, JobState, utcnow
+from app.store.settings import Settings
+
+__all__ = [
+    "LostJob",
+    "claim",
+    "commit_result",
+    "complete",
+    "enqueue",
+    "fail",
+    "heartbeat",
+    "mark_cancelled",
+    "new_worker_id",
+    "park",
+    "queued_ids",
+    "release",
+    "request_cancel",
+    "retry_s",
+    "take_over",
+]
+
+
+class LostJob(RuntimeError):
+    """This worker no longer owns the job (it was re-queued or cancelled)."""
+
+
+def new_worker_id(kind: str) -> str:
+    return f"{kind}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def enqueue(
+    session: Session,
+    kind: str,
+    *,
+    parent_id: int | None = None,
+    shard: int | None = None,
+    detail: dict[str, Any] | None = None,
+) -> Job:
+    """Add a queued job in the caller's transaction (a child names its parent; a shard its
+    index)."""
+    job = Job(
+        kind=kind,
+        status=JobState.QUEUED,
+        progress=0.0,
+        cancel_requested=False,
+        attempts=0,
+        parent_id=parent_id,
+        shard=shard,
+        detail=detail,
+    )
+    session.add(job)
+    session.flush()
+    return job
+
+
+def queued_ids(db: Database, limit: int = 100) -> list[int]:
+    with db.session(readonly=True) as s:
+        stmt = select(Job.id).where(Job.status == JobState.QUEUED).order_by(Job.id).limit(limit)
+        return list(s.scalars(stmt))
+
+
+def claim(db: Database, worker_id: str, job_id: int | None = None) -> Job | None:
+    """Move one queued job (``job_id`` or the oldest) to running for this worker."""
+    with db.session() as s:
+        if job_id is not None:
+            candidates = [job_id]
+        else:
+            stmt = select(Job.id).where(Job.status == JobState.QUEUED).order_by(Job.id).limit(8)
+            candidates = list(s.scalars(stmt))
+        now = utcnow()
+        for jid in candidates:
+            res = s.execute(
+                update(Job)
+                .where(Job.id == jid, Job.status == JobState.QUEUED)
+                .values(
+                    status=JobState.RUNNING,
+                    worker_id=worker_id,
+                    started_at=now,
+                    heartbeat_at=now,
+                    progress=0.0,
+                    attempts=Job.attempts + 1,
+                    error=None,
+                    error_code=None,
+                )
+                .execution_options(synchronize_session=False)
+            )
+            if res.rowcount == 1:  # type: ignore[attr-defined]
+                return s.get(Job, jid)
+    return None
+
+
+def _owned(job_id: int, worker_id: str) -> Any:
+    return (Job.id == job_id) & (Job.status == JobState.RUNNING) & (Job.worker_id == worker_id)
+
+
+def heartbeat(db: Database, job_id: int, worker_id: str, progress: float) -> bool:
+    """Record liveness and progress; returns whether cancellation was requested."""
+    with db.session() as s:
+        res = s.execute(
+            update(Job)
+            .where(_owned(job_id, worker_id))
+            .values(heartbeat_at=utcnow(), progress=min(max(progress, 0.0), 1.0))
+            .execution_options(synchronize_session=False)
+        )
+        if res.rowcount != 1:  # type: ignore[attr-defined]
+            raise LostJob(f"job {job_id} is no longer owned by {worker_id}")
+        cancel, parent = s.execute(
+            select(Job.cancel_requested, Job.parent_id).where(Job.id == job_id)
+        ).one()
+        if parent is not None:
+            beat_parent(s, parent)
+        return bool(cancel)
+
+
+def park(db: Database, job_id: int, worker_id: str, **values: Any) -> bool:
+    """Hand a running job this worker owns to its children; False if it is no longer ours.
+
+    ``values`` are written with it (a study's progress plan in ``detail``, say).
+    """
+    return _set(db, job_id, worker_id, 10.0, worker_id=PARKED, heartbeat_at=utcnow(), **values)
+
+
+def take_over(db: Database, job_id: int, worker_id: str) -> Job | None:
+    """Take a parked job back from its children for this worker (at most one worker wins)."""
+    with db.session() as s:
+        res = s.execute(
+            update(Job)
+            .where(is_parked(job_id))
+            .values(worker_id=worker_id, heartbeat_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+        return s.get(Job, job_id) if res.rowcount == 1 else None  # type: ignore[attr-defined]
+
+
+def complete(session: Session, job_id: int, worker_id: str) -> None:
+    """Mark succeeded inside the caller's transaction (which also writes the result)."""
+    res = session.execute(
+        update(Job)
+        .where(_owned(job_id, worker_id))
+        .values(
+            status=JobState.SUCCEEDED, progress=1.0, finished_at=utcnow(), heartbeat_at=utcnow()
+        )
+        .execution_options(synchronize_session=False)
+    )
+    if res.rowcount != 1:  # type: ignore[attr-defined]
+        raise LostJob(f"job {job_id} is no longer owned by {worker_id}; result discarded")
+    parent = session.scalar(select(Job.parent_id).where(Job.id == job_id))
+    if parent is not None:  # its parent's progress counts this child whole at once
+        beat_parent(session, parent)
+
+
+def commit_result(
+    db: Database,
+    job_id: int,
+    worker_id: str,
+    write: Callable[[Session], None],
+    *,
+    timeout: float,
+) -> None:
+    """Mark the job succeeded and ``write`` its result in one transaction, retried.
+
+    A retry after a commit whose acknowledgement was lost finds the job already succeeded by
+    this worker and stops there, so the result is written exactly once. Raises
+    :class:`LostJob` when the job is no longer this worker's.
+    """
+    attempts = 0
+
+    def once() -> None:
+        nonlocal attempts
+        attempts += 1
+        with db.session() as s:
+            if attempts > 1:
+                row = s.execute(select(Job.status, Job.worker_id).where(Job.id == job_id)).first()
+                if row is not None and tuple(row) == (JobState.SUCCEEDED, worker_id):
+                    return
+            complete(s, job_id, worker_id)
+            write(s)
+
+    retry(once, timeout=timeout, what=f"writing the result of job {job_id}")
+
+
+def _set(db: Database, job_id: int, owner: str, timeout: float, **values: Any) -> bool:
+    def once() -> bool:
+        with db.session() as s:
+            res = s.execute(
+                update(Job)
+                .where(_owned(job_id, owner))
+                .values(**values)
+                .execution_options(synchronize_session=False)
+            )
+            return res.rowcount == 1  # type: ignore[attr-defined]
+
+    return retry(once, timeout=timeout, what=f"recording the outcome of job {job_id}")
+
+
+def fail(
+    db: Database, job_id: int, worker_id: str, error: str, code: str, timeout: float = 60.0
+) -> bool:
+    return _set(
+        db,
+        job_id,
+        worker_id,
+        timeout,
+        status=JobState.FAILED,
+        error=error[:4000],
+        error_code=code,
+        finished_at=utcnow(),
+    )
+
+
+def mark_cancelled(db: Database, job_id: int, worker_id: str, timeout: float = 60.0) -> bool:
+    return _set(
+        db,
+        job_id,
+        worker_id,
+        timeout,
+        status=JobState.CANCELLED,
+        error_code="cancelled",
+        finished_at=utcnow(),
+    )
+
+
+def release(db: Database, job_id: int, worker_id: str, timeout: float = 10.0) -> bool:
+    """Give a running job back to the queue (its worker is shutting down)."""
+    return _set(
+        db, job_id, worker_id, timeout, status=JobState.QUEUED, worker_id=None, progress=0.0
+    )
+
+
+def request_cancel(session: Session, job_id: int) -> None:
+    """Cancel a queued job at once; ask a running one to stop at its next batch.
+
+    Its children (a comparison's shards, a study's trainings and atlas, and theirs) are
+    cancelled with it; a parked job none of whose children still runs is cancelled at once.
+    """
+    now = utcnow()
+    family = [job_id]
+    frontier = [job_id]
+    while frontier:
+        frontier = list(session.scalars(select(Job.id).where(Job.parent_id.in_(frontier))))
+        family.extend(frontier)
+    _cancel_where(session, Job.id.in_(family), now)
+    for jid in reversed(family):  # the deepest first, so a parent sees its children ended
+        if not live_children(session, jid):
+            session.execute(
+                update(Job)
+                .where(is_parked(jid))
+                .values(status=JobState.CANCELLED, finished_at=now, error_code="cancelled")
+                .execution_options(synchronize_session=False)
+            )
+    session.expire_all()
+
+
+def _cancel_where(session: Session, target: Any, now: Any) -> None:
+    session.execute(
+        update(Job)
+        .where(target, Job.status == JobState.QUEUED)
+        .values(
+            status=JobState.CANCELLED,
+            cancel_requested=True,
+            finished_at=now,
+            error_code="cancelled",
+        )
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(
+        update(Job)
+        .where(target, Job.status == JobState.RUNNING)
+        .values(cancel_requested=True)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def retry_s(settings: Settings) -> float:
+    """How long a finished job keeps retrying its final write while the database is away.
+
+    Past the stale horizon another worker may have re-queued the job, and the write would be
+    refused anyway.
+    """
+    return max(settings.stale_after_s, 10.0)
