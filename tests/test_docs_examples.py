@@ -192,6 +192,7 @@ def test_block_parser_reads_fences_skips_and_console_prompts() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BLOCK_TIMEOUT_S * 2)
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_doc_examples_run_as_written(
     doc: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
