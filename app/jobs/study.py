@@ -303,7 +303,7 @@ def run_study_training(services: Services, job: Job, control: JobControl) -> Non
                     path = Path(
                         train(
                             d["arch"],
-                            d["dataset"],
+                            analysis.training_data(d["dataset"]),
                             out_dir=Path(tmp),
                             name="model",
                             progress=False,
