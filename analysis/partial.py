@@ -24,16 +24,18 @@ import torch
 from torch import nn
 
 from analysis.atlas import Atlas
+from analysis.batches import NO_BATCH
 from analysis.bootstrap import bootstrap_intervals
 from analysis.calibration import summarise_null
 from analysis.errors import AnalysisError, EstimatorError
 from analysis.flags import calibration_flags
 from analysis.gram_cache import GramCache
+from analysis.hsic import cka_from_hsic
 from analysis.options import CompareOptions, OptionsError
 from analysis.partial_file import SPECTRA, Partial
 from analysis.preprocessing import model_input
 from analysis.sources import DataLike, batch_source, image_files, load_data
-from analysis.streaming import StreamingRun, diagnostics
+from analysis.streaming import RunSettings, StreamingRun, diagnostics
 
 __all__ = [
     "Partial",
@@ -43,8 +45,6 @@ __all__ = [
     "run_partial",
     "shard_ranges",
 ]
-
-_NO_BATCH = "no batch was large enough for the estimator; use more data"
 
 
 def batch_count(data: DataLike, batch_size: int) -> int:
@@ -93,18 +93,8 @@ def compare_partial(
     must lie within the plan (:func:`batch_count`); ``mode="full"`` is exact over all samples
     at once, so it is refused (:class:`analysis.OptionsError`) unless the range is the whole plan.
     """
-    return run_partial(
-        models,
-        data,
-        CompareOptions.build(options, **shortcuts),
-        batches=batches,
-        device=device,
-        progress=progress,
-        gram_cache=gram_cache,
-        model_keys=model_keys,
-        on_batch=on_batch,
-        dataset_key=dataset_key,
-    )
+    settings = RunSettings(device, progress, gram_cache, model_keys, on_batch, dataset_key)
+    return run_partial(models, data, CompareOptions.build(options, **shortcuts), batches, settings)
 
 
 def _window(batches: range, total: int | None, mode: str) -> range:
@@ -131,30 +121,35 @@ def run_partial(
     models: Mapping[str, nn.Module],
     data: DataLike,
     opts: CompareOptions,
-    *,
     batches: range | None,
-    device: str | torch.device | None = None,
-    progress: bool = False,
-    gram_cache: GramCache | None = None,
-    model_keys: Mapping[str, str] | None = None,
-    on_batch: Callable[[int, int], bool | None] | None = None,
-    dataset_key: str | None = None,
+    settings: RunSettings,
 ) -> Partial:
-    """:func:`compare_partial` with built options; ``batches=None`` runs the whole plan, also
-    of an iterable of unknown length (what :func:`analysis.compare` does)."""
+    """The one entry point of a comparison: ``opts`` over the batches in ``batches`` of the plan
+    (None: the whole plan, also of an iterable of unknown length), run as ``settings`` say.
+    :func:`analysis.compare` is :func:`combine` of the whole plan's partial."""
     names = list(models)
     if not names:
         raise AnalysisError("no models to compare")
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    run = StreamingRun(models, opts, device=dev, progress=progress, on_batch=on_batch)
+    dev = settings.torch_device
     data = load_data(data)
     files = image_files(data) is not None  # image files: every model through its pipeline
     inputs = {m: model_input(models[m], files) for m in names}
-    run.inputs = {m: inputs[m] for m in names if inputs[m].pipeline is not None}
-    src = batch_source(data, opts.batch_size, dataset_key, files=files)
-    window = None if batches is None else _window(batches, src.total, opts.mode)
+    src = batch_source(data, opts.batch_size, settings.dataset_key, files=files)
+    model_keys = settings.model_keys
     if model_keys:  # a model's Grams depend on its pipeline as much as on its weights
         model_keys = {m: f"{k}|input:{inputs[m].key}" for m, k in model_keys.items() if m in inputs}
+    run = StreamingRun(
+        models,
+        opts,
+        src,
+        device=dev,
+        inputs={m: inputs[m] for m in names if inputs[m].pipeline is not None},
+        progress=settings.progress,
+        on_batch=settings.on_batch,
+        gram_cache=settings.gram_cache,
+        model_keys=model_keys,
+    )
+    window = None if batches is None else _window(batches, src.total, opts.mode)
     amp, layers = opts.autocast, opts.layers
     config: dict[str, Any] = {
         "kernel": opts.kernel,
@@ -171,37 +166,20 @@ def run_partial(
         "seed": opts.seed,
     }
     training = {m: models[m].training for m in names}
-    per_batch: list[np.ndarray] | None = None
     try:
         for m in names:
             models[m].to(dev).eval()
-        if opts.mode == "full":
-            h = run.full(src)
-        else:
-            cache_parts = None
-            if gram_cache is not None and model_keys:
-                fp = src.fingerprint()
-                if fp is not None:
-                    cache_parts = {"dataset": fp, "plan": opts.batch_size, "feature": opts.feature}
-                    cache_parts |= {"kernel": opts.kernel, "dtype": config["dtype"]}
-            run.cache_note = (
-                "off"
-                if gram_cache is None
-                else "on"
-                if cache_parts
-                else "skipped: no model_keys or no dataset fingerprint (pass dataset_key)"
-            )
-            h, per_batch = run.minibatch(src, gram_cache, model_keys or {}, cache_parts, window)
+        h = run.full() if opts.mode == "full" else run.minibatch(window)
     finally:
         for m in names:
             models[m].train(training[m])
-    if window is None and not run.batches:
-        raise EstimatorError(_NO_BATCH)
+    if window is None:
+        run.sums.require()
     config["dataset"] = src.key  # hashed only when the cache needed it
-    span = window if window is not None else range(0, run.seen)
+    span = window if window is not None else range(0, run.sums.seen)
     kept = None  # the per-batch terms, for the bootstrap
-    if per_batch is not None and opts.bootstrap:
-        width = run.total_layers
+    if opts.mode != "full" and opts.bootstrap:
+        width, per_batch = run.total_layers, run.sums.per_batch
         kept = np.stack(per_batch) if per_batch else np.zeros((0, width, width))
     return Partial(
         names=names,
@@ -209,7 +187,7 @@ def run_partial(
         config=config,
         start=span.start,
         stop=span.stop,
-        total_batches=run.seen if window is None else int(src.total or 0),
+        total_batches=run.sums.seen if window is None else int(src.total or 0),
         hsic=np.asarray(h, dtype=np.float64),
         per_batch=kept,
         null=None if run.null is None else run.null.sums.cpu().numpy(),
@@ -312,7 +290,7 @@ def combine(partials: Sequence[Partial]) -> Atlas:
     config, counters = dict(first.config), _merge_counters(parts)
     config["device"] = ", ".join(dict.fromkeys(str(p.config["device"]) for p in parts))
     if config["mode"] != "full" and not counters["batches"]:
-        raise EstimatorError(_NO_BATCH)
+        raise EstimatorError(NO_BATCH)
     hsic = _sum([p.hsic for p in parts], "HSIC")
     assert hsic is not None
     null = _sum([p.null for p in parts], "a permutation null")
@@ -348,8 +326,6 @@ def _finish_calibration(
     atlas.layer_effective_dim = spectra["pr"] / count
     atlas.layer_top_share = spectra["share"] / count
     if sensitivity:
-        d = np.diag(atlas.hsic)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            drop = spectra["deflated_cross"] / np.sqrt(np.outer(spectra["deflated_self"], d))
+        drop = cka_from_hsic(spectra["deflated_cross"], spectra["deflated_self"], None)
         drop[~np.isfinite(atlas.cka)] = np.nan
-        atlas.cka_drop = np.where(np.isfinite(drop), drop, np.nan)
+        atlas.cka_drop = drop

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from analysis.batches import sum_batches
 from analysis.calibration import PermutationNull
 from analysis.errors import EstimatorError
 from analysis.hsic import MIN_SAMPLES, centred_rows, check_estimator, cka_from_hsic, hsic_block
@@ -71,19 +72,19 @@ def cka_test(
     # two "models" of one layer each; small problems, so the null runs in float64
     cpu = torch.device("cpu")
     null = PermutationNull([1, 1], permutations, seed, estimator, cpu, torch.float64)
-    h = torch.zeros(2, 2, dtype=torch.float64)
-    used = 0
-    for batch, i in enumerate(range(0, n, size)):
-        if min(size, n - i) < MIN_SAMPLES[estimator]:
-            continue
+
+    def step(batch: int, i: int) -> np.ndarray:
         grams = torch.stack([gram(fx[i : i + size], kern), gram(fy[i : i + size], kern)])
         rows = centred_rows(grams, estimator)
-        h += hsic_block(rows, rows, estimator)
         null.add(rows, batch=batch)  # batch 0 alone when batch_size is None
-        used += 1
-    if not used:
-        raise EstimatorError("no batch was large enough for the estimator; use more data")
-    hsic = ((h + h.T) / 2).numpy()
+        return hsic_block(rows, rows, estimator).numpy()
+
+    starts = ((k, min(size, n - i), i) for k, i in enumerate(range(0, n, size)))
+    sums = sum_batches(starts, estimator, step)
+    sums.require()
+    assert sums.hsic is not None
+    h = sums.hsic
+    hsic = (h + h.T) / 2
     summary, dist = null.summary(hsic)
     return CKATest(
         cka=float(cka_from_hsic(hsic)[1, 0]),

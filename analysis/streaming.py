@@ -1,4 +1,7 @@
-"""The loop over batches behind :func:`analysis.compare`: Grams, HSIC terms, accumulation.
+"""The work of each batch behind :func:`analysis.compare`: Grams, HSIC terms, the Gram store.
+
+The loop itself (small batches dropped, terms summed) is :func:`analysis.batches.sum_batches`;
+every input of a run goes through the :class:`StreamingRun` constructor.
 
 Without the Gram store, every model runs once per batch, every selected layer becomes a raw
 Gram written into one (L_total, b, b) stack, and all layer pairs of the batch come from one
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +31,7 @@ from torch import nn
 from tqdm import tqdm
 
 from analysis.atlas import Atlas
+from analysis.batches import BatchSums, sum_batches
 from analysis.calibration import PermutationNull
 from analysis.errors import Cancelled, EstimatorError
 from analysis.gram_cache import GramCache, gram_key
@@ -44,9 +49,31 @@ from analysis.options import CompareOptions
 from analysis.sources import BatchSource
 from analysis.spectrum import SpectrumAccumulator
 
-__all__ = ["StreamingRun", "diagnostics", "full_hsic"]
+__all__ = ["RunSettings", "StreamingRun", "diagnostics", "full_hsic"]
 
 Rows = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Where and how a comparison runs, apart from what it computes (its
+    :class:`analysis.CompareOptions`, which are recorded with the atlas and give the service its
+    schema; these are not). ``device``: default CUDA if available. ``gram_cache`` with
+    ``model_keys`` (a stable identity per model, e.g. its checkpoint sha256) reuses stored Grams;
+    ``dataset_key`` names a DataLoader's data for that purpose. ``on_batch(done, total)`` after
+    every batch; returning False cancels."""
+
+    device: str | torch.device | None = None
+    progress: bool = False
+    gram_cache: GramCache | None = None
+    model_keys: Mapping[str, str] | None = None
+    on_batch: Callable[[int, int], bool | None] | None = None
+    dataset_key: str | None = None
+
+    @property
+    def torch_device(self) -> torch.device:
+        """The device the models run on."""
+        return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 class StreamingRun:
@@ -56,14 +83,22 @@ class StreamingRun:
         self,
         models: Mapping[str, nn.Module],
         options: CompareOptions,
+        source: BatchSource,
         *,
         device: torch.device,
+        inputs: Mapping[str, Callable[[Any], torch.Tensor]] | None = None,
         progress: bool = False,
         on_batch: Callable[[int, int], bool | None] | None = None,
+        gram_cache: GramCache | None = None,
+        model_keys: Mapping[str, str] | None = None,
     ) -> None:
         """Resolve every model's layers (a bad selection fails here, before any forward pass).
 
-        ``on_batch(done, total)`` is called after every batch; returning False cancels.
+        ``source``: the batches of the plan. ``inputs``: each model's input from the raw batch
+        (its pipeline), by name; a model without one reads the raw tensor. ``on_batch(done,
+        total)`` is called after every batch; returning False cancels. ``gram_cache`` with
+        ``model_keys`` (per model) reads and writes stored Grams and blocks in minibatch mode,
+        when the source has a fingerprint (hashed only then).
         """
         self.options = options
         self.names = list(models)
@@ -90,11 +125,12 @@ class StreamingRun:
         self.total_layers = total
         wide = any(p.dtype == torch.float64 for m in self.names for p in models[m].parameters())
         self.gdtype = torch.float64 if wide else torch.float32
-        self.n = self.batches = self.seen = self.hits = self.misses = 0
-        self.blocks_reused = self.blocks_computed = 0
-        self.dropped: list[dict[str, int]] = []
+        self.sums = BatchSums()
+        self.hits = self.misses = self.blocks_reused = self.blocks_computed = 0
         self.forwards = dict.fromkeys(self.names, 0)
         self.cache_note = "off"
+        self.parts: dict[str, Any] = {}
+        self.src, self.cache, self.keys = source, gram_cache, dict(model_keys or {})
         # calibration: the permutation null (its trace term in the Grams' precision) and the
         # layer spectra, which either calibration option records
         sizes = [len(self.selected[m]) for m in self.names]
@@ -106,8 +142,7 @@ class StreamingRun:
             )
         if options.permutations or options.sensitivity:
             self.spectra = SpectrumAccumulator(total, self.estimator, options.sensitivity)
-        # Each model's input from the raw batch (its pipeline), by name; absent: the raw tensor.
-        self.inputs: dict[str, Callable[[Any], torch.Tensor]] = {}
+        self.inputs: dict[str, Callable[[Any], torch.Tensor]] = dict(inputs or {})
 
     @property
     def calibrating(self) -> bool:
@@ -149,53 +184,57 @@ class StreamingRun:
             gram(f, self.kern, out=out[j])
         return out
 
-    def _loop(self, src: BatchSource, window: range | None) -> Iterator[tuple[int, torch.Tensor]]:
-        """(global index, batch) of the batches in ``window`` (None: all) that are kept."""
-        total = src.total if window is None else len(window)
+    def _loop(self, window: range | None) -> Iterator[tuple[int, int, Any]]:
+        """(global index, size, batch) of the batches in ``window`` (None: all), with the
+        progress bar; cancels when ``on_batch`` says so."""
+        total = self.src.total if window is None else len(window)
         bar = tqdm(total=total, disable=not self.progress, desc="CKA", unit="batch")
         try:
-            for done, (i, x) in enumerate(src.indexed(window), 1):
-                self.seen = done
-                if x.shape[0] < MIN_SAMPLES[self.estimator]:
-                    self.dropped.append({"batch": i, "size": int(x.shape[0])})
-                else:
-                    yield i, x
+            for i, x in self.src.indexed(window):
+                yield i, int(x.shape[0]), x
                 bar.update(1)
+                done = self.sums.seen
                 if self.on_batch is not None and self.on_batch(done, total or 0) is False:
                     raise Cancelled(f"cancelled after {done} batches")
         finally:
             bar.close()
 
-    def minibatch(
-        self,
-        src: BatchSource,
-        cache: GramCache | None,
-        keys: Mapping[str, str],
-        parts: dict[str, Any] | None,
-        window: range | None = None,
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Summed per-batch HSIC (L_total, L_total), and the per-batch terms for the bootstrap,
-        over the batches in ``window`` (None: all; zeros when none was kept).
+    def _store_parts(self) -> dict[str, Any]:
+        """What else the stored Grams depend on (empty: the store is not used), and the note."""
+        opts = self.options
+        fp = self.src.fingerprint() if self.cache is not None and self.keys else None
+        if fp is None:
+            self.cache_note = (
+                "off"
+                if self.cache is None
+                else "skipped: no model_keys or no dataset fingerprint (pass dataset_key)"
+            )
+            return {}
+        self.cache_note = "on"
+        dtype = None if self.amp is None else str(self.amp).removeprefix("torch.")
+        parts = {"dataset": fp, "plan": opts.batch_size, "feature": opts.feature}
+        return parts | {"kernel": opts.kernel, "dtype": dtype}
 
-        With ``cache`` and ``parts`` (what else the Grams depend on), the models named in
-        ``keys`` have their Grams and blocks read from and written to the store.
+    def minibatch(self, window: range | None = None) -> np.ndarray:
+        """Summed per-batch HSIC (L_total, L_total) over the batches in ``window`` (None: all;
+        zeros when none was kept); with ``bootstrap``, ``self.sums.per_batch`` keeps each batch's.
+
+        The models named in the store's keys have their Grams and blocks read from and written
+        to the store.
         """
-        acc = np.zeros((self.total_layers, self.total_layers))
-        per_batch: list[np.ndarray] = []
-        if cache is None or parts is None:
-            keys = {}
+        self.parts = self._store_parts()
+        step = self._batch_stored if self.parts else self._batch
         with torch.inference_mode():
-            for i, x in self._loop(src, window):
-                if keys:
-                    h = self._batch_stored(i, x, cache, keys, parts or {})
-                else:
-                    h = self._batch(i, x)
-                acc += h
-                if self.options.bootstrap:
-                    per_batch.append(h)
-                self.n += int(x.shape[0])
-                self.batches += 1
-        return acc, per_batch
+            sum_batches(
+                self._loop(window),
+                self.estimator,
+                step,
+                keep=bool(self.options.bootstrap),
+                sums=self.sums,
+            )
+        if self.sums.hsic is None:
+            return np.zeros((self.total_layers, self.total_layers))
+        return self.sums.hsic
 
     def _batch(self, i: int, x: torch.Tensor) -> np.ndarray:
         """The HSIC matrix of a batch without the store: one product over the stacked Grams."""
@@ -211,15 +250,9 @@ class StreamingRun:
         self._calibrate(i, stack, rows)
         return ((h + h.T) / 2).cpu().numpy()  # as hsic_from_grams
 
-    def _batch_stored(
-        self,
-        i: int,
-        x: torch.Tensor,
-        cache: GramCache | None,
-        keys: Mapping[str, str],
-        parts: dict[str, Any],
-    ) -> np.ndarray:
+    def _batch_stored(self, i: int, x: torch.Tensor) -> np.ndarray:
         """The HSIC matrix of batch ``i``: stored Grams and blocks reused, new ones stored."""
+        cache, keys, parts = self.cache, self.keys, self.parts
         b = int(x.shape[0])
         gkeys = {
             m: gram_key(
@@ -300,20 +333,21 @@ class StreamingRun:
         h[sa, sb] = block
         h[sb, sa] = block.T
 
-    def full(self, src: BatchSource) -> np.ndarray:
+    def full(self) -> np.ndarray:
         """Exact float64 HSIC over every sample at once (features kept in memory)."""
         parts: list[list[torch.Tensor]] = [[] for _ in range(self.total_layers)]
+
+        def keep(_: int, x: torch.Tensor) -> None:
+            inp = self._per_model(x)
+            for m in self.names:
+                for j, f in enumerate(self._features(m, inp(m))):
+                    parts[self.slices[m].start + j].append(f)
+
         with torch.inference_mode():
-            for _, x in self._loop(src, None):
-                inp = self._per_model(x)
-                for m in self.names:
-                    for j, f in enumerate(self._features(m, inp(m))):
-                        parts[self.slices[m].start + j].append(f)
-                self.n += int(x.shape[0])
-                self.batches += 1
-            if self.n < MIN_SAMPLES[self.estimator]:
+            sum_batches(self._loop(None), self.estimator, keep, sums=self.sums)
+            if self.sums.n < MIN_SAMPLES[self.estimator]:
                 raise EstimatorError(
-                    f"{self.n} samples are too few for the {self.estimator} estimator"
+                    f"{self.sums.n} samples are too few for the {self.estimator} estimator"
                 )
             xs = [torch.cat(p).to(torch.float64) for p in parts]
             return full_hsic(xs, self.kern, self.estimator).cpu().numpy()
@@ -321,9 +355,9 @@ class StreamingRun:
     def counters(self) -> dict[str, Any]:
         """What the run did, as plain values that add up over runs of disjoint batches."""
         return {
-            "n": self.n,
-            "batches": self.batches,
-            "dropped": [dict(d) for d in self.dropped],
+            "n": self.sums.n,
+            "batches": self.sums.batches,
+            "dropped": [dict(d) for d in self.sums.dropped],
             "forwards": dict(self.forwards),
             "hits": self.hits,
             "misses": self.misses,
