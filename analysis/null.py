@@ -63,6 +63,9 @@ import numpy as np
 import torch
 from scipy import stats
 
+from analysis.calibration import NullSummary
+from analysis.hsic import cka_from_hsic
+
 __all__ = [
     "AnalyticNull",
     "NullMoments",
@@ -70,6 +73,7 @@ __all__ = [
     "layer_invariants",
     "moments_from_sums",
     "q_values",
+    "summarise_moments",
     "u_centre",
 ]
 
@@ -112,13 +116,17 @@ def u_centre(g: torch.Tensor) -> torch.Tensor:
     return k
 
 
-def layer_invariants(centred: torch.Tensor, estimator: str) -> torch.Tensor:
+def layer_invariants(
+    centred: torch.Tensor, estimator: str, product: torch.dtype = torch.float64
+) -> torch.Tensor:
     """The per-layer numbers of one batch (float64, (L, 8), columns as :data:`_NAMES`).
 
     ``centred`` (L, n, n): the batch's double-centred Grams HKH as :func:`analysis.hsic.
     centred_rows` gives them (diagonal zeroed for the unbiased estimator, kept for the biased
     one). Q, c, t are those of the U-centred Grams; the diagonal terms (tau, q = Σã², k = Σã³,
-    w, v) are zero for the unbiased estimator.
+    w, v) are zero for the unbiased estimator. ``product``: the precision of the one n×n
+    matrix product per layer (for t); the engine passes its Grams' (a relative error of 1e-7 in
+    t moves a skewness by far less than the permutation noise it replaces).
     """
     n_layers, n, _ = centred.shape
     out = torch.zeros(n_layers, len(_NAMES), dtype=torch.float64, device=centred.device)
@@ -127,7 +135,8 @@ def layer_invariants(centred: torch.Tensor, estimator: str) -> torch.Tensor:
         sq = a * a
         out[:, 0] = sq.sum((1, 2))
         out[:, 1] = (sq * a).sum((1, 2))
-        out[:, 2] = (torch.bmm(a, a) * a).sum((1, 2))
+        low = a.to(product)
+        out[:, 2] = (torch.bmm(low, low) * low).sum((1, 2), dtype=torch.float64)
     if estimator == "biased" and n >= 3:
         d = centred.diagonal(dim1=1, dim2=2).to(torch.float64)
         tau = d.sum(1)
@@ -186,57 +195,64 @@ class NullMoments:
     skew: np.ndarray
 
     def p_values(self, observed: np.ndarray) -> np.ndarray:
-        """P(null ≥ observed) under the Pearson type III with these moments; NaN stays NaN.
+        """P(null ≥ observed) under the Pearson type III with these moments; NaN where the
+        observed CKA or the moments are undefined.
 
-        A null without spread (sd 0, e.g. a batch of 2) is a point: p is 1 at or below it.
+        A null without spread (sd 0, e.g. batches of 2) is a point: p is 1 at or below it.
         """
-        spread = self.sd > 0
-        sd = np.where(spread, self.sd, 1.0)
-        p = stats.pearson3.sf(observed, np.nan_to_num(self.skew), loc=self.mean, scale=sd)
-        p = np.where(spread, p, (observed <= self.mean).astype(float))
-        return np.where(np.isfinite(observed), p, np.nan)
+        defined = np.isfinite(observed) & np.isfinite(self.mean) & np.isfinite(self.sd)
+        mean, x = np.where(defined, self.mean, 0.0), np.where(defined, observed, 0.0)
+        spread = defined & (self.sd > 0)
+        sd, skew = np.where(spread, self.sd, 1.0), np.where(spread, self.skew, 0.0)
+        p = np.where(spread, stats.pearson3.sf(x, skew, loc=mean, scale=sd), 1.0 * (x <= mean))
+        return np.where(defined, p, np.nan)
 
     def quantile(self, level: float) -> np.ndarray:
-        """The ``level`` quantile of the fitted null CKA."""
-        skew = np.nan_to_num(self.skew)
-        q = stats.pearson3.ppf(level, skew, loc=self.mean, scale=np.where(self.sd > 0, self.sd, 1))
-        return np.where(self.sd > 0, q, self.mean)
+        """The ``level`` quantile of the fitted null CKA (NaN where undefined)."""
+        defined = np.isfinite(self.mean) & np.isfinite(self.sd)
+        mean = np.where(defined, self.mean, 0.0)
+        spread = defined & (self.sd > 0)
+        sd, skew = np.where(spread, self.sd, 1.0), np.where(spread, self.skew, 0.0)
+        q = np.where(spread, stats.pearson3.ppf(level, skew, loc=mean, scale=sd), mean)
+        return np.where(defined, q, np.nan)
 
 
 class AnalyticNull:
     """Sums the null cumulants of every cell over the batches of one run (float64, on host)."""
 
-    def __init__(self, total_layers: int, estimator: str) -> None:
-        self.estimator = estimator
+    def __init__(
+        self, total_layers: int, estimator: str, product: torch.dtype = torch.float64
+    ) -> None:
+        self.estimator, self.product = estimator, product
         self.sums = np.zeros((3, total_layers, total_layers))
 
     def add(self, centred: torch.Tensor) -> None:
         """One batch, given its double-centred Grams (L, n, n) (see :func:`layer_invariants`)."""
-        inv = layer_invariants(centred, self.estimator).cpu().numpy()
+        inv = layer_invariants(centred, self.estimator, self.product).cpu().numpy()
         self.sums += np.stack(batch_moments(inv, centred.shape[-1], self.estimator))
 
-    def moments(self, hsic: np.ndarray) -> NullMoments:
-        """The null CKA's moments per cell, against the run's summed HSIC ``hsic`` (L, L)."""
-        return moments_from_sums(self.sums, hsic)
+    def summary(self, hsic: np.ndarray) -> NullSummary:
+        """p-value, mean and 95 % quantile per cell against the run's summed HSIC ``hsic``."""
+        return summarise_moments(self.sums, hsic)
 
 
 def moments_from_sums(sums: np.ndarray, hsic: np.ndarray) -> NullMoments:
-    """NullMoments from summed cumulants ``sums`` (3, L, L) of null HSIC and the summed HSIC.
-
-    NaN where a self-HSIC is not positive (the cell's CKA is undefined).
-    """
-    d = np.diag(hsic)
-    ok = np.isfinite(d) & (d > 0)
-    norm = np.sqrt(np.outer(np.where(ok, d, 1.0), np.where(ok, d, 1.0)))
+    """The null CKA's moments per cell from summed cumulants ``sums`` (3, L, L) of the null
+    HSIC and the summed observed HSIC (its diagonal: each side's self-HSIC); NaN where the
+    cell's CKA is undefined."""
     mean, var, third = sums
+    d = np.diag(hsic)
     sd = np.sqrt(np.maximum(var, 0.0))
     with np.errstate(divide="ignore", invalid="ignore"):
         skew = np.where(sd > 0, third / np.where(sd > 0, sd, 1.0) ** 3, 0.0)
-    bad = ~(ok[:, None] & ok[None, :])
-    out = [mean / norm, sd / norm, skew]
-    for a in out:
-        a[bad] = np.nan
-    return NullMoments(*out)
+    sd_cka = cka_from_hsic(sd, d, d)
+    return NullMoments(cka_from_hsic(mean, d, d), sd_cka, np.where(np.isnan(sd_cka), np.nan, skew))
+
+
+def summarise_moments(sums: np.ndarray, hsic: np.ndarray) -> NullSummary:
+    """The analytic null's :class:`analysis.calibration.NullSummary` (NaN where undefined)."""
+    moments = moments_from_sums(sums, hsic)
+    return NullSummary(moments.p_values(cka_from_hsic(hsic)), moments.mean, moments.quantile(0.95))
 
 
 def q_values(p: np.ndarray) -> np.ndarray:

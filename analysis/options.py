@@ -53,16 +53,20 @@ __all__ = [
     "DTYPES",
     "ERROR_TYPES",
     "MODES",
+    "NULLS",
     "CompareOptions",
     "Dtype",
     "Layers",
     "Mode",
+    "NullKind",
     "OptionSpec",
     "OptionsError",
     "option_specs",
 ]
 
 Mode = Literal["minibatch", "full"]
+NullKind = Literal["analytic", "permutation", "none"]
+NULLS: tuple[NullKind, ...] = get_args(NullKind)
 MODES: tuple[Mode, ...] = get_args(Mode)
 Dtype = Literal["fp32", "bf16", "fp16"]
 DTYPES: tuple[Dtype, ...] = get_args(Dtype)
@@ -84,6 +88,7 @@ ERROR_TYPES = (
     "batch_too_small",
     "bootstrap_needs_minibatch",
     "calibration_needs_minibatch",
+    "null_needs_permutations",
 )
 
 
@@ -235,6 +240,17 @@ class CompareOptions(BaseModel):
             "quantile, from the same Grams); 0 for none. Needs minibatch mode."
         ),
     )
+    null: NullKind = Field(
+        default="analytic",
+        validate_default=True,  # the default depends on mode and permutations
+        description=(
+            "Null distribution of CKA per cell, for its p-value and null mean: `analytic` (exact "
+            "mean, variance and skewness of the within-batch permutation null, fitted with a "
+            "Pearson type III: almost free), `permutation` (`permutations` shuffles of the "
+            "Grams), or `none`. Minibatch mode only: in full mode `analytic` means `none`; "
+            "`permutations` above 0 means `permutation`."
+        ),
+    )
     sensitivity: bool = Field(
         default=False,
         description=(
@@ -282,6 +298,27 @@ class CompareOptions(BaseModel):
                 f"{info.field_name} works on the per-batch Grams and needs minibatch mode, "
                 f"not {mode}",
             )
+        return value
+
+    @field_validator("null")
+    @classmethod
+    def _null_fits_permutations(cls, value: NullKind, info: ValidationInfo) -> NullKind:
+        permutations, mode = info.data.get("permutations"), info.data.get("mode")
+        if permutations and value == "none":
+            raise _error(
+                "null_needs_permutations",
+                f"permutations ({permutations}) count the shuffles of the permutation null; "
+                "use null 'permutation' or permutations 0",
+            )
+        if permutations:  # the default asks for the analytic null; a count asks for shuffles
+            return "permutation"
+        if value == "permutation":
+            raise _error(
+                "null_needs_permutations",
+                "the permutation null needs permutations of at least 1",
+            )
+        if value == "analytic" and mode == "full":
+            return "none"  # the analytic null sums per-batch moments; full mode has no batches
         return value
 
     @classmethod

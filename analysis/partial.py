@@ -31,6 +31,7 @@ from analysis.errors import AnalysisError, EstimatorError
 from analysis.flags import calibration_flags
 from analysis.gram_cache import GramCache
 from analysis.hsic import cka_from_hsic
+from analysis.null import summarise_moments
 from analysis.options import CompareOptions, OptionsError
 from analysis.partial_file import SPECTRA, Partial
 from analysis.preprocessing import model_input
@@ -162,6 +163,7 @@ def run_partial(
         "dtype": None if amp is None else str(amp).removeprefix("torch."),
         "bootstrap": opts.bootstrap,
         "permutations": opts.permutations,
+        "null": opts.null,
         "sensitivity": opts.sensitivity,
         "seed": opts.seed,
     }
@@ -193,6 +195,7 @@ def run_partial(
         null=None if run.null is None else run.null.sums.cpu().numpy(),
         spectra=None if run.spectra is None else run.spectra.state(),
         counters=run.counters(),
+        null_moments=None if run.analytic is None else run.analytic.sums,
     )
 
 
@@ -294,6 +297,7 @@ def combine(partials: Sequence[Partial]) -> Atlas:
     hsic = _sum([p.hsic for p in parts], "HSIC")
     assert hsic is not None
     null = _sum([p.null for p in parts], "a permutation null")
+    moments = _sum([p.null_moments for p in parts], "an analytic null")
     spectra = None
     if any(p.spectra is not None for p in parts):
         sums = {k: _sum([(p.spectra or {}).get(k) for p in parts], "spectra") for k in SPECTRA}
@@ -306,6 +310,8 @@ def combine(partials: Sequence[Partial]) -> Atlas:
     selected = {m: list(first.selected[m]) for m in first.names}
     atlas = Atlas(list(first.names), selected, hsic, counters["n"], config, {}, ci_low, ci_high)
     _finish_calibration(atlas, null, spectra, bool(config["sensitivity"]))
+    if moments is not None:
+        atlas.null = summarise_moments(moments, atlas.hsic)
     atlas.diagnostics = diagnostics(atlas, counters, config)
     if spectra is not None:
         warnings, flags = calibration_flags(atlas, counters["n"] / max(counters["batches"], 1))

@@ -40,6 +40,7 @@ class Partial:
     null: np.ndarray | None  # (P, L, L) summed null HSIC, with permutations
     spectra: dict[str, np.ndarray] | None  # SpectrumAccumulator.state()
     counters: dict[str, Any]  # StreamingRun.counters(), dropped batches by global index
+    null_moments: np.ndarray | None = None  # (3, L, L) summed cumulants, analytic null
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write one safetensors file atomically (a temporary file renamed into place)."""
@@ -48,6 +49,8 @@ class Partial:
             arrays["per_batch"] = self.per_batch
         if self.null is not None:
             arrays["null"] = self.null
+        if self.null_moments is not None:
+            arrays["null_moments"] = self.null_moments
         for key, value in (self.spectra or {}).items():
             arrays[f"spectra.{key}"] = value
         meta = {
@@ -97,4 +100,5 @@ class Partial:
             null=arrays.get("null"),
             spectra=spectra,
             counters=meta["counters"],
+            null_moments=arrays.get("null_moments"),
         )

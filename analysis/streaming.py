@@ -45,6 +45,7 @@ from analysis.hsic import (
 )
 from analysis.kernels import Kernel, gram
 from analysis.layers import LayerReader, resolve_layers
+from analysis.null import AnalyticNull
 from analysis.options import CompareOptions
 from analysis.sources import BatchSource
 from analysis.spectrum import SpectrumAccumulator
@@ -136,7 +137,10 @@ class StreamingRun:
         sizes = [len(self.selected[m]) for m in self.names]
         self.null: PermutationNull | None = None
         self.spectra: SpectrumAccumulator | None = None
-        if options.permutations:
+        self.analytic: AnalyticNull | None = None
+        if options.null == "analytic" and options.mode == "minibatch":
+            self.analytic = AnalyticNull(total, self.estimator, self.gdtype)
+        if options.null == "permutation":
             self.null = PermutationNull(
                 sizes, options.permutations, options.seed, self.estimator, device, self.gdtype
             )
@@ -147,9 +151,12 @@ class StreamingRun:
     @property
     def calibrating(self) -> bool:
         """Whether every batch needs every model's Grams for the null or the spectra."""
-        return self.null is not None or self.spectra is not None
+        return self.null is not None or self.spectra is not None or self.analytic is not None
 
     def _calibrate(self, i: int, grams: torch.Tensor, rows: Rows) -> None:
+        if self.analytic is not None:
+            n = grams.shape[-1]
+            self.analytic.add(rows[0].view(self.total_layers, n, n))
         if self.null is not None:
             self.null.add(rows, batch=i)
         if self.spectra is not None:
@@ -282,7 +289,7 @@ class StreamingRun:
                 found[a, c] = block
         needed = {m for p in pairs if p not in found for m in p}
         if self.calibrating:
-            needed = set(self.names)  # the null and the spectra need every model's Grams
+            needed = set(self.names)  # the nulls and the spectra need every model's Grams
         stacks: dict[str, torch.Tensor] = {}
 
         rows: dict[str, Rows] = {}

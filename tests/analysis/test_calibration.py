@@ -225,7 +225,7 @@ def test_compare_with_permutations_and_sensitivity(tmp_path: object) -> None:
         stored = compare(nets, x, permutations=49, gram_cache=store, model_keys=keys, **kw)
         np.testing.assert_allclose(stored.p_values("a", "c"), pc)
 
-    plain = compare(nets, x, **kw).to_dict()
+    plain = compare(nets, x, null="none", **kw).to_dict()
     for key in ("p_value", "null_mean", "effective_dim", "cka_without_top_pc"):
         assert key not in plain
     assert "p_value" not in plain["matrices"][0] and "warnings" not in plain["diagnostics"]

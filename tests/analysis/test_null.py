@@ -39,7 +39,7 @@ def _analytic(x: np.ndarray, y: np.ndarray, size: int, estimator: str) -> tuple[
         null.add(centred)
         h += _hsic_pairs(xs, ys, estimator)
     cka = h[0, 1] / np.sqrt(h[0, 0] * h[1, 1])
-    return float(cka), float(null.moments(h).p_values(np.array([[1.0, cka], [cka, 1.0]]))[0, 1])
+    return float(cka), float(null.summary(h + np.triu(h, 1).T).p_value[0, 1])
 
 
 def _hsic_pairs(x: np.ndarray, y: np.ndarray, estimator: str) -> np.ndarray:
@@ -225,3 +225,46 @@ def test_q_values_are_benjamini_hochberg() -> None:
     assert (q[np.isfinite(p)] >= kept).all()
     order = np.argsort(kept)
     assert (np.diff(q[np.isfinite(p)][order]) >= 0).all()
+
+
+def _tiny(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.Tanh(), torch.nn.Linear(12, 6)
+    )
+
+
+def test_compare_gives_the_analytic_null_by_default_and_shards_add_up() -> None:
+    from analysis import combine, compare, compare_partial, shard_ranges
+
+    nets = {"a": _tiny(0), "c": _tiny(1)}
+    x = torch.randn(96, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    kw: dict[str, object] = {"layers": ["1", "3"], "batch_size": 32, "device": "cpu"}
+    atlas = compare(nets, x, **kw)
+    assert atlas.config["null"] == "analytic"
+    p = atlas.p_values("a", "c")
+    shuffled = compare(nets, x, permutations=4000, **kw).p_values("a", "c")
+    assert p is not None and shuffled is not None
+    close = np.abs(p - shuffled) <= 0.015 + 0.1 * shuffled  # 4,000 shuffles: ±0.008 at p = 0.5
+    assert close[shuffled >= 0.001].all(), (p, shuffled)
+    parts = [compare_partial(nets, x, batches=r, **kw) for r in shard_ranges(3, 2)]
+    np.testing.assert_allclose(combine(parts).p_values("a", "c"), p, rtol=1e-9)
+
+
+def test_the_biased_null_mean_is_its_bias(ref: types.SimpleNamespace) -> None:
+    from analysis import cka_test
+
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(60, 3)), rng.normal(size=(60, 8))
+    res = cka_test(x, y, estimator="biased", batch_size=20)
+    # per batch: tr(HKH) tr(HLH) / (n-1)³, summed, over sqrt of the summed self-HSICs
+    h = np.eye(20) - 1 / 20
+    bias = xx = yy = 0.0
+    for s in ref.batches(60, 20, "biased"):
+        k, l = ref.gram(x[s], "linear"), ref.gram(y[s], "linear")  # noqa: E741
+        bias += np.trace(h @ k @ h) * np.trace(h @ l @ h) / 19**3
+        xx, yy = xx + ref.hsic(k, k, "biased"), yy + ref.hsic(l, l, "biased")
+    assert res.method == "analytic" and res.null.size == 0
+    assert res.null_mean == pytest.approx(bias / np.sqrt(xx * yy), rel=1e-9)
+    assert res.null_mean > 0.05  # independent features, and yet a biased CKA well above 0
+    assert res.null_q95 > res.null_mean

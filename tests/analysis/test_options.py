@@ -35,6 +35,7 @@ def test_defaults() -> None:
         "dtype": "fp32",
         "bootstrap": 0,
         "permutations": 0,
+        "null": "analytic",
         "sensitivity": False,
         "seed": 0,
     }
@@ -58,6 +59,9 @@ def test_defaults() -> None:
         ({"bootstrap": 5, "mode": "full"}, "bootstrap"),
         ({"permutations": -1}, "permutations"),
         ({"permutations": 10_001}, "permutations"),
+        ({"null": "exact"}, "null"),
+        ({"null": "permutation"}, "null"),  # without a count of permutations
+        ({"null": "none", "permutations": 5}, "null"),
         ({"seed": -1}, "seed"),
         ({"layers": True}, "layers"),
         ({"layers": [["blocks.0"]]}, "layers"),
@@ -128,7 +132,9 @@ def test_option_specs_describe_what_is_accepted() -> None:
     assert CompareOptions(**defaults) == CompareOptions()
     for name, spec in specs.items():
         for choice in spec.choices:
-            assert getattr(CompareOptions(**{name: choice}), name) == choice
+            # shuffles need a count of them
+            count = {"permutations": 10} if choice == "permutation" else {}
+            assert getattr(CompareOptions(**{name: choice}, **count), name) == choice
     for example in specs["kernel"].examples:
         CompareOptions(kernel=example)
 
