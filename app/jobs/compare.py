@@ -90,7 +90,8 @@ def _compare(
     siblings = _siblings(services, rows) if "seed_ceiling" in baselines else {}
     cache = StoreGramCache(services.store)
     common = engine_options(params, services.device)
-    calibration = {k: common.pop(k) for k in ("permutations", "sensitivity") if k in common}
+    calibration = {k: common.pop(k) for k in ("permutations", "null", "sensitivity") if k in common}
+    plain = common | {"null": "none"}  # a baseline is a reference value, not a test
     stored: dict[str, Any] = {}
     # The members are loaded unless their shards ran them and no baseline needs them.
     members = list(shas.values()) if gathered is None or baselines else []
@@ -112,7 +113,7 @@ def _compare(
             )
         if "random_init" in baselines:
             stored["random_init"] = random_init_baseline(
-                nets, data, RANDOM_INIT_SEED, layers=params["resolved_layers"], **common
+                nets, data, RANDOM_INIT_SEED, layers=params["resolved_layers"], **plain
             )
         if "seed_ceiling" in baselines:
             stored["seed_ceiling"] = seed_ceiling_baseline(
@@ -122,7 +123,7 @@ def _compare(
                 data,
                 model_keys=shas,
                 gram_cache=cache,
-                **common,
+                **plain,
             )
     result = atlas.to_dict()
     if stored:

@@ -10,9 +10,10 @@
  *
  * matrix: {a, b, rows: [layer names], cols: [layer names], values: [[number|null]]}, and
  * optionally blocks of the same shape: ci_low, ci_high (bootstrap interval), p_value,
- * null_mean (permutation null), random_init, seed_ceiling (baselines), sensitivity (how far
- * the value moves without either side's top principal component). The tooltip shows
- * those present; a cell whose p-value is at least SIGNIFICANCE is hatched (class "null-like").
+ * q_value (Benjamini–Hochberg over the comparison), null_mean (the null), random_init,
+ * seed_ceiling (baselines), sensitivity (how far the value moves without either side's top
+ * principal component). The tooltip shows those present; a cell whose q-value is at least
+ * SIGNIFICANCE is hatched (class "null-like").
  */
 (function () {
   "use strict";
@@ -29,7 +30,7 @@
     return [1, 3, 5].map(function (k) { return parseInt(hex.slice(k, k + 2), 16); });
   });
   const CHAR_EM = 0.61; // advance width of a monospace glyph, in em
-  const SIGNIFICANCE = 0.05; // at or above this p-value a cell is not told apart from the null
+  const SIGNIFICANCE = 0.05; // at or above this q-value a cell is not told apart from the null
   let tooltip = null;
   let gradientCount = 0;
 
@@ -97,9 +98,15 @@
     }
     const p = at(matrix.p_value, i, j);
     if (defined(p)) {
+      const q = at(matrix.q_value, i, j);
       const mean = at(matrix.null_mean, i, j);
-      const note = p >= SIGNIFICANCE ? " · not told apart from the null" : "";
-      fact(tip, "tt-p", "p = " + formatP(p) + (defined(mean) ? " · null mean " + mean.toFixed(4) : "") + note);
+      const note = defined(q) && q >= SIGNIFICANCE ? " · not told apart from the null" : "";
+      fact(
+        tip,
+        "tt-p",
+        "p = " + formatP(p) + (defined(q) ? " · q = " + formatP(q) : "") +
+          (defined(mean) ? " · null mean " + mean.toFixed(4) : "") + note,
+      );
     }
     const init = at(matrix.random_init, i, j);
     if (defined(init)) fact(tip, "tt-base", "random init " + init.toFixed(4));
@@ -199,8 +206,8 @@
       for (let j = 0; j < nc; j++) {
         const v = matrix.values[i][j];
         const fill = color(v);
-        const p = at(matrix.p_value, i, j);
-        const nullLike = defined(p) && p >= SIGNIFICANCE;
+        const q = at(matrix.q_value, i, j);
+        const nullLike = defined(q) && q >= SIGNIFICANCE;
         if (nullLike) overlays.push([i, j]);
         el("rect", {
           class: (fill ? "cell" : "cell undefined") + (nullLike ? " null-like" : ""),
