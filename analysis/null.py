@@ -98,53 +98,55 @@ def _falling(n: int, m: int) -> float:
     return float(np.prod(np.arange(n, n - m, -1, dtype=np.float64)))
 
 
-def u_centre(g: torch.Tensor) -> torch.Tensor:
+def u_centre(g: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """U-centred copies of Grams ``g`` (L, n, n): zero diagonal, every row summing to 0.
 
     ``Ã_ij = K_ij - r_i/(n-2) - r_j/(n-2) + s/((n-1)(n-2))`` for i ≠ j, with r the row sums and
-    s the total of K with its diagonal zeroed (Székely & Rizzo 2014). Any centring of K gives the
-    same Ã. Needs n ≥ 3.
+    s the total of K with its diagonal zeroed (Székely & Rizzo 2014); written as
+    ``K_ij - u_i - u_j`` with ``u = r/(n-2) - s/(2(n-1)(n-2))``, two passes in place. Any centring
+    of K gives the same Ã. The copy is in ``dtype`` (default: ``g``'s). Needs n ≥ 3.
     """
     n = g.shape[-1]
-    k = g.clone()
+    k = g.to(dtype or g.dtype, copy=True)
     k.diagonal(dim1=-2, dim2=-1).zero_()
-    r = k.sum(-1)
-    s = r.sum(-1)
-    k -= (r[..., :, None] + r[..., None, :]) / (n - 2)
-    k += (s / ((n - 1) * (n - 2)))[..., None, None]
+    r = k.sum(-1, dtype=torch.float64)
+    u = r / (n - 2) - (r.sum(-1, keepdim=True) / (2 * (n - 1) * (n - 2)))
+    k -= u[..., :, None].to(k.dtype)
+    k -= u[..., None, :].to(k.dtype)
     k.diagonal(dim1=-2, dim2=-1).zero_()
     return k
 
 
 def layer_invariants(
-    centred: torch.Tensor, estimator: str, product: torch.dtype = torch.float64
+    centred: torch.Tensor, estimator: str, dtype: torch.dtype = torch.float64
 ) -> torch.Tensor:
     """The per-layer numbers of one batch (float64, (L, 8), columns as :data:`_NAMES`).
 
     ``centred`` (L, n, n): the batch's double-centred Grams HKH as :func:`analysis.hsic.
     centred_rows` gives them (diagonal zeroed for the unbiased estimator, kept for the biased
     one). Q, c, t are those of the U-centred Grams; the diagonal terms (tau, q = Σã², k = Σã³,
-    w, v) are zero for the unbiased estimator. ``product``: the precision of the one n×n
-    matrix product per layer (for t); the engine passes its Grams' (a relative error of 1e-7 in
-    t moves a skewness by far less than the permutation noise it replaces).
+    w, v) are zero for the unbiased estimator. ``dtype``: the precision of the U-centred copy
+    and its products; the engine passes its Grams' (float32: a relative error of ~1e-6 in the
+    moments, far below the permutation noise they replace), sums are float64.
     """
     n_layers, n, _ = centred.shape
     out = torch.zeros(n_layers, len(_NAMES), dtype=torch.float64, device=centred.device)
     if n >= 4:
-        a = u_centre(centred.to(torch.float64))
+        a = u_centre(centred, dtype)
         sq = a * a
-        out[:, 0] = sq.sum((1, 2))
-        out[:, 1] = (sq * a).sum((1, 2))
-        low = a.to(product)
-        out[:, 2] = (torch.bmm(low, low) * low).sum((1, 2), dtype=torch.float64)
+        out[:, 0] = sq.sum((1, 2), dtype=torch.float64)
+        out[:, 1] = (sq * a).sum((1, 2), dtype=torch.float64)
+        row_sq = sq.sum(2, dtype=torch.float64)  # for w (biased)
+        torch.bmm(a, a, out=sq)  # t = tr Ã³ = Σ_ij (Ã²)_ij Ã_ij, in sq's buffer
+        out[:, 2] = (sq.mul_(a)).sum((1, 2), dtype=torch.float64)
     if estimator == "biased" and n >= 3:
         d = centred.diagonal(dim1=1, dim2=2).to(torch.float64)
         tau = d.sum(1)
         dc = d - tau[:, None] / n
         out[:, 3], out[:, 4], out[:, 5] = tau, (dc**2).sum(1), (dc**3).sum(1)
         if n >= 4:
-            out[:, 6] = (sq.sum(2) * dc).sum(1)
-            out[:, 7] = torch.einsum("li,lij,lj->l", dc, a, dc)
+            out[:, 6] = (row_sq * dc).sum(1)
+            out[:, 7] = torch.einsum("li,lij,lj->l", dc, a.to(torch.float64), dc)
     elif estimator == "biased":  # n = 2: T_b is the same for both permutations
         out[:, 3] = centred.diagonal(dim1=1, dim2=2).sum(1)
     return out
@@ -221,14 +223,14 @@ class AnalyticNull:
     """Sums the null cumulants of every cell over the batches of one run (float64, on host)."""
 
     def __init__(
-        self, total_layers: int, estimator: str, product: torch.dtype = torch.float64
+        self, total_layers: int, estimator: str, dtype: torch.dtype = torch.float64
     ) -> None:
-        self.estimator, self.product = estimator, product
+        self.estimator, self.dtype = estimator, dtype
         self.sums = np.zeros((3, total_layers, total_layers))
 
     def add(self, centred: torch.Tensor) -> None:
         """One batch, given its double-centred Grams (L, n, n) (see :func:`layer_invariants`)."""
-        inv = layer_invariants(centred, self.estimator, self.product).cpu().numpy()
+        inv = layer_invariants(centred, self.estimator, self.dtype).cpu().numpy()
         self.sums += np.stack(batch_moments(inv, centred.shape[-1], self.estimator))
 
     def summary(self, hsic: np.ndarray) -> NullSummary:
