@@ -228,10 +228,17 @@ class AnalyticNull:
         self.estimator, self.dtype = estimator, dtype
         self.sums = np.zeros((3, total_layers, total_layers))
 
+    def invariants(self, centred: torch.Tensor) -> np.ndarray:
+        """:func:`layer_invariants` (L, 8) of one batch's double-centred Grams (L, n, n)."""
+        return layer_invariants(centred, self.estimator, self.dtype).cpu().numpy()
+
     def add(self, centred: torch.Tensor) -> None:
         """One batch, given its double-centred Grams (L, n, n) (see :func:`layer_invariants`)."""
-        inv = layer_invariants(centred, self.estimator, self.dtype).cpu().numpy()
-        self.sums += np.stack(batch_moments(inv, centred.shape[-1], self.estimator))
+        self.add_invariants(self.invariants(centred), centred.shape[-1])
+
+    def add_invariants(self, inv: np.ndarray, n: int) -> None:
+        """One batch of ``n`` samples, given every layer's invariants (L, 8), in layer order."""
+        self.sums += np.stack(batch_moments(inv, n, self.estimator))
 
     def summary(self, hsic: np.ndarray) -> NullSummary:
         """p-value, mean and 95 % quantile per cell against the run's summed HSIC ``hsic``."""

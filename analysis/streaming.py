@@ -150,13 +150,11 @@ class StreamingRun:
 
     @property
     def calibrating(self) -> bool:
-        """Whether every batch needs every model's Grams for the null or the spectra."""
-        return self.null is not None or self.spectra is not None or self.analytic is not None
+        """Whether every batch needs every model's Grams: for the permutation null or the
+        spectra (the analytic null needs only per-layer numbers, which the store keeps)."""
+        return self.null is not None or self.spectra is not None
 
     def _calibrate(self, i: int, grams: torch.Tensor, rows: Rows) -> None:
-        if self.analytic is not None:
-            n = grams.shape[-1]
-            self.analytic.add(rows[0].view(self.total_layers, n, n))
         if self.null is not None:
             self.null.add(rows, batch=i)
         if self.spectra is not None:
@@ -250,10 +248,12 @@ class StreamingRun:
         stack = torch.empty(self.total_layers, b, b, dtype=self.gdtype, device=self.dev)
         for m in self.names:
             self._grams(m, xs(m), out=stack[self.slices[m]])
-        if not self.calibrating:
+        if not self.calibrating and self.analytic is None:
             return hsic_from_grams(stack, self.estimator).cpu().numpy()  # the batch's one transfer
         rows = centred_rows(stack, self.estimator)
         h = hsic_block(rows, rows, self.estimator)
+        if self.analytic is not None:
+            self.analytic.add(rows[0].view(self.total_layers, b, b))
         self._calibrate(i, stack, rows)
         return ((h + h.T) / 2).cpu().numpy()  # as hsic_from_grams
 
@@ -288,8 +288,17 @@ class StreamingRun:
             if block is not None and block.shape == shape and block.dtype == np.float64:
                 found[a, c] = block
         needed = {m for p in pairs if p not in found for m in p}
+        invariants: dict[str, np.ndarray] = {}
+        ikeys = {m: gram_key(grams=gkeys[m], null=self.estimator) for m in gkeys}
+        if self.analytic is not None:  # the analytic null's per-layer numbers, stored per model
+            for m in self.names:
+                got = cache.get(ikeys[m]) if cache is not None and m in ikeys else None
+                if got is not None and got.shape == (len(self.selected[m]), 8):
+                    invariants[m] = got
+                else:
+                    needed.add(m)
         if self.calibrating:
-            needed = set(self.names)  # the nulls and the spectra need every model's Grams
+            needed = set(self.names)  # the permutation null and the spectra need every Gram
         stacks: dict[str, torch.Tensor] = {}
 
         rows: dict[str, Rows] = {}
@@ -311,6 +320,14 @@ class StreamingRun:
                     cache.put(gkeys[m], grams.cpu().numpy())
                 stacks[m] = grams
                 rows[m] = centred_rows(grams, self.estimator)
+        if self.analytic is not None:
+            for m in self.names:
+                if m not in invariants:
+                    invariants[m] = self.analytic.invariants(rows[m][0].view(-1, b, b))
+                    if cache is not None and m in ikeys:
+                        cache.put(ikeys[m], invariants[m])
+            stacked_inv = np.concatenate([invariants[m] for m in self.names])
+            self.analytic.add_invariants(stacked_inv, b)
         if self.calibrating:
             ordered = [rows[m] for m in self.names]
             stacked = (torch.cat([r[0] for r in ordered]), torch.cat([r[1] for r in ordered]))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import types
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -268,3 +270,31 @@ def test_the_biased_null_mean_is_its_bias(ref: types.SimpleNamespace) -> None:
     assert res.null_mean == pytest.approx(bias / np.sqrt(xx * yy), rel=1e-9)
     assert res.null_mean > 0.05  # independent features, and yet a biased CKA well above 0
     assert res.null_q95 > res.null_mean
+
+
+def test_the_gram_store_keeps_the_analytic_null_without_rereading_grams(tmp_path: Path) -> None:
+    from analysis import DirectoryGramCache, compare
+
+    nets = {"a": _tiny(0), "c": _tiny(1)}
+    x = torch.randn(96, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    kw: dict[str, Any] = {"layers": ["1", "3"], "batch_size": 32, "device": "cpu"}
+    plain = compare(nets, x, **kw).p_values("a", "c")
+    grams_read: list[int] = []
+
+    class Store(DirectoryGramCache):
+        def get(self, key: str) -> np.ndarray | None:
+            got = super().get(key)
+            if got is not None and got.ndim == 3:  # a model's Grams, not a block or invariants
+                grams_read.append(1)
+            return got
+
+    store = Store(str(tmp_path))
+    keys = {"a": "ka", "c": "kc"}
+    first = compare(nets, x, gram_cache=store, model_keys=keys, **kw)
+    again = compare(nets, x, gram_cache=store, model_keys=keys, **kw)
+    for atlas in (first, again):
+        np.testing.assert_allclose(atlas.p_values("a", "c"), plain, rtol=1e-6)
+    cache = again.diagnostics["gram_cache"]
+    assert again.diagnostics["forward_passes"] == {"a": 0, "c": 0}
+    assert cache["blocks_computed"] == 0 and cache["misses"] == 0
+    assert not grams_read  # stored blocks and per-layer numbers: no Gram is read back
