@@ -326,6 +326,7 @@ def _finish_calibration(
     atlas.layer_effective_dim = spectra["pr"] / count
     atlas.layer_top_share = spectra["share"] / count
     if sensitivity:
-        drop = cka_from_hsic(spectra["deflated_cross"], spectra["deflated_self"], None)
+        d = np.diag(atlas.hsic)
+        drop = cka_from_hsic(spectra["deflated_cross"], spectra["deflated_self"], d)
         drop[~np.isfinite(atlas.cka)] = np.nan
         atlas.cka_drop = drop
