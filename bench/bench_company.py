@@ -1,14 +1,15 @@
 """Cost of a cell's company (issue 24) against the plain atlas, and the cells the top-PC flag marks.
 
-The demo atlas: the zoo (``models.training.ZOO``, trained into ``--zoo`` where missing) over the
-digits test split (450 images) at the demo's batch size, 150, linear unbiased minibatch CKA on
-the CPU. Timed, best of ``--repeats``: the plain atlas; with image-level intervals
-(``bootstrap=1``); with the whole-sample sensitivity (``sensitivity=True``); with both. Then,
-on the atlas with sensitivity, how many cells the ``top_pc`` flag marks (a single direction
-carries more than half of the cell's CKA, :mod:`analysis.flags`) against the former rule (CKA
-moves by more than 0.1 when one side's top component is removed).
+The demo atlas: the zoo (``models.training.ZOO``; those of its checkpoints found in ``--zoo``,
+all of them trained there first with ``--train``) over the digits test split (450 images) at
+the demo's batch size, 150, linear unbiased minibatch CKA on the CPU. Timed, best of
+``--repeats``: the plain atlas; with image-level intervals (``bootstrap=1``); with the
+whole-sample sensitivity (``sensitivity=True``); with both. Then, on the atlas with
+sensitivity, how many cells the ``top_pc`` flag marks (a single direction carries more than
+half of the cell's CKA, :mod:`analysis.flags`) against the former rule (CKA moves by more than
+0.1 when one side's top component is removed).
 
-    .venv/bin/python bench/bench_company.py --zoo var/zoo
+    .venv/bin/python bench/bench_company.py --zoo var/zoo --train
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import torch
 import analysis
 import models
 from analysis.datasets import load_digits
-from models.training import build_zoo
+from models.checkpoint import weights_path
+from models.training import ZOO, build_zoo
 
 BATCH = 150
 
@@ -42,9 +44,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--zoo", type=Path, default=Path("var/zoo"))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--train", action="store_true", help="train missing zoo models first")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    nets = {e.name: models.load(e.path)[0].eval() for e in build_zoo(args.zoo)}
+    if args.train:
+        build_zoo(args.zoo)
+    found = [(name, weights_path(args.zoo / name)) for name, _, _ in ZOO]
+    nets = {name: models.load(path)[0].eval() for name, path in found if path.exists()}
     data = load_digits("test").x
     base = {"batch_size": BATCH, "device": "cpu"}
     runs = {
