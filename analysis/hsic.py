@@ -40,6 +40,7 @@ __all__ = [
     "hsic_block",
     "hsic_from_grams",
     "hsic_linear_features",
+    "hsic_self",
     "undefined_reasons",
 ]
 
@@ -90,6 +91,20 @@ def hsic_block(
     """HSIC (L_a, L_b) between every layer of two stacks given as :func:`centred_rows`."""
     (fa, ra), (fb, rb) = a, b
     return _combine(fa @ fb.T, ra, rb, ra.shape[1], estimator)
+
+
+def hsic_self(rows: tuple[torch.Tensor, torch.Tensor], estimator: str) -> torch.Tensor:
+    """HSIC (L,) of each layer of a :func:`centred_rows` stack with itself: the diagonal of
+    :func:`hsic_block` without the rest of the product."""
+    f, r = rows
+    n = r.shape[1]
+    ff = f.square().sum(1)
+    if estimator == "biased":
+        return ff / (n - 1) ** 2
+    s = r.sum(1)
+    return (ff + s.square() / ((n - 1) * (n - 2)) - (2 / (n - 2)) * r.square().sum(1)) / (
+        n * (n - 3)
+    )
 
 
 def hsic_from_grams(grams: torch.Tensor, estimator: str) -> torch.Tensor:

@@ -52,6 +52,7 @@ from analysis.layers import FeaturePolicy
 __all__ = [
     "DTYPES",
     "ERROR_TYPES",
+    "MIN_BOOTSTRAP_BATCHES",
     "MODES",
     "NULLS",
     "CompareOptions",
@@ -68,6 +69,9 @@ Mode = Literal["minibatch", "full"]
 NullKind = Literal["analytic", "permutation", "none"]
 NULLS: tuple[NullKind, ...] = get_args(NullKind)
 MODES: tuple[Mode, ...] = get_args(Mode)
+IntervalUnit = Literal["images", "batches"]
+# Fewer batches than this give a batch bootstrap too few distinct resamples to mean anything.
+MIN_BOOTSTRAP_BATCHES = 20
 Dtype = Literal["fp32", "bf16", "fp16"]
 DTYPES: tuple[Dtype, ...] = get_args(Dtype)
 _DTYPE_NAMES: dict[str, Dtype] = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16"}
@@ -89,6 +93,7 @@ ERROR_TYPES = (
     "bootstrap_needs_minibatch",
     "calibration_needs_minibatch",
     "null_needs_permutations",
+    "too_few_batches",
 )
 
 
@@ -227,8 +232,17 @@ class CompareOptions(BaseModel):
         default=0,
         ge=0,
         description=(
-            "Bootstrap replicates over minibatches for 95 % percentile intervals per cell; 0 for "
-            "none. Needs minibatch mode."
+            "95 % intervals per cell; 0 for none. With `interval` `images` (the default) any "
+            "positive value asks for the image-level interval, which needs no resamples; with "
+            "`batches`, the number of bootstrap resamples of whole batches. Needs minibatch mode."
+        ),
+    )
+    interval: IntervalUnit = Field(
+        default="images",
+        description=(
+            "The unit of the intervals: `images` (every image a draw: the first-order Hoeffding "
+            "projection of HSIC, valid at any batch size) or `batches` (a percentile bootstrap "
+            f"over whole batches, refused below {MIN_BOOTSTRAP_BATCHES} batches)."
         ),
     )
     permutations: int = Field(
@@ -254,8 +268,9 @@ class CompareOptions(BaseModel):
     sensitivity: bool = Field(
         default=False,
         description=(
-            "Also compute CKA with each side's top principal component removed, and warn where "
-            "one direction moves a cell by more than 0.1. Needs minibatch mode."
+            "Also compute CKA with each side's top principal component over the whole sample "
+            "removed (the run keeps every layer's features), and warn where that one direction "
+            "carries more than half of a cell's CKA. Needs minibatch mode."
         ),
     )
     seed: int = Field(
@@ -341,6 +356,18 @@ class CompareOptions(BaseModel):
             return cls.model_validate(values | changes)
         except ValidationError as exc:
             raise OptionsError.from_validation(exc) from None
+
+    def check_batches(self, batches: int) -> None:
+        """Raise :class:`OptionsError` if the batch bootstrap is asked for over ``batches``
+        batches, fewer than :data:`MIN_BOOTSTRAP_BATCHES`."""
+        if self.bootstrap and self.interval == "batches" and batches < MIN_BOOTSTRAP_BATCHES:
+            raise OptionsError(
+                "interval",
+                "too_few_batches",
+                f"interval: a bootstrap over {batches} batches has too few distinct resamples "
+                f"for its percentiles to mean anything (it needs at least "
+                f"{MIN_BOOTSTRAP_BATCHES}); use interval='images', or smaller batches",
+            )
 
     @property
     def parsed_kernel(self) -> Kernel:

@@ -31,11 +31,13 @@ from analysis.errors import AnalysisError, EstimatorError
 from analysis.flags import calibration_flags
 from analysis.gram_cache import GramCache
 from analysis.hsic import cka_from_hsic
+from analysis.intervals import MOMENTS, image_intervals
 from analysis.null import summarise_moments
 from analysis.options import CompareOptions, OptionsError
 from analysis.partial_file import SPECTRA, Partial
 from analysis.preprocessing import model_input
 from analysis.sources import DataLike, batch_source, image_files, load_data
+from analysis.spectrum import whole_sample_sensitivity
 from analysis.streaming import RunSettings, StreamingRun, diagnostics
 
 __all__ = [
@@ -151,6 +153,8 @@ def run_partial(
         model_keys=model_keys,
     )
     window = None if batches is None else _window(batches, src.total, opts.mode)
+    if src.total is not None:
+        opts.check_batches(src.total)
     amp, layers = opts.autocast, opts.layers
     config: dict[str, Any] = {
         "kernel": opts.kernel,
@@ -162,6 +166,7 @@ def run_partial(
         "device": str(dev),
         "dtype": None if amp is None else str(amp).removeprefix("torch."),
         "bootstrap": opts.bootstrap,
+        "interval": opts.interval,
         "permutations": opts.permutations,
         "null": opts.null,
         "sensitivity": opts.sensitivity,
@@ -180,9 +185,10 @@ def run_partial(
     config["dataset"] = src.key  # hashed only when the cache needed it
     span = window if window is not None else range(0, run.sums.seen)
     kept = None  # the per-batch terms, for the bootstrap
-    if opts.mode != "full" and opts.bootstrap:
+    if opts.mode != "full" and opts.bootstrap and opts.interval == "batches":
         width, per_batch = run.total_layers, run.sums.per_batch
         kept = np.stack(per_batch) if per_batch else np.zeros((0, width, width))
+    feats = run.kept_features()
     return Partial(
         names=names,
         selected={m: list(v) for m, v in run.selected.items()},
@@ -196,6 +202,9 @@ def run_partial(
         spectra=None if run.spectra is None else run.spectra.state(),
         counters=run.counters(),
         null_moments=None if run.analytic is None else run.analytic.sums,
+        moments=None if run.moments is None else run.moments.state(),
+        features=None if feats is None else [f.numpy() for f in feats],
+        sizes=None if feats is None else np.array(run.feature_sizes(), dtype=np.int64),
     )
 
 
@@ -297,26 +306,53 @@ def combine(partials: Sequence[Partial]) -> Atlas:
     hsic = _sum([p.hsic for p in parts], "HSIC")
     assert hsic is not None
     null = _sum([p.null for p in parts], "a permutation null")
-    moments = _sum([p.null_moments for p in parts], "an analytic null")
+    null_moments = _sum([p.null_moments for p in parts], "an analytic null")
     spectra = None
     if any(p.spectra is not None for p in parts):
         sums = {k: _sum([(p.spectra or {}).get(k) for p in parts], "spectra") for k in SPECTRA}
         spectra = {k: v for k, v in sums.items() if v is not None}
     ci_low = ci_high = None
-    if config["bootstrap"] and all(p.per_batch is not None for p in parts):
+    unit = config.get("interval", "images")
+    if config["bootstrap"] and unit == "batches" and all(p.per_batch is not None for p in parts):
+        CompareOptions.build(bootstrap=config["bootstrap"], interval=unit).check_batches(
+            counters["batches"]
+        )
         per_batch = np.concatenate([np.asarray(p.per_batch) for p in parts])
         if len(per_batch):
             ci_low, ci_high = bootstrap_intervals(per_batch, config["bootstrap"], config["seed"])
+    moments = None
+    if any(p.moments is not None for p in parts):
+        moments = {k: _sum([(p.moments or {}).get(k) for p in parts], "moments") for k in MOMENTS}
+    if moments is not None and config["mode"] != "full":
+        ci_low, ci_high = image_intervals(hsic, {k: v for k, v in moments.items() if v is not None})
     selected = {m: list(first.selected[m]) for m in first.names}
     atlas = Atlas(list(first.names), selected, hsic, counters["n"], config, {}, ci_low, ci_high)
+    if spectra is not None and config["sensitivity"]:
+        spectra |= _deflated(parts, config)
     _finish_calibration(atlas, null, spectra, bool(config["sensitivity"]))
-    if moments is not None:
-        atlas.null = summarise_moments(moments, atlas.hsic)
+    if null_moments is not None:
+        atlas.null = summarise_moments(null_moments, atlas.hsic)
     atlas.diagnostics = diagnostics(atlas, counters, config)
     if spectra is not None:
         warnings, flags = calibration_flags(atlas, counters["n"] / max(counters["batches"], 1))
         atlas.diagnostics |= {"warnings": warnings, "flags": flags}
     return atlas
+
+
+def _deflated(parts: list[Partial], config: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The deflated HSIC sums of the whole sample: every partial's features, in batch order."""
+    if any(p.features is None or p.sizes is None for p in parts):
+        raise AnalysisError("some partials have no features for the sensitivity")
+    parts = [p for p in parts if len(np.asarray(p.sizes))]  # a range may have kept no batch
+    width = len(parts[0].features or []) if parts else 0
+    features = [
+        torch.from_numpy(np.concatenate([np.asarray((p.features or [])[k]) for p in parts]))
+        for k in range(width)
+    ]
+    sizes = [int(n) for p in parts for n in np.asarray(p.sizes)]
+    kern = CompareOptions.build(kernel=config["kernel"]).parsed_kernel
+    cross, own = whole_sample_sensitivity(features, sizes, kern, config["estimator"])
+    return {"deflated_cross": cross, "deflated_self": own}
 
 
 def _finish_calibration(
@@ -332,6 +368,8 @@ def _finish_calibration(
     atlas.layer_effective_dim = spectra["pr"] / count
     atlas.layer_top_share = spectra["share"] / count
     if sensitivity:
-        drop = cka_from_hsic(spectra["deflated_cross"], spectra["deflated_self"], None)
+        drop = cka_from_hsic(
+            spectra["deflated_cross"], spectra["deflated_self"], np.diag(atlas.hsic)
+        )
         drop[~np.isfinite(atlas.cka)] = np.nan
         atlas.cka_drop = drop

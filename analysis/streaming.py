@@ -43,6 +43,7 @@ from analysis.hsic import (
     hsic_linear_features,
     undefined_reasons,
 )
+from analysis.intervals import ImageMoments
 from analysis.kernels import Kernel, gram
 from analysis.layers import LayerReader, resolve_layers
 from analysis.null import AnalyticNull
@@ -145,20 +146,42 @@ class StreamingRun:
                 sizes, options.permutations, options.seed, self.estimator, device, self.gdtype
             )
         if options.permutations or options.sensitivity:
-            self.spectra = SpectrumAccumulator(total, self.estimator, options.sensitivity)
+            self.spectra = SpectrumAccumulator(total)
+        # image-level intervals: sums over images of their per-image HSIC terms
+        self.moments: ImageMoments | None = None
+        if options.mode == "minibatch" and options.bootstrap and options.interval == "images":
+            self.moments = ImageMoments(total, device)
+        # sensitivity: every layer's features of every kept batch, for the whole-sample top
+        # direction (analysis.spectrum.whole_sample_sensitivity)
+        self.features: list[list[torch.Tensor]] | None = None
+        if options.sensitivity:
+            self.features = [[] for _ in range(total)]
         self.inputs: dict[str, Callable[[Any], torch.Tensor]] = dict(inputs or {})
 
     @property
     def calibrating(self) -> bool:
-        """Whether every batch needs every model's Grams: for the permutation null or the
-        spectra (the analytic null needs only per-layer numbers, which the store keeps)."""
-        return self.null is not None or self.spectra is not None
+        """Whether every batch needs every model's Grams: for the permutation null, the spectra
+        or the image intervals (the analytic null needs only per-layer numbers, which the store
+        keeps)."""
+        return self.null is not None or self.spectra is not None or self.moments is not None
 
     def _calibrate(self, i: int, grams: torch.Tensor, rows: Rows) -> None:
         if self.null is not None:
             self.null.add(rows, batch=i)
         if self.spectra is not None:
-            self.spectra.add(grams, rows)
+            self.spectra.add(grams)
+        if self.moments is not None:
+            self.moments.add(rows, self.estimator)
+
+    def feature_sizes(self) -> list[int]:
+        """With sensitivity: the samples of each kept batch, in order."""
+        return [int(f.shape[0]) for f in (self.features or [[]])[0]]
+
+    def kept_features(self) -> list[torch.Tensor] | None:
+        """With sensitivity: each layer's features over the kept batches, in batch order."""
+        if self.features is None:
+            return None
+        return [torch.cat(f) if f else torch.zeros(0, 0) for f in self.features]
 
     def _per_model(self, raw: Any) -> Callable[[str], torch.Tensor]:
         """Model name -> its input for this raw batch, on the device; one per distinct pipeline."""
@@ -187,6 +210,8 @@ class StreamingRun:
             out = torch.empty(len(self.selected[m]), b, b, dtype=self.gdtype, device=self.dev)
         for j, f in enumerate(self._features(m, x)):
             gram(f, self.kern, out=out[j])
+            if self.features is not None:
+                self.features[self.slices[m].start + j].append(f.reshape(b, -1).cpu())
         return out
 
     def _loop(self, window: range | None) -> Iterator[tuple[int, int, Any]]:
@@ -234,7 +259,7 @@ class StreamingRun:
                 self._loop(window),
                 self.estimator,
                 step,
-                keep=bool(self.options.bootstrap),
+                keep=bool(self.options.bootstrap) and self.options.interval == "batches",
                 sums=self.sums,
             )
         if self.sums.hsic is None:
@@ -307,6 +332,8 @@ class StreamingRun:
             stored = None
             if cache is not None and m in needed and m in gkeys:
                 stored = cache.get(gkeys[m])
+                if stored is not None and not self._stored_features(m, gkeys[m], b):
+                    stored = None  # sensitivity needs the features too: run the model
             if m in gkeys and m not in needed:
                 self.hits += 1  # every block of m is stored: not even its Grams are read
             elif stored is not None and stored.shape == (len(self.selected[m]), b, b):
@@ -318,6 +345,8 @@ class StreamingRun:
                 if cache is not None and m in gkeys:
                     self.misses += 1
                     cache.put(gkeys[m], grams.cpu().numpy())
+                    for j, f in enumerate(self._last_features(m)):
+                        cache.put(gram_key(features=gkeys[m], layer=j), f.numpy())
                 stacks[m] = grams
                 rows[m] = centred_rows(grams, self.estimator)
         if self.analytic is not None:
@@ -346,6 +375,27 @@ class StreamingRun:
             elif cache is not None:
                 cache.put(key, np.ascontiguousarray(out[sa, sc]))
         return out
+
+    def _last_features(self, m: str) -> list[torch.Tensor]:
+        """With sensitivity: the features model ``m`` gave on the batch just run."""
+        if self.features is None:
+            return []
+        return [self.features[k][-1] for k in range(self.slices[m].start, self.slices[m].stop)]
+
+    def _stored_features(self, m: str, key: str, b: int) -> bool:
+        """With sensitivity, read model ``m``'s stored features of the batch (Grams key ``key``)
+        into the kept features; False when any is missing. Without sensitivity: True."""
+        if self.features is None:
+            return True
+        assert self.cache is not None
+        layers = range(len(self.selected[m]))
+        found = [self.cache.get(gram_key(features=key, layer=j)) for j in layers]
+        if any(f is None or f.shape[0] != b for f in found):
+            return False
+        for j, f in enumerate(found):
+            assert f is not None
+            self.features[self.slices[m].start + j].append(torch.from_numpy(f).to(self.gdtype))
+        return True
 
     def _block(self, ra: Rows, rb: Rows, same: bool) -> torch.Tensor:
         self.blocks_computed += 1
@@ -391,12 +441,19 @@ class StreamingRun:
         }
 
 
+_METHODS = {
+    "images": "first-order Hoeffding projection, delta method (analysis.intervals)",
+    "batches": "percentile bootstrap over batches (analysis.bootstrap)",
+}
+
+
 def diagnostics(
     atlas: Atlas, counters: Mapping[str, Any], config: Mapping[str, Any]
 ) -> dict[str, Any]:
     """What a run did (its :meth:`StreamingRun.counters`) and what to be careful about in its
     result ``atlas``; ``config`` gives the bootstrap settings."""
     bootstrap, seed = config["bootstrap"], config["seed"]
+    unit = config.get("interval", "images")
     owners = [(m, name) for m in atlas.models for name in atlas.layers[m]]
     undefined = [
         {"model": owners[i][0], "layer": owners[i][1], "reason": why}
@@ -424,7 +481,10 @@ def diagnostics(
         },
         "undefined_layers": undefined,
         "negative_cells": negative,
-        "bootstrap": {"replicates": bootstrap, "seed": seed, "level": 0.95} if bootstrap else None,
+        "bootstrap": {"replicates": bootstrap, "seed": seed, "level": 0.95}
+        if bootstrap and unit == "batches"
+        else None,
+        "interval": {"unit": unit, "method": _METHODS[unit], "level": 0.95} if bootstrap else None,
     }
 
 

@@ -189,10 +189,10 @@ class MatrixOut(BaseModel):
         description="CKA, rows × cols; null where undefined", examples=[[[0.98, 0.5], [0.4, 0.9]]]
     )
     ci_low: Cells | None = Field(
-        default=None, description="Bootstrap 95 % interval, lower bound (with `bootstrap`)"
+        default=None, description="95 % interval (image-level), lower bound (with `bootstrap`)"
     )
     ci_high: Cells | None = Field(
-        default=None, description="Bootstrap 95 % interval, upper bound (with `bootstrap`)"
+        default=None, description="95 % interval (image-level), upper bound (with `bootstrap`)"
     )
     p_value: Cells | None = Field(
         default=None,

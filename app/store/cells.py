@@ -2,12 +2,13 @@
 the model-level summary.
 
 A finished comparison's ``result`` holds the CKA blocks of every model pair (``matrices``) and,
-when they were computed, full (L_total, L_total) arrays of the bootstrap interval
-(``ci_low``/``ci_high``), the null (``p_value``/``null_mean``/``null_q95``; ``q_value``, the
-Benjamini–Hochberg q-value over the comparison's cells, is derived here), the
-baselines (``baselines.random_init.cka``/``baselines.seed_ceiling.cka``) and CKA with the row
-layer's top principal component removed (``cka_without_top_pc``, with ``sensitivity``), all in
-the atlas's layer order (model by model). A cell's ``sensitivity`` is the larger move of its
+when they were computed, full (L_total, L_total) arrays of the 95 % interval
+(``ci_low``/``ci_high``; image-level unless ``config["interval"]`` is ``batches``), the
+null (``p_value``/``null_mean``/``null_q95``; ``q_value``, the Benjamini–Hochberg q-value over
+the comparison's cells, is derived here), the baselines
+(``baselines.random_init.cka``/``baselines.seed_ceiling.cka``) and CKA with the row layer's
+whole-sample top principal component removed (``cka_without_top_pc``, with ``sensitivity``),
+all in the atlas's layer order (model by model). A cell's ``sensitivity`` is the larger move of its
 CKA when either side's top component is removed. :class:`Cells` reads them once and slices any
 of them for a model pair, so the matrix endpoint, the page and the exports agree cell for cell.
 

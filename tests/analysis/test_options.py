@@ -34,6 +34,7 @@ def test_defaults() -> None:
         "feature": "flatten",
         "dtype": "fp32",
         "bootstrap": 0,
+        "interval": "images",
         "permutations": 0,
         "null": "analytic",
         "sensitivity": False,
