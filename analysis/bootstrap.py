@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from analysis.hsic import cka_from_hsic
+
 __all__ = ["bootstrap_intervals"]
 
 
@@ -25,13 +27,8 @@ def bootstrap_intervals(
     counts = np.zeros((replicates, nb))
     np.add.at(counts, (np.arange(replicates)[:, None], draws), 1.0)
     sums = (counts @ per_batch.reshape(nb, -1)).reshape(replicates, n_layers, n_layers)
-    d = np.diagonal(sums, axis1=1, axis2=2)
-    ok = np.isfinite(d) & (d > 0)
-    d = np.where(ok, d, 1.0)
-    cka = sums / np.sqrt(d[:, :, None] * d[:, None, :])
-    valid = (ok[:, :, None] & ok[:, None, :] & np.isfinite(cka)).all(0)
+    cka = cka_from_hsic(sums)
     tail = (1 - level) / 2 * 100
+    # a cell undefined in any replicate is NaN in it, and so gets a NaN percentile
     low, high = np.percentile(cka, [tail, 100 - tail], axis=0)
-    low[~valid] = np.nan
-    high[~valid] = np.nan
     return low, high

@@ -184,9 +184,7 @@ def summarise_null(
     """
     full = np.where(_kept(sizes), sums, np.swapaxes(sums, 1, 2))
     d = np.diag(hsic)
-    ok = np.isfinite(d) & (d > 0)
-    d = np.where(ok, d, 1.0)
-    null = full / np.sqrt(np.outer(d, d))
+    null = cka_from_hsic(full, d, d)  # both sides keep their observed self-HSIC
     observed = cka_from_hsic(hsic)
     valid = np.isfinite(observed)
     count = null.shape[0]

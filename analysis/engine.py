@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from analysis.atlas import Atlas
+from analysis.batches import sum_batches
 from analysis.errors import EstimatorError
 from analysis.gram_cache import GramCache
 from analysis.hsic import MIN_SAMPLES, cka_from_hsic, hsic_from_grams
@@ -39,7 +40,7 @@ from analysis.kernels import Kernel, gram
 from analysis.options import CompareOptions
 from analysis.partial import combine, run_partial
 from analysis.sources import DataLike
-from analysis.streaming import full_hsic
+from analysis.streaming import RunSettings, full_hsic
 
 __all__ = ["cka_from_features", "compare"]
 
@@ -85,19 +86,9 @@ def compare(
     component removed; either also records per-layer effective dimension and top-component
     share, and warnings (:mod:`analysis.flags`) in ``diagnostics``.
     """
-    part = run_partial(
-        models,
-        data,
-        CompareOptions.build(options, **shortcuts),
-        batches=None,
-        device=device,
-        progress=progress,
-        gram_cache=gram_cache,
-        model_keys=model_keys,
-        on_batch=on_batch,
-        dataset_key=dataset_key,
-    )
-    return combine([part])
+    settings = RunSettings(device, progress, gram_cache, model_keys, on_batch, dataset_key)
+    opts = CompareOptions.build(options, **shortcuts)
+    return combine([run_partial(models, data, opts, None, settings)])
 
 
 def cka_from_features(
@@ -129,15 +120,15 @@ def cka_from_features(
             raise EstimatorError(f"{n} samples are too few for the {estimator} estimator")
         h = full_hsic([f.to(torch.float64) for f in feats], kern, estimator).cpu().numpy()
     else:
-        h = np.zeros((len(feats), len(feats)))
         wide = torch.float64 if any(f.dtype == torch.float64 for f in feats) else torch.float32
-        used = 0
-        for i in range(0, n, batch_size):
-            if min(batch_size, n - i) < MIN_SAMPLES[estimator]:
-                continue
+
+        def step(_: int, i: int) -> np.ndarray:
             grams = torch.stack([gram(f[i : i + batch_size].to(wide), kern) for f in feats])
-            h += hsic_from_grams(grams, estimator).cpu().numpy()
-            used += 1
-        if not used:
-            raise EstimatorError("no batch was large enough for the estimator; use more data")
+            return hsic_from_grams(grams, estimator).cpu().numpy()
+
+        starts = ((k, min(batch_size, n - i), i) for k, i in enumerate(range(0, n, batch_size)))
+        sums = sum_batches(starts, estimator, step)
+        sums.require()
+        assert sums.hsic is not None
+        h = sums.hsic
     return cka_from_hsic(h)[: len(xs), len(xs) :]

@@ -7,11 +7,16 @@ Two rules, with their thresholds as documented constants:
   dimension d_eff (:mod:`analysis.spectrum`) is more than b / :data:`MIN_SAMPLES_PER_DIM` has
   fewer than that many samples per direction in each batch: its spectrum is poorly resolved
   and its CKA values are noisy (and the biased estimator drifts towards 1). Flag ``small_n``.
-* **One direction drives a cell.** With ``sensitivity=True``, a cell whose CKA moves by more
-  than :data:`SENSITIVITY_THRESHOLD` when either side's top principal component is removed
-  owes that much of its value to a single direction (Davari et al. 2022). Flag ``top_pc``;
-  one sentence per model pair summarises its flagged cells. A layer against itself is skipped
-  (removing a direction from one copy of a layer is no statement about similarity).
+* **One direction dominates a cell** (Davari et al. 2022: CKA can be carried by a single
+  high-variance direction, so two layers look alike while the rest of their representations
+  differ). With ``sensitivity=True``, a cell is flagged ``top_pc`` when removing either side's
+  top principal direction *of the whole sample* (:mod:`analysis.spectrum`) takes away more
+  than :data:`DOMINANCE` (half) of its CKA: ``CKA - CKA_without ≥ DOMINANCE · CKA``, i.e. that
+  one direction carries most of the similarity. A fixed absolute move (the former rule, 0.1)
+  marked nearly every cell of a trained atlas, since removing the top direction of any layer
+  moves CKA somewhat; a move of half the value is what "dominated" means. Cells with CKA
+  below :data:`MIN_CKA` are skipped (half of almost nothing is noise), and so is a layer
+  against itself. One sentence per model pair summarises its flagged cells.
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ import numpy as np
 
 from analysis.atlas import Atlas
 
-__all__ = ["MIN_SAMPLES_PER_DIM", "SENSITIVITY_THRESHOLD", "calibration_flags"]
+__all__ = ["DOMINANCE", "MIN_CKA", "MIN_SAMPLES_PER_DIM", "calibration_flags"]
 
 MIN_SAMPLES_PER_DIM = 5.0
-SENSITIVITY_THRESHOLD = 0.1
+DOMINANCE = 0.5
+MIN_CKA = 0.1
 
 
 def _small_n(atlas: Atlas, batch: float) -> tuple[list[str], list[dict[str, Any]]]:
@@ -55,10 +61,12 @@ def _top_pc(atlas: Atlas, a: str, b: str) -> tuple[list[str], list[dict[str, Any
     if drop is None:
         return [], []
     cka = atlas.matrix(a, b)
-    shift = np.fmax(np.abs(drop[0] - cka), np.abs(drop[1] - cka))
+    lost = np.fmax(cka - drop[0], cka - drop[1])  # the larger loss of either side
+    with np.errstate(invalid="ignore"):
+        dominated = (cka >= MIN_CKA) & (lost >= DOMINANCE * cka)
     if a == b:
-        shift = np.where(np.triu(np.ones_like(shift, dtype=bool), 1), shift, np.nan)
-    hit = np.argwhere(np.nan_to_num(shift, nan=0.0) > SENSITIVITY_THRESHOLD)
+        dominated &= np.triu(np.ones_like(dominated, dtype=bool), 1)
+    hit = np.argwhere(dominated)
     flags = [
         {
             "kind": "top_pc",
@@ -69,21 +77,20 @@ def _top_pc(atlas: Atlas, a: str, b: str) -> tuple[list[str], list[dict[str, Any
             "cka": float(cka[i, j]),
             "without_top_pc_a": float(drop[0][i, j]),
             "without_top_pc_b": float(drop[1][i, j]),
-            "shift": float(shift[i, j]),
-            "threshold": SENSITIVITY_THRESHOLD,
+            "shift": float(lost[i, j]),
+            "threshold": DOMINANCE,
         }
         for i, j in hit
     ]
     if not flags:
         return [], []
-    worst = max(flags, key=lambda f: f["shift"])
-    sides = (worst["without_top_pc_a"], worst["without_top_pc_b"])
-    moved = max(sides, key=lambda v: abs(v - worst["cka"]))
+    worst = max(flags, key=lambda f: f["shift"] / f["cka"])
+    moved = min(worst["without_top_pc_a"], worst["without_top_pc_b"])
     sentence = (
-        f"{len(flags)} cell{'s' if len(flags) > 1 else ''} of {a} × {b} move by more than "
-        f"{SENSITIVITY_THRESHOLD:g} when one side's top principal component is removed "
+        f"{len(flags)} cell{'s' if len(flags) > 1 else ''} of {a} × {b} lose more than "
+        f"{DOMINANCE:.0%} of their CKA when one side's top principal direction is removed "
         f"(largest: {worst['layer_a']} × {worst['layer_b']}, {worst['cka']:.2f} → "
-        f"{moved:.2f}), so a single direction drives them."
+        f"{moved:.2f}), so a single direction dominates them."
     )
     return [sentence], flags
 

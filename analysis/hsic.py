@@ -40,6 +40,7 @@ __all__ = [
     "hsic_block",
     "hsic_from_grams",
     "hsic_linear_features",
+    "hsic_self",
     "undefined_reasons",
 ]
 
@@ -92,6 +93,20 @@ def hsic_block(
     return _combine(fa @ fb.T, ra, rb, ra.shape[1], estimator)
 
 
+def hsic_self(rows: tuple[torch.Tensor, torch.Tensor], estimator: str) -> torch.Tensor:
+    """HSIC (L,) of each layer of a :func:`centred_rows` stack with itself: the diagonal of
+    :func:`hsic_block` without the rest of the product."""
+    f, r = rows
+    n = r.shape[1]
+    ff = f.square().sum(1)
+    if estimator == "biased":
+        return ff / (n - 1) ** 2
+    s = r.sum(1)
+    return (ff + s.square() / ((n - 1) * (n - 2)) - (2 / (n - 2)) * r.square().sum(1)) / (
+        n * (n - 3)
+    )
+
+
 def hsic_from_grams(grams: torch.Tensor, estimator: str) -> torch.Tensor:
     """HSIC of every pair of the raw Grams ``grams`` (L, n, n), as a float64 (L, L) tensor.
 
@@ -125,20 +140,30 @@ def hsic_linear_features(xs: list[torch.Tensor], estimator: str) -> torch.Tensor
     return (h + h.T) / 2
 
 
-def cka_from_hsic(h: np.ndarray) -> np.ndarray:
-    """CKA matrix from an accumulated HSIC matrix; NaN where a self-HSIC is <= 0 or not finite.
+def cka_from_hsic(
+    hsic: np.ndarray, rows: np.ndarray | None = None, cols: np.ndarray | None = None
+) -> np.ndarray:
+    """CKA from HSIC: ``hsic[..., i, j] / sqrt(rows[..., i] · cols[..., j])``, NaN where undefined.
 
-    Never clamps: a negative cross-HSIC (possible with the unbiased estimator) gives a
+    The one place of the HSIC→CKA step and its undefined-cell rule: a cell is undefined (NaN)
+    where the self-HSIC of either side is not positive or not finite, or the ratio is not
+    finite; :func:`undefined_reasons` says why, for the diagnostics. ``hsic`` may be a stack
+    (..., L, L) of HSIC matrices (bootstrap replicates, permutations); the self-HSICs default
+    to its diagonal, and may be given apart: a null's cross terms against the observed
+    self-HSIC, or a deflated layer's self-HSIC on the rows against the intact one on the
+    columns. Never clamps: a negative cross-HSIC (possible with the unbiased estimator) gives a
     negative CKA.
     """
-    d = np.diag(h).copy()
-    ok = np.isfinite(d) & (d > 0)
-    d[~ok] = 1.0
+    h = np.asarray(hsic, dtype=np.float64)
+    diag = np.diagonal(h, axis1=-2, axis2=-1)
+    r = np.array(diag if rows is None else rows, dtype=np.float64)
+    c = np.array(diag if cols is None else cols, dtype=np.float64)
+    ok_r, ok_c = np.isfinite(r) & (r > 0), np.isfinite(c) & (c > 0)
+    r[~ok_r] = 1.0
+    c[~ok_c] = 1.0
     with np.errstate(over="ignore", invalid="ignore"):
-        cka: np.ndarray = h / np.sqrt(np.outer(d, d))
-    cka[~ok, :] = np.nan
-    cka[:, ~ok] = np.nan
-    cka[~np.isfinite(cka)] = np.nan
+        cka: np.ndarray = h / np.sqrt(r[..., :, None] * c[..., None, :])
+    cka[~(ok_r[..., :, None] & ok_c[..., None, :] & np.isfinite(cka))] = np.nan
     return cka
 
 

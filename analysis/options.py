@@ -53,18 +53,26 @@ __all__ = [
     "DTYPES",
     "ERROR_TYPES",
     "MAX_RANDOM_INIT_DRAWS",
+    "MIN_BOOTSTRAP_BATCHES",
     "MODES",
+    "NULLS",
     "CompareOptions",
     "Dtype",
     "Layers",
     "Mode",
+    "NullKind",
     "OptionSpec",
     "OptionsError",
     "option_specs",
 ]
 
 Mode = Literal["minibatch", "full"]
+NullKind = Literal["analytic", "permutation", "none"]
+NULLS: tuple[NullKind, ...] = get_args(NullKind)
 MODES: tuple[Mode, ...] = get_args(Mode)
+IntervalUnit = Literal["images", "batches"]
+# Fewer batches than this give a batch bootstrap too few distinct resamples to mean anything.
+MIN_BOOTSTRAP_BATCHES = 20
 Dtype = Literal["fp32", "bf16", "fp16"]
 DTYPES: tuple[Dtype, ...] = get_args(Dtype)
 _DTYPE_NAMES: dict[str, Dtype] = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16"}
@@ -86,6 +94,8 @@ ERROR_TYPES = (
     "batch_too_small",
     "bootstrap_needs_minibatch",
     "calibration_needs_minibatch",
+    "null_needs_permutations",
+    "too_few_batches",
 )
 
 
@@ -224,8 +234,17 @@ class CompareOptions(BaseModel):
         default=0,
         ge=0,
         description=(
-            "Bootstrap replicates over minibatches for 95 % percentile intervals per cell; 0 for "
-            "none. Needs minibatch mode."
+            "95 % intervals per cell; 0 for none. With `interval` `images` (the default) any "
+            "positive value asks for the image-level interval, which needs no resamples; with "
+            "`batches`, the number of bootstrap resamples of whole batches. Needs minibatch mode."
+        ),
+    )
+    interval: IntervalUnit = Field(
+        default="images",
+        description=(
+            "The unit of the intervals: `images` (every image a draw: the first-order Hoeffding "
+            "projection of HSIC, valid at any batch size) or `batches` (a percentile bootstrap "
+            f"over whole batches, refused below {MIN_BOOTSTRAP_BATCHES} batches)."
         ),
     )
     permutations: int = Field(
@@ -237,11 +256,23 @@ class CompareOptions(BaseModel):
             "quantile, from the same Grams); 0 for none. Needs minibatch mode."
         ),
     )
+    null: NullKind = Field(
+        default="analytic",
+        validate_default=True,  # the default depends on mode and permutations
+        description=(
+            "Null distribution of CKA per cell, for its p-value and null mean: `analytic` (exact "
+            "mean, variance and skewness of the within-batch permutation null, fitted with a "
+            "Pearson type III: almost free), `permutation` (`permutations` shuffles of the "
+            "Grams), or `none`. Minibatch mode only: in full mode `analytic` means `none`; "
+            "`permutations` above 0 means `permutation`."
+        ),
+    )
     sensitivity: bool = Field(
         default=False,
         description=(
-            "Also compute CKA with each side's top principal component removed, and warn where "
-            "one direction moves a cell by more than 0.1. Needs minibatch mode."
+            "Also compute CKA with each side's top principal component over the whole sample "
+            "removed (the run keeps every layer's features), and warn where that one direction "
+            "carries more than half of a cell's CKA. Needs minibatch mode."
         ),
     )
     seed: int = Field(
@@ -295,6 +326,27 @@ class CompareOptions(BaseModel):
             )
         return value
 
+    @field_validator("null")
+    @classmethod
+    def _null_fits_permutations(cls, value: NullKind, info: ValidationInfo) -> NullKind:
+        permutations, mode = info.data.get("permutations"), info.data.get("mode")
+        if permutations and value == "none":
+            raise _error(
+                "null_needs_permutations",
+                f"permutations ({permutations}) count the shuffles of the permutation null; "
+                "use null 'permutation' or permutations 0",
+            )
+        if permutations:  # the default asks for the analytic null; a count asks for shuffles
+            return "permutation"
+        if value == "permutation":
+            raise _error(
+                "null_needs_permutations",
+                "the permutation null needs permutations of at least 1",
+            )
+        if value == "analytic" and mode == "full":
+            return "none"  # the analytic null sums per-batch moments; full mode has no batches
+        return value
+
     @classmethod
     def build(cls, options: CompareOptions | None = None, /, **changes: Any) -> CompareOptions:
         """``options`` (default: every default) with ``changes``, validated together.
@@ -315,6 +367,18 @@ class CompareOptions(BaseModel):
             return cls.model_validate(values | changes)
         except ValidationError as exc:
             raise OptionsError.from_validation(exc) from None
+
+    def check_batches(self, batches: int) -> None:
+        """Raise :class:`OptionsError` if the batch bootstrap is asked for over ``batches``
+        batches, fewer than :data:`MIN_BOOTSTRAP_BATCHES`."""
+        if self.bootstrap and self.interval == "batches" and batches < MIN_BOOTSTRAP_BATCHES:
+            raise OptionsError(
+                "interval",
+                "too_few_batches",
+                f"interval: a bootstrap over {batches} batches has too few distinct resamples "
+                f"for its percentiles to mean anything (it needs at least "
+                f"{MIN_BOOTSTRAP_BATCHES}); use interval='images', or smaller batches",
+            )
 
     @property
     def parsed_kernel(self) -> Kernel:

@@ -24,16 +24,21 @@ import torch
 from torch import nn
 
 from analysis.atlas import Atlas
+from analysis.batches import NO_BATCH
 from analysis.bootstrap import bootstrap_intervals
 from analysis.calibration import summarise_null
 from analysis.errors import AnalysisError, EstimatorError
 from analysis.flags import calibration_flags
 from analysis.gram_cache import GramCache
+from analysis.hsic import cka_from_hsic
+from analysis.intervals import MOMENTS, image_intervals
+from analysis.null import summarise_moments
 from analysis.options import CompareOptions, OptionsError
 from analysis.partial_file import SPECTRA, Partial
 from analysis.preprocessing import model_input
 from analysis.sources import DataLike, batch_source, image_files, load_data
-from analysis.streaming import StreamingRun, diagnostics
+from analysis.spectrum import whole_sample_sensitivity
+from analysis.streaming import RunSettings, StreamingRun, diagnostics
 
 __all__ = [
     "Partial",
@@ -43,8 +48,6 @@ __all__ = [
     "run_partial",
     "shard_ranges",
 ]
-
-_NO_BATCH = "no batch was large enough for the estimator; use more data"
 
 
 def batch_count(data: DataLike, batch_size: int) -> int:
@@ -93,18 +96,8 @@ def compare_partial(
     must lie within the plan (:func:`batch_count`); ``mode="full"`` is exact over all samples
     at once, so it is refused (:class:`analysis.OptionsError`) unless the range is the whole plan.
     """
-    return run_partial(
-        models,
-        data,
-        CompareOptions.build(options, **shortcuts),
-        batches=batches,
-        device=device,
-        progress=progress,
-        gram_cache=gram_cache,
-        model_keys=model_keys,
-        on_batch=on_batch,
-        dataset_key=dataset_key,
-    )
+    settings = RunSettings(device, progress, gram_cache, model_keys, on_batch, dataset_key)
+    return run_partial(models, data, CompareOptions.build(options, **shortcuts), batches, settings)
 
 
 def _window(batches: range, total: int | None, mode: str) -> range:
@@ -131,30 +124,37 @@ def run_partial(
     models: Mapping[str, nn.Module],
     data: DataLike,
     opts: CompareOptions,
-    *,
     batches: range | None,
-    device: str | torch.device | None = None,
-    progress: bool = False,
-    gram_cache: GramCache | None = None,
-    model_keys: Mapping[str, str] | None = None,
-    on_batch: Callable[[int, int], bool | None] | None = None,
-    dataset_key: str | None = None,
+    settings: RunSettings,
 ) -> Partial:
-    """:func:`compare_partial` with built options; ``batches=None`` runs the whole plan, also
-    of an iterable of unknown length (what :func:`analysis.compare` does)."""
+    """The one entry point of a comparison: ``opts`` over the batches in ``batches`` of the plan
+    (None: the whole plan, also of an iterable of unknown length), run as ``settings`` say.
+    :func:`analysis.compare` is :func:`combine` of the whole plan's partial."""
     names = list(models)
     if not names:
         raise AnalysisError("no models to compare")
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    run = StreamingRun(models, opts, device=dev, progress=progress, on_batch=on_batch)
+    dev = settings.torch_device
     data = load_data(data)
     files = image_files(data) is not None  # image files: every model through its pipeline
     inputs = {m: model_input(models[m], files) for m in names}
-    run.inputs = {m: inputs[m] for m in names if inputs[m].pipeline is not None}
-    src = batch_source(data, opts.batch_size, dataset_key, files=files)
-    window = None if batches is None else _window(batches, src.total, opts.mode)
+    src = batch_source(data, opts.batch_size, settings.dataset_key, files=files)
+    model_keys = settings.model_keys
     if model_keys:  # a model's Grams depend on its pipeline as much as on its weights
         model_keys = {m: f"{k}|input:{inputs[m].key}" for m, k in model_keys.items() if m in inputs}
+    run = StreamingRun(
+        models,
+        opts,
+        src,
+        device=dev,
+        inputs={m: inputs[m] for m in names if inputs[m].pipeline is not None},
+        progress=settings.progress,
+        on_batch=settings.on_batch,
+        gram_cache=settings.gram_cache,
+        model_keys=model_keys,
+    )
+    window = None if batches is None else _window(batches, src.total, opts.mode)
+    if src.total is not None:
+        opts.check_batches(src.total)
     amp, layers = opts.autocast, opts.layers
     config: dict[str, Any] = {
         "kernel": opts.kernel,
@@ -166,55 +166,45 @@ def run_partial(
         "device": str(dev),
         "dtype": None if amp is None else str(amp).removeprefix("torch."),
         "bootstrap": opts.bootstrap,
+        "interval": opts.interval,
         "permutations": opts.permutations,
+        "null": opts.null,
         "sensitivity": opts.sensitivity,
         "seed": opts.seed,
     }
     training = {m: models[m].training for m in names}
-    per_batch: list[np.ndarray] | None = None
     try:
         for m in names:
             models[m].to(dev).eval()
-        if opts.mode == "full":
-            h = run.full(src)
-        else:
-            cache_parts = None
-            if gram_cache is not None and model_keys:
-                fp = src.fingerprint()
-                if fp is not None:
-                    cache_parts = {"dataset": fp, "plan": opts.batch_size, "feature": opts.feature}
-                    cache_parts |= {"kernel": opts.kernel, "dtype": config["dtype"]}
-            run.cache_note = (
-                "off"
-                if gram_cache is None
-                else "on"
-                if cache_parts
-                else "skipped: no model_keys or no dataset fingerprint (pass dataset_key)"
-            )
-            h, per_batch = run.minibatch(src, gram_cache, model_keys or {}, cache_parts, window)
+        h = run.full() if opts.mode == "full" else run.minibatch(window)
     finally:
         for m in names:
             models[m].train(training[m])
-    if window is None and not run.batches:
-        raise EstimatorError(_NO_BATCH)
+    if window is None:
+        run.sums.require()
     config["dataset"] = src.key  # hashed only when the cache needed it
-    span = window if window is not None else range(0, run.seen)
+    span = window if window is not None else range(0, run.sums.seen)
     kept = None  # the per-batch terms, for the bootstrap
-    if per_batch is not None and opts.bootstrap:
-        width = run.total_layers
+    if opts.mode != "full" and opts.bootstrap and opts.interval == "batches":
+        width, per_batch = run.total_layers, run.sums.per_batch
         kept = np.stack(per_batch) if per_batch else np.zeros((0, width, width))
+    feats = run.kept_features()
     return Partial(
         names=names,
         selected={m: list(v) for m, v in run.selected.items()},
         config=config,
         start=span.start,
         stop=span.stop,
-        total_batches=run.seen if window is None else int(src.total or 0),
+        total_batches=run.sums.seen if window is None else int(src.total or 0),
         hsic=np.asarray(h, dtype=np.float64),
         per_batch=kept,
         null=None if run.null is None else run.null.sums.cpu().numpy(),
         spectra=None if run.spectra is None else run.spectra.state(),
         counters=run.counters(),
+        null_moments=None if run.analytic is None else run.analytic.sums,
+        moments=None if run.moments is None else run.moments.state(),
+        features=None if feats is None else [f.numpy() for f in feats],
+        sizes=None if feats is None else np.array(run.feature_sizes(), dtype=np.int64),
     )
 
 
@@ -312,27 +302,57 @@ def combine(partials: Sequence[Partial]) -> Atlas:
     config, counters = dict(first.config), _merge_counters(parts)
     config["device"] = ", ".join(dict.fromkeys(str(p.config["device"]) for p in parts))
     if config["mode"] != "full" and not counters["batches"]:
-        raise EstimatorError(_NO_BATCH)
+        raise EstimatorError(NO_BATCH)
     hsic = _sum([p.hsic for p in parts], "HSIC")
     assert hsic is not None
     null = _sum([p.null for p in parts], "a permutation null")
+    null_moments = _sum([p.null_moments for p in parts], "an analytic null")
     spectra = None
     if any(p.spectra is not None for p in parts):
         sums = {k: _sum([(p.spectra or {}).get(k) for p in parts], "spectra") for k in SPECTRA}
         spectra = {k: v for k, v in sums.items() if v is not None}
     ci_low = ci_high = None
-    if config["bootstrap"] and all(p.per_batch is not None for p in parts):
+    unit = config.get("interval", "images")
+    if config["bootstrap"] and unit == "batches" and all(p.per_batch is not None for p in parts):
+        CompareOptions.build(bootstrap=config["bootstrap"], interval=unit).check_batches(
+            counters["batches"]
+        )
         per_batch = np.concatenate([np.asarray(p.per_batch) for p in parts])
         if len(per_batch):
             ci_low, ci_high = bootstrap_intervals(per_batch, config["bootstrap"], config["seed"])
+    moments = None
+    if any(p.moments is not None for p in parts):
+        moments = {k: _sum([(p.moments or {}).get(k) for p in parts], "moments") for k in MOMENTS}
+    if moments is not None and config["mode"] != "full":
+        ci_low, ci_high = image_intervals(hsic, {k: v for k, v in moments.items() if v is not None})
     selected = {m: list(first.selected[m]) for m in first.names}
     atlas = Atlas(list(first.names), selected, hsic, counters["n"], config, {}, ci_low, ci_high)
+    if spectra is not None and config["sensitivity"]:
+        spectra |= _deflated(parts, config)
     _finish_calibration(atlas, null, spectra, bool(config["sensitivity"]))
+    if null_moments is not None:
+        atlas.null = summarise_moments(null_moments, atlas.hsic)
     atlas.diagnostics = diagnostics(atlas, counters, config)
     if spectra is not None:
         warnings, flags = calibration_flags(atlas, counters["n"] / max(counters["batches"], 1))
         atlas.diagnostics |= {"warnings": warnings, "flags": flags}
     return atlas
+
+
+def _deflated(parts: list[Partial], config: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The deflated HSIC sums of the whole sample: every partial's features, in batch order."""
+    if any(p.features is None or p.sizes is None for p in parts):
+        raise AnalysisError("some partials have no features for the sensitivity")
+    parts = [p for p in parts if len(np.asarray(p.sizes))]  # a range may have kept no batch
+    width = len(parts[0].features or []) if parts else 0
+    features = [
+        torch.from_numpy(np.concatenate([np.asarray((p.features or [])[k]) for p in parts]))
+        for k in range(width)
+    ]
+    sizes = [int(n) for p in parts for n in np.asarray(p.sizes)]
+    kern = CompareOptions.build(kernel=config["kernel"]).parsed_kernel
+    cross, own = whole_sample_sensitivity(features, sizes, kern, config["estimator"])
+    return {"deflated_cross": cross, "deflated_self": own}
 
 
 def _finish_calibration(
@@ -348,8 +368,8 @@ def _finish_calibration(
     atlas.layer_effective_dim = spectra["pr"] / count
     atlas.layer_top_share = spectra["share"] / count
     if sensitivity:
-        d = np.diag(atlas.hsic)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            drop = spectra["deflated_cross"] / np.sqrt(np.outer(spectra["deflated_self"], d))
+        drop = cka_from_hsic(
+            spectra["deflated_cross"], spectra["deflated_self"], np.diag(atlas.hsic)
+        )
         drop[~np.isfinite(atlas.cka)] = np.nan
-        atlas.cka_drop = np.where(np.isfinite(drop), drop, np.nan)
+        atlas.cka_drop = drop

@@ -18,11 +18,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from analysis.errors import AnalysisError
+from analysis.intervals import MOMENTS
 
 __all__ = ["FORMAT", "SPECTRA", "Partial"]
 
-FORMAT = "cka-atlas-partial/1"
-SPECTRA = ("pr", "share", "deflated_cross", "deflated_self", "batches")
+FORMAT = "cka-atlas-partial/2"
+SPECTRA = ("pr", "share", "batches")
 
 
 @dataclass(eq=False)
@@ -40,6 +41,10 @@ class Partial:
     null: np.ndarray | None  # (P, L, L) summed null HSIC, with permutations
     spectra: dict[str, np.ndarray] | None  # SpectrumAccumulator.state()
     counters: dict[str, Any]  # StreamingRun.counters(), dropped batches by global index
+    null_moments: np.ndarray | None = None  # (3, L, L) summed cumulants, analytic null
+    moments: dict[str, np.ndarray] | None = None  # ImageMoments.state(), image-level intervals
+    features: list[np.ndarray] | None = None  # per layer (n, d), kept batches, with sensitivity
+    sizes: np.ndarray | None = None  # samples of each kept batch, in order, with sensitivity
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write one safetensors file atomically (a temporary file renamed into place)."""
@@ -48,8 +53,16 @@ class Partial:
             arrays["per_batch"] = self.per_batch
         if self.null is not None:
             arrays["null"] = self.null
+        if self.null_moments is not None:
+            arrays["null_moments"] = self.null_moments
         for key, value in (self.spectra or {}).items():
             arrays[f"spectra.{key}"] = value
+        for key, value in (self.moments or {}).items():
+            arrays[f"moments.{key}"] = value
+        for k, value in enumerate(self.features or []):
+            arrays[f"features.{k}"] = value
+        if self.sizes is not None:
+            arrays["sizes"] = self.sizes
         meta = {
             "format": FORMAT,
             "names": self.names,
@@ -60,6 +73,8 @@ class Partial:
             "total_batches": self.total_batches,
             "counters": self.counters,
             "spectra": self.spectra is not None,
+            "moments": self.moments is not None,
+            "features": None if self.features is None else len(self.features),
         }
         target = Path(path)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -97,4 +112,10 @@ class Partial:
             null=arrays.get("null"),
             spectra=spectra,
             counters=meta["counters"],
+            null_moments=arrays.get("null_moments"),
+            moments={k: arrays[f"moments.{k}"] for k in MOMENTS} if meta["moments"] else None,
+            features=None
+            if meta["features"] is None
+            else [arrays[f"features.{k}"] for k in range(int(meta["features"]))],
+            sizes=arrays.get("sizes"),
         )

@@ -1,9 +1,10 @@
-"""``cka_test``: CKA between two feature matrices with its permutation p-value.
+"""``cka_test``: CKA between two feature matrices with its p-value under the permutation null.
 
-The same null as an atlas cell (:mod:`analysis.calibration`): within each batch the samples of
-one side are shuffled, the minibatch HSIC is recomputed from the Grams, P times. With
-``batch_size=None`` the whole sample is one batch, which is the classical permutation test of
-CKA (exact float64 HSIC over all n samples).
+The same null as an atlas cell: within each batch the samples of one side are shuffled. By
+default its exact moments give the p-value in closed form (:mod:`analysis.null`); with
+``permutations=P`` the minibatch HSIC is recomputed from the Grams for P shuffles instead
+(:mod:`analysis.calibration`). With ``batch_size=None`` the whole sample is one batch, which is
+the classical permutation test of CKA (exact float64 HSIC over all n samples).
 """
 
 from __future__ import annotations
@@ -13,19 +14,24 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from analysis.batches import sum_batches
 from analysis.calibration import PermutationNull
 from analysis.errors import EstimatorError
 from analysis.hsic import MIN_SAMPLES, centred_rows, check_estimator, cka_from_hsic, hsic_block
 from analysis.kernels import Kernel, gram, parse_kernel
+from analysis.null import AnalyticNull
+from analysis.options import CompareOptions
 
 __all__ = ["CKATest", "cka_test"]
 
 
 @dataclass(frozen=True)
 class CKATest:
-    """Observed CKA, its one-sided permutation p-value, and the null's mean and 95 % quantile.
+    """Observed CKA, its one-sided p-value, and the null's mean and 95 % quantile.
 
-    ``null`` holds the P null CKA values; ``p_value`` is ``(1 + #{null ≥ cka}) / (1 + P)``.
+    ``method``: ``analytic`` (Pearson type III on the exact moments; ``null`` is empty) or
+    ``permutation`` (``null`` holds the P null CKA values and ``p_value`` is
+    ``(1 + #{null ≥ cka}) / (1 + P)``). For the biased estimator ``null_mean`` is its bias.
     """
 
     cka: float
@@ -34,6 +40,7 @@ class CKATest:
     null_q95: float
     permutations: int
     null: np.ndarray
+    method: str = "permutation"
 
 
 def _as_features(x: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -45,7 +52,8 @@ def cka_test(
     x: np.ndarray | torch.Tensor,
     y: np.ndarray | torch.Tensor,
     *,
-    permutations: int = 1000,
+    null: str = "analytic",
+    permutations: int = 0,
     kernel: str | Kernel = "linear",
     estimator: str = "unbiased",
     seed: int = 0,
@@ -55,11 +63,14 @@ def cka_test(
 
     ``batch_size`` splits the samples into consecutive batches as :func:`analysis.compare`
     does (a last batch below the estimator's minimum is dropped); None uses one batch.
+    ``null`` and ``permutations`` are read as :class:`analysis.CompareOptions` reads them:
+    ``permutations`` above 0 asks for that many shuffles; ``null="none"`` is refused here.
     """
     kern = parse_kernel(kernel)
     check_estimator(estimator)
-    if permutations < 1:
-        raise EstimatorError("permutations must be at least 1")
+    method = CompareOptions.build(null=null, permutations=permutations).null
+    if method == "none":
+        raise EstimatorError("cka_test needs a null: use null 'analytic' or 'permutation'")
     fx, fy = _as_features(x), _as_features(y)
     n = fx.shape[0]
     if fy.shape[0] != n:
@@ -70,21 +81,30 @@ def cka_test(
         raise EstimatorError(f"the {estimator} estimator needs at least {least} samples")
     # two "models" of one layer each; small problems, so the null runs in float64
     cpu = torch.device("cpu")
-    null = PermutationNull([1, 1], permutations, seed, estimator, cpu, torch.float64)
-    h = torch.zeros(2, 2, dtype=torch.float64)
-    used = 0
-    for batch, i in enumerate(range(0, n, size)):
-        if min(size, n - i) < MIN_SAMPLES[estimator]:
-            continue
+    analytic = AnalyticNull(2, estimator)
+    shuffled = None
+    if method == "permutation":
+        shuffled = PermutationNull([1, 1], permutations, seed, estimator, cpu, torch.float64)
+
+    def step(batch: int, i: int) -> np.ndarray:
         grams = torch.stack([gram(fx[i : i + size], kern), gram(fy[i : i + size], kern)])
         rows = centred_rows(grams, estimator)
-        h += hsic_block(rows, rows, estimator)
-        null.add(rows, batch=batch)  # batch 0 alone when batch_size is None
-        used += 1
-    if not used:
-        raise EstimatorError("no batch was large enough for the estimator; use more data")
-    hsic = ((h + h.T) / 2).numpy()
-    summary, dist = null.summary(hsic)
+        if shuffled is None:
+            analytic.add(rows[0].view(2, grams.shape[1], grams.shape[1]))
+        else:
+            shuffled.add(rows, batch=batch)  # batch 0 alone when batch_size is None
+        return hsic_block(rows, rows, estimator).numpy()
+
+    starts = ((k, min(size, n - i), i) for k, i in enumerate(range(0, n, size)))
+    sums = sum_batches(starts, estimator, step)
+    sums.require()
+    assert sums.hsic is not None
+    h = sums.hsic
+    hsic = (h + h.T) / 2
+    if shuffled is None:
+        summary, dist = analytic.summary(hsic), np.zeros((0, 2, 2))
+    else:
+        summary, dist = shuffled.summary(hsic)
     return CKATest(
         cka=float(cka_from_hsic(hsic)[1, 0]),
         p_value=float(summary.p_value[1, 0]),
@@ -92,4 +112,5 @@ def cka_test(
         null_q95=float(summary.null_q95[1, 0]),
         permutations=permutations,
         null=dist[:, 1, 0].copy(),
+        method=method,
     )

@@ -8,20 +8,20 @@ kernel they are the variances (times n) of the batch's principal components.
   when all carry the same. A batch of n samples has at most n - 1 directions, so this
   minibatch estimate is capped at n - 1 and averaged over batches.
 * **Top-component share**: ``λ_1 / Σλ``, also averaged over batches.
-* **Sensitivity** (opt-in): CKA after removing the top direction of one side. For the linear
-  kernel, removing the feature direction w from X (X ↦ X(I - wwᵀ)) changes the Gram to
-  ``K - zzᵀ`` with z = Xw. Taking w = Xᵀu/‖Xᵀu‖ for a unit vector u in sample space gives
-  ``z = K_c u / sqrt(uᵀK_c u)``; with u the top eigenvector u_1 that is exactly
-  ``K_c - λ_1 u_1 u_1ᵀ``, the top principal component removed. The deflation is a genuine
-  feature-space projection for any u, so a u that is not fully converged still removes a
-  (nearly top) direction rather than producing a matrix that is no Gram at all. For the rbf
-  kernel the same deflation removes the top kernel principal component.
+* **Sensitivity** (opt-in, :func:`whole_sample_sensitivity`): CKA after removing one side's
+  top principal direction *of the whole sample*, the same direction at any batch size. The run
+  keeps every selected layer's features (n × d floats per layer, as ``full`` mode does); w is
+  the top right singular vector of the whole sample's centred features (an eigenvector of
+  XᵀX when d ≤ n, else Xᵀu/‖Xᵀu‖ with u the top eigenvector of XXᵀ), in float64. Removing it
+  (X ↦ X(I - wwᵀ)) changes each batch's linear Gram by a rank-one update, ``K - zzᵀ`` with
+  z = Xw (a constant shift of z changes no HSIC); for the rbf kernel the deflated features'
+  Gram is formed again. Every batch's deflated Gram then meets every intact one.
 
-λ_1 and u_1 come from subspace iteration with :data:`BLOCK` vectors and :data:`ITERATIONS`
-steps followed by Rayleigh-Ritz (the Ritz value's error shrinks like (λ_{BLOCK+1}/λ_1)^(2k)),
-in float32 on the device: a few products of the (L, n, n) stack instead of L eigendecompositions.
-Where λ_1 ≈ λ_2 the "top direction" is itself ill-defined, and any direction of that cluster is
-as good an answer.
+The top-component share's λ_1 comes from subspace iteration with :data:`BLOCK` vectors and
+:data:`ITERATIONS` steps followed by Rayleigh-Ritz (the Ritz value's error shrinks like
+(λ_{BLOCK+1}/λ_1)^(2k)), in float32 on the device: a few products of the (L, n, n) stack
+instead of L eigendecompositions. Where λ_1 ≈ λ_2 the "top direction" is itself ill-defined,
+and any direction of that cluster is as good an answer.
 """
 
 from __future__ import annotations
@@ -29,9 +29,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from analysis.hsic import centred_rows, hsic_block
+from analysis.hsic import centred_rows, hsic_block, hsic_self
+from analysis.kernels import Kernel, gram
 
-__all__ = ["BLOCK", "ITERATIONS", "SpectrumAccumulator", "deflate_top", "layer_spectra"]
+__all__ = [
+    "BLOCK",
+    "ITERATIONS",
+    "SpectrumAccumulator",
+    "layer_spectra",
+    "top_directions",
+    "whole_sample_sensitivity",
+]
 
 BLOCK = 4
 ITERATIONS = 24
@@ -74,44 +82,70 @@ def layer_spectra(grams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return pr, share
 
 
-def deflate_top(grams: torch.Tensor) -> torch.Tensor:
-    """Centred Grams (L, n, n), float64, with each layer's top direction removed (see above)."""
-    kc = _centre(grams)
-    _, u = _top_pair(kc)
-    kd = kc.double()
-    z = (kd @ u.double().unsqueeze(2)).squeeze(2)  # K_c u
-    quad = (z * u.double()).sum(1)  # uᵀK_c u, ≈ λ_1
-    scale = torch.where(quad > 0, quad, 1.0).rsqrt() * (quad > 0)
-    z = z * scale[:, None]
-    return kd - z.unsqueeze(2) * z.unsqueeze(1)
+def top_directions(features: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each layer's top principal direction over all its samples (n, d_i): a unit float64 (d_i,)."""
+    out = []
+    for x in features:
+        xc = x.to(torch.float64)
+        xc = xc - xc.mean(0, keepdim=True)
+        n, d = xc.shape
+        if d <= n:
+            w = torch.linalg.eigh(xc.T @ xc)[1][:, -1]
+        else:
+            w = xc.T @ torch.linalg.eigh(xc @ xc.T)[1][:, -1]
+            w = w / torch.linalg.vector_norm(w).clamp(min=1e-300)
+        out.append(w)
+    return out
+
+
+def whole_sample_sensitivity(
+    features: list[torch.Tensor], sizes: list[int], kern: Kernel, estimator: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Deflated HSIC sums over the batches (of ``sizes`` samples, in order) of ``features``.
+
+    ``deflated_cross[i, j]``: layer i without its whole-sample top direction against layer j
+    intact; ``deflated_self[i]``: layer i deflated against itself. The intact Grams are formed
+    as the main pass formed them (the features' precision, ``kern``).
+    """
+    ws = top_directions(features)
+    n_layers = len(features)
+    cross = torch.zeros(n_layers, n_layers, dtype=torch.float64)
+    own = torch.zeros(n_layers, dtype=torch.float64)
+    start = 0
+    for n in sizes:
+        xs = [f[start : start + n] for f in features]
+        start += n
+        grams = torch.stack([gram(x, kern) for x in xs])
+        if kern.name == "linear":
+            zs = torch.stack([x.to(torch.float64) @ w for x, w in zip(xs, ws, strict=True)])
+            deflated = grams.to(torch.float64) - zs.unsqueeze(2) * zs.unsqueeze(1)
+        else:
+            deflated = torch.stack(
+                [
+                    gram(x64 - torch.outer(x64 @ w, w), kern)
+                    for x64, w in ((x.to(torch.float64), w) for x, w in zip(xs, ws, strict=True))
+                ]
+            )
+        rows, drows = centred_rows(grams, estimator), centred_rows(deflated, estimator)
+        cross += hsic_block(drows, rows, estimator).cpu()
+        own += hsic_self(drows, estimator).cpu()
+    return cross.numpy(), own.numpy()
 
 
 class SpectrumAccumulator:
-    """Sums per-layer spectra over batches and, with ``sensitivity``, the deflated HSIC terms.
+    """Sums per-layer spectra (participation ratio, top-component share) over batches."""
 
-    ``deflated_cross[i, j]``: summed HSIC between layer i with its top direction removed and
-    layer j intact; ``deflated_self[i]``: summed HSIC of deflated layer i with itself.
-    """
-
-    def __init__(self, n_layers: int, estimator: str, sensitivity: bool) -> None:
-        self.estimator, self.sensitivity = estimator, sensitivity
+    def __init__(self, n_layers: int) -> None:
         self.pr = torch.zeros(n_layers, dtype=torch.float64)
         self.share = torch.zeros(n_layers, dtype=torch.float64)
         self.batches = 0
-        self.deflated_cross = torch.zeros(n_layers, n_layers, dtype=torch.float64)
-        self.deflated_self = torch.zeros(n_layers, dtype=torch.float64)
 
-    def add(self, grams: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """One batch: its raw Grams (L, n, n) and their :func:`centred_rows`."""
+    def add(self, grams: torch.Tensor) -> None:
+        """One batch: its raw Grams (L, n, n)."""
         pr, share = layer_spectra(grams)
         self.pr += pr.cpu()
         self.share += share.cpu()
         self.batches += 1
-        if self.sensitivity:
-            deflated = centred_rows(deflate_top(grams), self.estimator)
-            self.deflated_cross += hsic_block(deflated, rows, self.estimator).cpu()
-            fd, rd = deflated
-            self.deflated_self += hsic_block((fd, rd), (fd, rd), self.estimator).diagonal().cpu()
 
     def state(self) -> dict[str, np.ndarray]:
         """The sums as float64 arrays (``batches`` a 0-d int64): summing the states of runs
@@ -119,8 +153,6 @@ class SpectrumAccumulator:
         return {
             "pr": self.pr.numpy().copy(),
             "share": self.share.numpy().copy(),
-            "deflated_cross": self.deflated_cross.numpy().copy(),
-            "deflated_self": self.deflated_self.numpy().copy(),
             "batches": np.array(self.batches, dtype=np.int64),
         }
 

@@ -1,4 +1,7 @@
-"""The loop over batches behind :func:`analysis.compare`: Grams, HSIC terms, accumulation.
+"""The work of each batch behind :func:`analysis.compare`: Grams, HSIC terms, the Gram store.
+
+The loop itself (small batches dropped, terms summed) is :func:`analysis.batches.sum_batches`;
+every input of a run goes through the :class:`StreamingRun` constructor.
 
 Without the Gram store, every model runs once per batch, every selected layer becomes a raw
 Gram written into one (L_total, b, b) stack, and all layer pairs of the batch come from one
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +31,7 @@ from torch import nn
 from tqdm import tqdm
 
 from analysis.atlas import Atlas
+from analysis.batches import BatchSums, sum_batches
 from analysis.calibration import PermutationNull
 from analysis.errors import Cancelled, EstimatorError
 from analysis.gram_cache import GramCache, gram_key
@@ -38,15 +43,39 @@ from analysis.hsic import (
     hsic_linear_features,
     undefined_reasons,
 )
+from analysis.intervals import ImageMoments
 from analysis.kernels import Kernel, gram
 from analysis.layers import LayerReader, resolve_layers
+from analysis.null import AnalyticNull
 from analysis.options import CompareOptions
 from analysis.sources import BatchSource
 from analysis.spectrum import SpectrumAccumulator
 
-__all__ = ["StreamingRun", "diagnostics", "full_hsic"]
+__all__ = ["RunSettings", "StreamingRun", "diagnostics", "full_hsic"]
 
 Rows = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Where and how a comparison runs, apart from what it computes (its
+    :class:`analysis.CompareOptions`, which are recorded with the atlas and give the service its
+    schema; these are not). ``device``: default CUDA if available. ``gram_cache`` with
+    ``model_keys`` (a stable identity per model, e.g. its checkpoint sha256) reuses stored Grams;
+    ``dataset_key`` names a DataLoader's data for that purpose. ``on_batch(done, total)`` after
+    every batch; returning False cancels."""
+
+    device: str | torch.device | None = None
+    progress: bool = False
+    gram_cache: GramCache | None = None
+    model_keys: Mapping[str, str] | None = None
+    on_batch: Callable[[int, int], bool | None] | None = None
+    dataset_key: str | None = None
+
+    @property
+    def torch_device(self) -> torch.device:
+        """The device the models run on."""
+        return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 class StreamingRun:
@@ -56,14 +85,22 @@ class StreamingRun:
         self,
         models: Mapping[str, nn.Module],
         options: CompareOptions,
+        source: BatchSource,
         *,
         device: torch.device,
+        inputs: Mapping[str, Callable[[Any], torch.Tensor]] | None = None,
         progress: bool = False,
         on_batch: Callable[[int, int], bool | None] | None = None,
+        gram_cache: GramCache | None = None,
+        model_keys: Mapping[str, str] | None = None,
     ) -> None:
         """Resolve every model's layers (a bad selection fails here, before any forward pass).
 
-        ``on_batch(done, total)`` is called after every batch; returning False cancels.
+        ``source``: the batches of the plan. ``inputs``: each model's input from the raw batch
+        (its pipeline), by name; a model without one reads the raw tensor. ``on_batch(done,
+        total)`` is called after every batch; returning False cancels. ``gram_cache`` with
+        ``model_keys`` (per model) reads and writes stored Grams and blocks in minibatch mode,
+        when the source has a fingerprint (hashed only then).
         """
         self.options = options
         self.names = list(models)
@@ -90,35 +127,61 @@ class StreamingRun:
         self.total_layers = total
         wide = any(p.dtype == torch.float64 for m in self.names for p in models[m].parameters())
         self.gdtype = torch.float64 if wide else torch.float32
-        self.n = self.batches = self.seen = self.hits = self.misses = 0
-        self.blocks_reused = self.blocks_computed = 0
-        self.dropped: list[dict[str, int]] = []
+        self.sums = BatchSums()
+        self.hits = self.misses = self.blocks_reused = self.blocks_computed = 0
         self.forwards = dict.fromkeys(self.names, 0)
         self.cache_note = "off"
+        self.parts: dict[str, Any] = {}
+        self.src, self.cache, self.keys = source, gram_cache, dict(model_keys or {})
         # calibration: the permutation null (its trace term in the Grams' precision) and the
         # layer spectra, which either calibration option records
         sizes = [len(self.selected[m]) for m in self.names]
         self.null: PermutationNull | None = None
         self.spectra: SpectrumAccumulator | None = None
-        if options.permutations:
+        self.analytic: AnalyticNull | None = None
+        if options.null == "analytic" and options.mode == "minibatch":
+            self.analytic = AnalyticNull(total, self.estimator, self.gdtype)
+        if options.null == "permutation":
             self.null = PermutationNull(
                 sizes, options.permutations, options.seed, self.estimator, device, self.gdtype
             )
         if options.permutations or options.sensitivity:
-            self.spectra = SpectrumAccumulator(total, self.estimator, options.sensitivity)
-        # Each model's input from the raw batch (its pipeline), by name; absent: the raw tensor.
-        self.inputs: dict[str, Callable[[Any], torch.Tensor]] = {}
+            self.spectra = SpectrumAccumulator(total)
+        # image-level intervals: sums over images of their per-image HSIC terms
+        self.moments: ImageMoments | None = None
+        if options.mode == "minibatch" and options.bootstrap and options.interval == "images":
+            self.moments = ImageMoments(total, device)
+        # sensitivity: every layer's features of every kept batch, for the whole-sample top
+        # direction (analysis.spectrum.whole_sample_sensitivity)
+        self.features: list[list[torch.Tensor]] | None = None
+        if options.sensitivity:
+            self.features = [[] for _ in range(total)]
+        self.inputs: dict[str, Callable[[Any], torch.Tensor]] = dict(inputs or {})
 
     @property
     def calibrating(self) -> bool:
-        """Whether every batch needs every model's Grams for the null or the spectra."""
-        return self.null is not None or self.spectra is not None
+        """Whether every batch needs every model's Grams: for the permutation null, the spectra
+        or the image intervals (the analytic null needs only per-layer numbers, which the store
+        keeps)."""
+        return self.null is not None or self.spectra is not None or self.moments is not None
 
     def _calibrate(self, i: int, grams: torch.Tensor, rows: Rows) -> None:
         if self.null is not None:
             self.null.add(rows, batch=i)
         if self.spectra is not None:
-            self.spectra.add(grams, rows)
+            self.spectra.add(grams)
+        if self.moments is not None:
+            self.moments.add(rows, self.estimator)
+
+    def feature_sizes(self) -> list[int]:
+        """With sensitivity: the samples of each kept batch, in order."""
+        return [int(f.shape[0]) for f in (self.features or [[]])[0]]
+
+    def kept_features(self) -> list[torch.Tensor] | None:
+        """With sensitivity: each layer's features over the kept batches, in batch order."""
+        if self.features is None:
+            return None
+        return [torch.cat(f) if f else torch.zeros(0, 0) for f in self.features]
 
     def _per_model(self, raw: Any) -> Callable[[str], torch.Tensor]:
         """Model name -> its input for this raw batch, on the device; one per distinct pipeline."""
@@ -147,55 +210,61 @@ class StreamingRun:
             out = torch.empty(len(self.selected[m]), b, b, dtype=self.gdtype, device=self.dev)
         for j, f in enumerate(self._features(m, x)):
             gram(f, self.kern, out=out[j])
+            if self.features is not None:
+                self.features[self.slices[m].start + j].append(f.reshape(b, -1).cpu())
         return out
 
-    def _loop(self, src: BatchSource, window: range | None) -> Iterator[tuple[int, torch.Tensor]]:
-        """(global index, batch) of the batches in ``window`` (None: all) that are kept."""
-        total = src.total if window is None else len(window)
+    def _loop(self, window: range | None) -> Iterator[tuple[int, int, Any]]:
+        """(global index, size, batch) of the batches in ``window`` (None: all), with the
+        progress bar; cancels when ``on_batch`` says so."""
+        total = self.src.total if window is None else len(window)
         bar = tqdm(total=total, disable=not self.progress, desc="CKA", unit="batch")
         try:
-            for done, (i, x) in enumerate(src.indexed(window), 1):
-                self.seen = done
-                if x.shape[0] < MIN_SAMPLES[self.estimator]:
-                    self.dropped.append({"batch": i, "size": int(x.shape[0])})
-                else:
-                    yield i, x
+            for i, x in self.src.indexed(window):
+                yield i, int(x.shape[0]), x
                 bar.update(1)
+                done = self.sums.seen
                 if self.on_batch is not None and self.on_batch(done, total or 0) is False:
                     raise Cancelled(f"cancelled after {done} batches")
         finally:
             bar.close()
 
-    def minibatch(
-        self,
-        src: BatchSource,
-        cache: GramCache | None,
-        keys: Mapping[str, str],
-        parts: dict[str, Any] | None,
-        window: range | None = None,
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Summed per-batch HSIC (L_total, L_total), and the per-batch terms for the bootstrap,
-        over the batches in ``window`` (None: all; zeros when none was kept).
+    def _store_parts(self) -> dict[str, Any]:
+        """What else the stored Grams depend on (empty: the store is not used), and the note."""
+        opts = self.options
+        fp = self.src.fingerprint() if self.cache is not None and self.keys else None
+        if fp is None:
+            self.cache_note = (
+                "off"
+                if self.cache is None
+                else "skipped: no model_keys or no dataset fingerprint (pass dataset_key)"
+            )
+            return {}
+        self.cache_note = "on"
+        dtype = None if self.amp is None else str(self.amp).removeprefix("torch.")
+        parts = {"dataset": fp, "plan": opts.batch_size, "feature": opts.feature}
+        return parts | {"kernel": opts.kernel, "dtype": dtype}
 
-        With ``cache`` and ``parts`` (what else the Grams depend on), the models named in
-        ``keys`` have their Grams and blocks read from and written to the store.
+    def minibatch(self, window: range | None = None) -> np.ndarray:
+        """Summed per-batch HSIC (L_total, L_total) over the batches in ``window`` (None: all;
+        zeros when none was kept); with ``bootstrap``, ``self.sums.per_batch`` keeps each batch's.
+
+        The models named in the store's keys have their Grams and blocks read from and written
+        to the store.
         """
-        acc = np.zeros((self.total_layers, self.total_layers))
-        per_batch: list[np.ndarray] = []
-        if cache is None or parts is None:
-            keys = {}
+        self.parts = self._store_parts()
+        step = self._batch_stored if self.parts else self._batch
         with torch.inference_mode():
-            for i, x in self._loop(src, window):
-                if keys:
-                    h = self._batch_stored(i, x, cache, keys, parts or {})
-                else:
-                    h = self._batch(i, x)
-                acc += h
-                if self.options.bootstrap:
-                    per_batch.append(h)
-                self.n += int(x.shape[0])
-                self.batches += 1
-        return acc, per_batch
+            sum_batches(
+                self._loop(window),
+                self.estimator,
+                step,
+                keep=bool(self.options.bootstrap) and self.options.interval == "batches",
+                sums=self.sums,
+            )
+        if self.sums.hsic is None:
+            return np.zeros((self.total_layers, self.total_layers))
+        return self.sums.hsic
 
     def _batch(self, i: int, x: torch.Tensor) -> np.ndarray:
         """The HSIC matrix of a batch without the store: one product over the stacked Grams."""
@@ -204,22 +273,18 @@ class StreamingRun:
         stack = torch.empty(self.total_layers, b, b, dtype=self.gdtype, device=self.dev)
         for m in self.names:
             self._grams(m, xs(m), out=stack[self.slices[m]])
-        if not self.calibrating:
+        if not self.calibrating and self.analytic is None:
             return hsic_from_grams(stack, self.estimator).cpu().numpy()  # the batch's one transfer
         rows = centred_rows(stack, self.estimator)
         h = hsic_block(rows, rows, self.estimator)
+        if self.analytic is not None:
+            self.analytic.add(rows[0].view(self.total_layers, b, b))
         self._calibrate(i, stack, rows)
         return ((h + h.T) / 2).cpu().numpy()  # as hsic_from_grams
 
-    def _batch_stored(
-        self,
-        i: int,
-        x: torch.Tensor,
-        cache: GramCache | None,
-        keys: Mapping[str, str],
-        parts: dict[str, Any],
-    ) -> np.ndarray:
+    def _batch_stored(self, i: int, x: torch.Tensor) -> np.ndarray:
         """The HSIC matrix of batch ``i``: stored Grams and blocks reused, new ones stored."""
+        cache, keys, parts = self.cache, self.keys, self.parts
         b = int(x.shape[0])
         gkeys = {
             m: gram_key(
@@ -248,8 +313,17 @@ class StreamingRun:
             if block is not None and block.shape == shape and block.dtype == np.float64:
                 found[a, c] = block
         needed = {m for p in pairs if p not in found for m in p}
+        invariants: dict[str, np.ndarray] = {}
+        ikeys = {m: gram_key(grams=gkeys[m], null=self.estimator) for m in gkeys}
+        if self.analytic is not None:  # the analytic null's per-layer numbers, stored per model
+            for m in self.names:
+                got = cache.get(ikeys[m]) if cache is not None and m in ikeys else None
+                if got is not None and got.shape == (len(self.selected[m]), 8):
+                    invariants[m] = got
+                else:
+                    needed.add(m)
         if self.calibrating:
-            needed = set(self.names)  # the null and the spectra need every model's Grams
+            needed = set(self.names)  # the permutation null and the spectra need every Gram
         stacks: dict[str, torch.Tensor] = {}
 
         rows: dict[str, Rows] = {}
@@ -258,6 +332,8 @@ class StreamingRun:
             stored = None
             if cache is not None and m in needed and m in gkeys:
                 stored = cache.get(gkeys[m])
+                if stored is not None and not self._stored_features(m, gkeys[m], b):
+                    stored = None  # sensitivity needs the features too: run the model
             if m in gkeys and m not in needed:
                 self.hits += 1  # every block of m is stored: not even its Grams are read
             elif stored is not None and stored.shape == (len(self.selected[m]), b, b):
@@ -269,8 +345,18 @@ class StreamingRun:
                 if cache is not None and m in gkeys:
                     self.misses += 1
                     cache.put(gkeys[m], grams.cpu().numpy())
+                    for j, f in enumerate(self._last_features(m)):
+                        cache.put(gram_key(features=gkeys[m], layer=j), f.numpy())
                 stacks[m] = grams
                 rows[m] = centred_rows(grams, self.estimator)
+        if self.analytic is not None:
+            for m in self.names:
+                if m not in invariants:
+                    invariants[m] = self.analytic.invariants(rows[m][0].view(-1, b, b))
+                    if cache is not None and m in ikeys:
+                        cache.put(ikeys[m], invariants[m])
+            stacked_inv = np.concatenate([invariants[m] for m in self.names])
+            self.analytic.add_invariants(stacked_inv, b)
         if self.calibrating:
             ordered = [rows[m] for m in self.names]
             stacked = (torch.cat([r[0] for r in ordered]), torch.cat([r[1] for r in ordered]))
@@ -290,6 +376,27 @@ class StreamingRun:
                 cache.put(key, np.ascontiguousarray(out[sa, sc]))
         return out
 
+    def _last_features(self, m: str) -> list[torch.Tensor]:
+        """With sensitivity: the features model ``m`` gave on the batch just run."""
+        if self.features is None:
+            return []
+        return [self.features[k][-1] for k in range(self.slices[m].start, self.slices[m].stop)]
+
+    def _stored_features(self, m: str, key: str, b: int) -> bool:
+        """With sensitivity, read model ``m``'s stored features of the batch (Grams key ``key``)
+        into the kept features; False when any is missing. Without sensitivity: True."""
+        if self.features is None:
+            return True
+        assert self.cache is not None
+        layers = range(len(self.selected[m]))
+        found = [self.cache.get(gram_key(features=key, layer=j)) for j in layers]
+        if any(f is None or f.shape[0] != b for f in found):
+            return False
+        for j, f in enumerate(found):
+            assert f is not None
+            self.features[self.slices[m].start + j].append(torch.from_numpy(f).to(self.gdtype))
+        return True
+
     def _block(self, ra: Rows, rb: Rows, same: bool) -> torch.Tensor:
         self.blocks_computed += 1
         h = hsic_block(ra, rb, self.estimator)
@@ -300,20 +407,21 @@ class StreamingRun:
         h[sa, sb] = block
         h[sb, sa] = block.T
 
-    def full(self, src: BatchSource) -> np.ndarray:
+    def full(self) -> np.ndarray:
         """Exact float64 HSIC over every sample at once (features kept in memory)."""
         parts: list[list[torch.Tensor]] = [[] for _ in range(self.total_layers)]
+
+        def keep(_: int, x: torch.Tensor) -> None:
+            inp = self._per_model(x)
+            for m in self.names:
+                for j, f in enumerate(self._features(m, inp(m))):
+                    parts[self.slices[m].start + j].append(f)
+
         with torch.inference_mode():
-            for _, x in self._loop(src, None):
-                inp = self._per_model(x)
-                for m in self.names:
-                    for j, f in enumerate(self._features(m, inp(m))):
-                        parts[self.slices[m].start + j].append(f)
-                self.n += int(x.shape[0])
-                self.batches += 1
-            if self.n < MIN_SAMPLES[self.estimator]:
+            sum_batches(self._loop(None), self.estimator, keep, sums=self.sums)
+            if self.sums.n < MIN_SAMPLES[self.estimator]:
                 raise EstimatorError(
-                    f"{self.n} samples are too few for the {self.estimator} estimator"
+                    f"{self.sums.n} samples are too few for the {self.estimator} estimator"
                 )
             xs = [torch.cat(p).to(torch.float64) for p in parts]
             return full_hsic(xs, self.kern, self.estimator).cpu().numpy()
@@ -321,9 +429,9 @@ class StreamingRun:
     def counters(self) -> dict[str, Any]:
         """What the run did, as plain values that add up over runs of disjoint batches."""
         return {
-            "n": self.n,
-            "batches": self.batches,
-            "dropped": [dict(d) for d in self.dropped],
+            "n": self.sums.n,
+            "batches": self.sums.batches,
+            "dropped": [dict(d) for d in self.sums.dropped],
             "forwards": dict(self.forwards),
             "hits": self.hits,
             "misses": self.misses,
@@ -333,12 +441,19 @@ class StreamingRun:
         }
 
 
+_METHODS = {
+    "images": "first-order Hoeffding projection, delta method (analysis.intervals)",
+    "batches": "percentile bootstrap over batches (analysis.bootstrap)",
+}
+
+
 def diagnostics(
     atlas: Atlas, counters: Mapping[str, Any], config: Mapping[str, Any]
 ) -> dict[str, Any]:
     """What a run did (its :meth:`StreamingRun.counters`) and what to be careful about in its
     result ``atlas``; ``config`` gives the bootstrap settings."""
     bootstrap, seed = config["bootstrap"], config["seed"]
+    unit = config.get("interval", "images")
     owners = [(m, name) for m in atlas.models for name in atlas.layers[m]]
     undefined = [
         {"model": owners[i][0], "layer": owners[i][1], "reason": why}
@@ -366,7 +481,10 @@ def diagnostics(
         },
         "undefined_layers": undefined,
         "negative_cells": negative,
-        "bootstrap": {"replicates": bootstrap, "seed": seed, "level": 0.95} if bootstrap else None,
+        "bootstrap": {"replicates": bootstrap, "seed": seed, "level": 0.95}
+        if bootstrap and unit == "batches"
+        else None,
+        "interval": {"unit": unit, "method": _METHODS[unit], "level": 0.95} if bootstrap else None,
     }
 
 

@@ -92,6 +92,7 @@ def _calibration(args: argparse.Namespace) -> Any:
     try:
         return Calibration(
             permutations=args.permutations,
+            null=args.null,
             sensitivity=args.sensitivity,
             random_init_draws=args.random_init_draws,
             baselines=args.baselines,
@@ -179,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         "device": args.device,
         "dtype": args.dtype,
     }
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"null": calibration.null}
     if calibration.permutations:
         extra["permutations"] = calibration.permutations
     if calibration.sensitivity:
@@ -199,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     result = atlas.to_dict()
     if calibration.baselines:
         result["baselines"] = _baselines(
-            calibration, atlas, loaded, metas, keys, dataset, args, options
+            calibration, atlas, loaded, metas, keys, dataset, args, options | {"null": "none"}
         )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -213,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     cells = Cells(result)
     print(
         f"{'a':<{width}}  {'b':<{width}}  {'mean diagonal CKA':>17}  {'95 % interval':>16}  "
-        f"{'max p':>6}  {'random init ± sd':>20}  {'seed ceiling':>12}  over"
+        f"{'max p':>6}  {'max q':>6}  {'random init ± sd':>20}  {'seed ceiling':>12}  over"
     )
     for a, b in atlas.pairs():
         sm = cells.summary(a, b)
@@ -223,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
             init += f" ± {_number(sm.random_init_sd)}"
         print(
             f"{a:<{width}}  {b:<{width}}  {_number(sm.cka):>17}  {ci:>16}  "
-            f"{_number(sm.max_p_value, 3):>6}  {init:>20}  "
+            f"{_number(sm.max_p_value, 3):>6}  {_number(sm.max_q_value, 3):>6}  {init:>20}  "
             f"{_number(sm.seed_ceiling):>12}  {sm.kind}"
         )
     for warning in atlas.diagnostics.get("warnings", []):

@@ -189,21 +189,30 @@ class MatrixOut(BaseModel):
         description="CKA, rows × cols; null where undefined", examples=[[[0.98, 0.5], [0.4, 0.9]]]
     )
     ci_low: Cells | None = Field(
-        default=None, description="Bootstrap 95 % interval, lower bound (with `bootstrap`)"
+        default=None, description="95 % interval (image-level), lower bound (with `bootstrap`)"
     )
     ci_high: Cells | None = Field(
-        default=None, description="Bootstrap 95 % interval, upper bound (with `bootstrap`)"
+        default=None, description="95 % interval (image-level), upper bound (with `bootstrap`)"
     )
     p_value: Cells | None = Field(
         default=None,
-        description="Permutation p-value, (1 + #{null ≥ observed}) / (1 + P) (with "
-        "`permutations`); at or above 0.05 the cell is not told apart from shuffled samples",
+        description="One-sided p-value of CKA under the within-batch permutation null (with "
+        "`null`): `analytic`, a Pearson type III on the null's exact moments; `permutation`, "
+        "(1 + #{null ≥ observed}) / (1 + P)",
+    )
+    q_value: Cells | None = Field(
+        default=None,
+        description="Benjamini–Hochberg q-value over the comparison's cells (every pair of "
+        "distinct layers once); at or above 0.05 the cell is not told apart from shuffled "
+        "samples",
     )
     null_mean: Cells | None = Field(
-        default=None, description="Mean CKA under the permutation null (with `permutations`)"
+        default=None,
+        description="Mean CKA under the null (with `null`): 0 for the unbiased estimator, the "
+        "estimator's bias for the biased one",
     )
     null_q95: Cells | None = Field(
-        default=None, description="95 % quantile of the permutation null (with `permutations`)"
+        default=None, description="95 % quantile of the null CKA (with `null`)"
     )
     sensitivity: Cells | None = Field(
         default=None,

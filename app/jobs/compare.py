@@ -99,7 +99,8 @@ def _compare(
     ceiling = plan_seed_ceiling(idents, layers, siblings) if "seed_ceiling" in baselines else None
     cache = StoreGramCache(services.store)
     common = engine_options(params, services.device)
-    calibration = {k: common.pop(k) for k in ("permutations", "sensitivity") if k in common}
+    calibration = {k: common.pop(k) for k in ("permutations", "null", "sensitivity") if k in common}
+    plain = common | {"null": "none"}  # a baseline is a reference value, not a test
     stored: dict[str, Any] = {}
     # The members are loaded unless their shards ran them and no baseline needs them.
     members = list(shas.values()) if gathered is None or baselines else []
@@ -127,11 +128,11 @@ def _compare(
                 layers=layers,
                 model_keys=shas,
                 **_draws(params),
-                **common,
+                **plain,
             )
         if ceiling is not None:
             stored["seed_ceiling"] = seed_ceiling_baseline(
-                nets, layers, ceiling, loaded, data, gram_cache=cache, **common
+                nets, layers, ceiling, loaded, data, gram_cache=cache, **plain
             )
     result = atlas.to_dict()
     if stored:

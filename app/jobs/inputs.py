@@ -40,7 +40,8 @@ def member_rows(services: Services, cmp: Comparison) -> dict[str, Model]:
 def engine_options(params: dict[str, Any], device: str) -> dict[str, Any]:
     """The keyword options of :func:`analysis.compare` that the stored ``params`` ask for.
 
-    Permutations and sensitivity are passed only when asked for (older params lack them).
+    Permutations and sensitivity are passed only when asked for (older params lack them, and
+    lack a null unless they have permutations).
     """
     options: dict[str, Any] = {
         "kernel": params["kernel"],
@@ -52,7 +53,9 @@ def engine_options(params: dict[str, Any], device: str) -> dict[str, Any]:
         "progress": False,
     }
     if params.get("permutations"):
-        options["permutations"] = params["permutations"]
+        options["permutations"] = params["permutations"]  # the permutation null
+    else:  # params stored before the null option had none
+        options["null"] = params.get("null", "none")
     if params.get("sensitivity"):
         options["sensitivity"] = True
     return options

@@ -24,7 +24,7 @@ from pydantic import (
 
 from analysis.hsic import Estimator
 from analysis.layers import FeaturePolicy as Feature
-from analysis.options import MAX_PERMUTATIONS, CompareOptions, Mode
+from analysis.options import MAX_PERMUTATIONS, CompareOptions, Mode, NullKind
 from analysis.studies.spec import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_LR, MAX_SEED
 from app.store.values import NO_NUL, Id, Text
 
@@ -67,7 +67,7 @@ MAX_SHARDS = 64
 # The fields of a comparison request that are CompareOptions (the rest says what to compare).
 COMPARE_FIELDS = frozenset(
     {"layers", "kernel", "estimator", "mode", "batch_size", "feature", "bootstrap"}
-    | {"permutations", "sensitivity", "random_init_draws"}
+    | {"permutations", "null", "sensitivity", "random_init_draws"}
 )
 
 
@@ -112,12 +112,14 @@ class TrainingIn(BaseModel):
 
 
 class Calibration(BaseModel):
-    """What a cell is measured against: a permutation null, top-component sensitivity and the
+    """What a cell is measured against: a null (analytic or permutation), top-component
+    sensitivity and the
     baselines. The one place these options are validated, for REST, the form and the CLI."""
 
     model_config = ConfigDict(extra="forbid")
 
     permutations: int = option("permutations", ge=0, le=MAX_PERMUTATIONS)
+    null: NullKind = option("null")
     sensitivity: bool = option("sensitivity")
     random_init_draws: int = option("random_init_draws")
     baselines: list[Baseline] = Field(
@@ -162,6 +164,7 @@ class ComparisonIn(Calibration):
                     "feature": "flatten",
                     "bootstrap": 0,
                     "permutations": 0,
+                    "null": "analytic",
                     "sensitivity": False,
                     "random_init_draws": 3,
                     "baselines": [],

@@ -114,7 +114,7 @@ def validate_comparison(
     if len(set(body.model_ids)) != len(body.model_ids):
         raise _invalid("duplicate_model", "model_ids lists a model twice", "model_ids")
     try:  # the rules between options (batch size per estimator, …) live in CompareOptions
-        CompareOptions.build(None, **body.model_dump(include=set(COMPARE_FIELDS)))
+        options = CompareOptions.build(None, **body.model_dump(include=set(COMPARE_FIELDS)))
     except OptionsError as exc:
         raise _invalid(exc.kind, str(exc), exc.field) from None
     if body.shards > 1 and body.mode != "minibatch":
@@ -176,6 +176,7 @@ def validate_comparison(
         "feature": body.feature,
         "bootstrap": body.bootstrap,
         "permutations": body.permutations,
+        "null": options.null,  # canonical: permutations mean "permutation", full mode "none"
         "sensitivity": body.sensitivity,
         "baselines": list(body.baselines),
         # Only the random-init baseline draws twins: without it the count changes nothing.
@@ -237,12 +238,14 @@ _CALIBRATION_DEFAULTS["random_init_draws"] = None
 
 
 def request_hash(rows: list[Model], ds: Dataset, params: dict[str, Any]) -> str:
+    # Before the null option, a request had the permutation null with permutations, else none.
+    implied = {"null": "permutation" if params.get("permutations") else "none"}
     canonical = {
         "checkpoints": [m.sha256 for m in rows],
         "dataset": ds.sha256,
         **{k: params[k] for k in ("resolved_layers", "kernel", "estimator", "mode")},
         **{k: params[k] for k in ("batch_size", "feature", "bootstrap")},
-        **{k: v for k, v in params.items() if _CALIBRATION_DEFAULTS.get(k, v) != v},
+        **{k: v for k, v in params.items() if (_CALIBRATION_DEFAULTS | implied).get(k, v) != v},
     }
     return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 

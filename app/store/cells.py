@@ -2,13 +2,14 @@
 the model-level summary.
 
 A finished comparison's ``result`` holds the CKA blocks of every model pair (``matrices``) and,
-when they were computed, full (L_total, L_total) arrays of the bootstrap interval
-(``ci_low``/``ci_high``), the permutation null (``p_value``/``null_mean``/``null_q95``), the
-baselines (``baselines.random_init.cka`` with its spread over the draws ``.sd``, exported as
-``random_init_sd``; ``baselines.seed_ceiling.cka``; an undefined block's reason in
-``baselines.*.blocks``) and CKA with the row layer's top principal component removed
-(``cka_without_top_pc``, with ``sensitivity``), all in the atlas's layer order (model by
-model). A cell's ``sensitivity`` is the larger move of its
+when they were computed, full (L_total, L_total) arrays of the 95 % interval
+(``ci_low``/``ci_high``; image-level unless ``config["interval"]`` is ``batches``), the
+null (``p_value``/``null_mean``/``null_q95``; ``q_value``, the Benjamini–Hochberg q-value over
+the comparison's cells, is derived here), the baselines (``baselines.random_init.cka`` with its
+spread over the draws ``.sd``, exported as ``random_init_sd``; ``baselines.seed_ceiling.cka``;
+an undefined block's reason in ``baselines.*.blocks``) and CKA with the row layer's
+whole-sample top principal component removed (``cka_without_top_pc``, with ``sensitivity``),
+all in the atlas's layer order (model by model). A cell's ``sensitivity`` is the larger move of its
 CKA when either side's top component is removed. :class:`Cells` reads them once and slices any
 of them for a model pair, so the matrix endpoint, the page and the exports agree cell for cell.
 
@@ -25,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from analysis.null import q_values
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -35,6 +38,7 @@ QUANTITIES = (
     "ci_low",
     "ci_high",
     "p_value",
+    "q_value",
     "null_mean",
     "null_q95",
     "random_init",
@@ -53,7 +57,8 @@ def formula_safe(text: str) -> str:
     return f"'{text}" if text.startswith(FORMULA_LEADS) else text
 
 
-# Below this p-value a cell is told apart from the permutation null (the page marks the rest).
+# Below this q-value (false discovery rate) a cell is told apart from the null; the page
+# hatches the rest.
 SIGNIFICANCE = 0.05
 
 
@@ -76,6 +81,18 @@ def _mean(values: np.ndarray) -> float | None:
     return float(finite.mean()) if finite.size else None
 
 
+def _q_values(p: np.ndarray | None) -> np.ndarray | None:
+    """Benjamini–Hochberg q-values over the comparison's tests: every pair of distinct layers
+    once (a symmetric p-matrix read above its diagonal); a layer with itself is no test (NaN).
+    """
+    if p is None:
+        return None
+    upper = np.triu(np.ones(p.shape, dtype=bool), 1)
+    q = np.full(p.shape, np.nan)
+    q[upper] = q_values(p[upper])
+    return np.where(upper, q, q.T)
+
+
 @dataclass(frozen=True)
 class PairSummary:
     """One model pair in a number: the mean same-depth (diagonal) CKA when both models have as
@@ -93,6 +110,7 @@ class PairSummary:
     ci_low: float | None
     ci_high: float | None
     max_p_value: float | None  # the largest p over the cells averaged
+    max_q_value: float | None  # the largest q (false discovery rate) over them
     random_init: float | None
     random_init_sd: float | None  # the cells' spreads over the twins' draws, averaged
     seed_ceiling: float | None
@@ -123,6 +141,7 @@ class Cells:
         self.full: dict[str, np.ndarray | None] = {"cka": cka}
         for key in ("ci_low", "ci_high", "p_value", "null_mean", "null_q95"):
             self.full[key] = _array(result.get(key))
+        self.full["q_value"] = _q_values(self.full["p_value"])
         baselines = result.get("baselines") or {}
         for key in ("random_init", "seed_ceiling"):
             self.full[key] = _array((baselines.get(key) or {}).get("cka"))
@@ -229,8 +248,11 @@ class Cells:
             values = pick(key)
             return None if values is None else _mean(values)
 
-        p = pick("p_value")
-        finite_p = p[np.isfinite(p)] if p is not None else np.zeros(0)
+        def largest(key: str) -> float | None:
+            values = pick(key)
+            finite = values[np.isfinite(values)] if values is not None else np.zeros(0)
+            return float(finite.max()) if finite.size else None
+
         return PairSummary(
             a=a,
             b=b,
@@ -238,7 +260,8 @@ class Cells:
             cka=mean("cka"),
             ci_low=mean("ci_low"),
             ci_high=mean("ci_high"),
-            max_p_value=float(finite_p.max()) if finite_p.size else None,
+            max_p_value=largest("p_value"),
+            max_q_value=largest("q_value"),
             random_init=mean("random_init"),
             random_init_sd=mean("random_init_sd"),
             seed_ceiling=mean("seed_ceiling"),

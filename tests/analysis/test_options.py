@@ -34,7 +34,9 @@ def test_defaults() -> None:
         "feature": "flatten",
         "dtype": "fp32",
         "bootstrap": 0,
+        "interval": "images",
         "permutations": 0,
+        "null": "analytic",
         "sensitivity": False,
         "seed": 0,
         "random_init_draws": 3,
@@ -59,6 +61,9 @@ def test_defaults() -> None:
         ({"bootstrap": 5, "mode": "full"}, "bootstrap"),
         ({"permutations": -1}, "permutations"),
         ({"permutations": 10_001}, "permutations"),
+        ({"null": "exact"}, "null"),
+        ({"null": "permutation"}, "null"),  # without a count of permutations
+        ({"null": "none", "permutations": 5}, "null"),
         ({"seed": -1}, "seed"),
         ({"random_init_draws": 0}, "random_init_draws"),
         ({"random_init_draws": 21}, "random_init_draws"),
@@ -131,7 +136,9 @@ def test_option_specs_describe_what_is_accepted() -> None:
     assert CompareOptions(**defaults) == CompareOptions()
     for name, spec in specs.items():
         for choice in spec.choices:
-            assert getattr(CompareOptions(**{name: choice}), name) == choice
+            # shuffles need a count of them
+            count = {"permutations": 10} if choice == "permutation" else {}
+            assert getattr(CompareOptions(**{name: choice}, **count), name) == choice
     for example in specs["kernel"].examples:
         CompareOptions(kernel=example)
 

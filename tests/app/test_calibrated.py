@@ -125,6 +125,15 @@ def test_calibration_options_are_validated_once(
     # Without calibration, a request hashes as before: it does not find the calibrated one.
     plain = idle_client.post("/v1/comparisons", json=base)
     assert plain.status_code == 202 and plain.json()["id"] != r.json()["id"]
+    # The null: analytic by default; a count of permutations asks for shuffles; none hashes as
+    # a request from before the option (which had no null), so it finds what those stored.
+    assert plain.json()["params"]["null"] == "analytic"
+    assert params["null"] == "permutation"
+    for null, status in (("none", 202), ("analytic", 200)):
+        again = idle_client.post("/v1/comparisons", json=base | {"null": null})
+        assert again.status_code == status and again.json()["params"]["null"] == null
+    asked = idle_client.post("/v1/comparisons", json=base | {"null": "permutation"})
+    assert_problem(asked, 422, "null_needs_permutations", "null")
 
 
 def test_cli_refuses_bad_calibration(
@@ -280,13 +289,25 @@ def test_baselines_interval_and_exports(
         "cli parquet": pd.read_parquet(out),
     }
     columns = ["model_a", "layer_a", "model_b", "layer_b", "cka", "ci_low", "ci_high"]
-    columns += ["p_value", "null_mean"]
+    columns += ["p_value", "q_value", "null_mean"]
     rows = sum(
         len(stored["layers"][m["a"]]) * len(stored["layers"][m["b"]]) for m in stored["matrices"]
     )
     baselines = stored["baselines"]
     offsets = np.cumsum([0, *(len(stored["layers"][m]) for m in stored["models"])])
     span = {m: slice(offsets[i], offsets[i + 1]) for i, m in enumerate(stored["models"])}
+    # q: Benjamini–Hochberg over every pair of distinct layers once, written out here
+    p_full = _array(stored["p_value"])
+    upper = np.triu_indices(len(p_full), 1)
+    tests = p_full[upper]
+    count = len(tests)
+    bh = [
+        min(min(pj * count / np.sum(tests <= pj), 1.0) for pj in tests if pj >= pi) for pi in tests
+    ]
+    q_full = np.full(p_full.shape, np.nan)
+    q_full[upper] = bh
+    q_full.T[upper] = bh
+    assert np.all(q_full[upper] >= tests)
     for name, table in tables.items():
         assert list(table.columns[: len(columns)]) == columns, name
         assert len(table) == rows, name
@@ -311,6 +332,9 @@ def test_baselines_interval_and_exports(
                 np.testing.assert_array_equal(_pivot(table, a, b, key, shape), want)
             np.testing.assert_array_equal(
                 _pivot(table, a, b, "p_value", shape), _array(stored["p_value"])[span[a], span[b]]
+            )
+            np.testing.assert_allclose(
+                _pivot(table, a, b, "q_value", shape), q_full[span[a], span[b]], rtol=1e-12
             )
 
 

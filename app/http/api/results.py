@@ -150,7 +150,8 @@ def get_matrix(
     """CKA between every layer of model ``a`` (rows) and every layer of model ``b`` (columns).
 
     With the cells' company when the comparison computed it: the bootstrap interval
-    (``ci_low``, ``ci_high``), the permutation null (``p_value``, ``null_mean``, ``null_q95``),
+    (``ci_low``, ``ci_high``), the null (``p_value``, its Benjamini–Hochberg ``q_value`` over
+    the comparison's cells, ``null_mean``, ``null_q95``),
     the top-component ``sensitivity`` and the ``baselines``; each null when not computed.
     """
     cmp = _finished(services, comparison_id, load_result=False)
@@ -172,7 +173,10 @@ def get_matrix(
         "rows": list(cells.layers[la]),
         "cols": list(cells.layers[lb]),
         "values": blocks["cka"],
-        **{k: blocks[k] for k in ("ci_low", "ci_high", "p_value", "null_mean", "null_q95")},
+        **{
+            k: blocks[k]
+            for k in ("ci_low", "ci_high", "p_value", "q_value", "null_mean", "null_q95")
+        },
         "sensitivity": blocks["sensitivity"],
         "baselines": baselines or None,
         "undefined_baselines": cells.undefined(la, lb) or None,
@@ -218,9 +222,9 @@ def get_cells(
     services: Svc, request: Request, comparison_id: ComparisonId, fmt: Literal["csv", "parquet"]
 ) -> Response:
     """Every cell as one long table: ``model_a, layer_a, model_b, layer_b, cka, ci_low,
-    ci_high, p_value, null_mean, null_q95, random_init, random_init_sd, seed_ceiling,
-    sensitivity`` (empty/NaN where not computed or undefined), one row per cell of each
-    model pair (a, b) with a at or before b."""
+    ci_high, p_value, q_value, null_mean, null_q95, random_init, random_init_sd, seed_ceiling,
+    sensitivity`` (empty/NaN where not computed or undefined), one row per cell of each model
+    pair (a, b) with a at or before b."""
     cmp = _finished(services, comparison_id, load_result=False)
 
     def table() -> bytes:

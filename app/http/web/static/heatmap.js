@@ -10,11 +10,12 @@
  *
  * matrix: {a, b, rows: [layer names], cols: [layer names], values: [[number|null]]}, and
  * optionally blocks of the same shape: ci_low, ci_high (bootstrap interval), p_value,
- * null_mean (permutation null), random_init with random_init_sd (its spread over
- * random_init_draws draws) and seed_ceiling (baselines), sensitivity (how far the value moves
- * without either side's top principal component); and `undefined`, per baseline the pair
- * has none of, the reason. The tooltip shows those present (an undefined baseline with its
- * reason); a cell whose p-value is at least SIGNIFICANCE is hatched (class "null-like").
+ * q_value (Benjamini–Hochberg over the comparison), null_mean (the null), random_init with
+ * random_init_sd (its spread over random_init_draws draws) and seed_ceiling (baselines),
+ * sensitivity (how far the value moves without either side's top principal component); and
+ * `undefined`, per baseline the pair has none of, the reason. The tooltip shows those present
+ * (an undefined baseline with its reason); a cell whose q-value is at least SIGNIFICANCE is
+ * hatched (class "null-like").
  */
 (function () {
   "use strict";
@@ -32,7 +33,7 @@
   });
   const UNDEFINED = "#bbbbbb"; // the grey of an undefined cell, as in the PNG (analysis/plot.py)
   const CHAR_EM = 0.61; // advance width of a monospace glyph, in em
-  const SIGNIFICANCE = 0.05; // at or above this p-value a cell is not told apart from the null
+  const SIGNIFICANCE = 0.05; // at or above this q-value a cell is not told apart from the null
   let tooltip = null;
   let gradientCount = 0;
 
@@ -100,9 +101,15 @@
     }
     const p = at(matrix.p_value, i, j);
     if (defined(p)) {
+      const q = at(matrix.q_value, i, j);
       const mean = at(matrix.null_mean, i, j);
-      const note = p >= SIGNIFICANCE ? " · not told apart from the null" : "";
-      fact(tip, "tt-p", "p = " + formatP(p) + (defined(mean) ? " · null mean " + mean.toFixed(4) : "") + note);
+      const note = defined(q) && q >= SIGNIFICANCE ? " · not told apart from the null" : "";
+      fact(
+        tip,
+        "tt-p",
+        "p = " + formatP(p) + (defined(q) ? " · q = " + formatP(q) : "") +
+          (defined(mean) ? " · null mean " + mean.toFixed(4) : "") + note,
+      );
     }
     const undefinedWhy = matrix.undefined || {};
     const init = at(matrix.random_init, i, j);
@@ -213,8 +220,8 @@
       for (let j = 0; j < nc; j++) {
         const v = matrix.values[i][j];
         const fill = color(v);
-        const p = at(matrix.p_value, i, j);
-        const nullLike = defined(p) && p >= SIGNIFICANCE;
+        const q = at(matrix.q_value, i, j);
+        const nullLike = defined(q) && q >= SIGNIFICANCE;
         if (nullLike) overlays.push([i, j]);
         el("rect", {
           class: (fill ? "cell" : "cell undefined") + (nullLike ? " null-like" : ""),

@@ -32,6 +32,7 @@
       feature: String(data.get("feature")),
       bootstrap: parseInt(String(data.get("bootstrap") || "0"), 10) || 0,
       permutations: parseInt(String(data.get("permutations") || "0"), 10) || 0,
+      null: String(data.get("null")),
       sensitivity: data.get("sensitivity") !== null,
       baselines: data.getAll("baselines").map(String),
       // blank: left out, so the server's default applies

@@ -1,0 +1,284 @@
+"""The permutation null of every CKA cell in closed form: its first three exact moments.
+
+**The statistic.** Shuffling the samples of one side within a batch gives, for centred Grams A, B
+of that batch and a uniformly random permutation π, the statistic ``T(π) = Σ_ij A_ij B_π(i)π(j)``
+(:mod:`analysis.calibration` draws it P times). Its mean, variance and third central moment over
+*all* n! permutations have closed forms in a few per-layer numbers, so every cell's null costs a
+handful of (L, L) products per batch instead of P Gram gathers.
+
+**Unbiased estimator.** HSIC_u = ⟨Ã, B̃⟩ / (n(n-3)) with Ã the U-centred Gram (Székely & Rizzo
+2014: zero diagonal, zero row sums; :func:`u_centre`). Per layer let Q = Σ_ij Ã_ij²,
+c = Σ_ij Ã_ij³ and t = tr Ã³. Expand E[T^k] over the k ordered pairs by which of their 2k
+indices coincide; a pattern with m distinct indices contributes S_A S_B / (n)_m, (n)_m =
+n(n-1)…(n-m+1), where S_X is X's sum over distinct indices for that pattern. By inclusion-
+exclusion (Möbius inversion over merging indices) each S_X is a sum of unrestricted sums, and an
+unrestricted sum vanishes whenever an index appears in one factor only (a zero row sum) or a
+factor is diagonal; with three factors only Σ Ã_ij³ (c) and Σ Ã_ij Ã_jk Ã_ki (t) survive. Hence
+``E[T] = 0``, ``Var T = 2 Q_A Q_B / (n(n-3))`` and, grouped by m (:data:`_THIRD`)::
+
+    E[T³] = 4 c c'/(n)_2 + 8 (3cc' + tt')/(n)_3 + 8 (10cc' - 3ct' - 3tc' + 3tt')/(n)_4
+            + 48 (t - 2c)(t' - 2c')/(n)_5 + 64 (t - 2c)(t' - 2c')/(n)_6
+          = [4(n⁴-8n³+19n²-4n-16) cc' - 8(3n²-15n+16)(ct' + tc') + 8(n³-9n²+26n-22) tt'] / (n)_6
+
+(primes: the other layer). Terms with m > n are absent (no m distinct indices exist), so the
+per-m form also holds for batches of 4 and 5. A test checks all three moments against every one
+of the n! permutations of small batches.
+
+**Biased estimator.** HSIC_b = ⟨A, B⟩ / (n-1)² with A = HKH, diagonal a, τ = Σ a_i, ã = a - τ/n.
+Off the diagonal, A equals its U-centred version Ã plus terms of the form f(i) + f(j) + const,
+which are orthogonal to every U-centred matrix; collecting terms gives, with λ = n/(n-2) and the
+linear permutation statistic S(π) = Σ_i ã_i b̃_π(i),
+
+    T_b(π) = T_u(π) + λ S(π) + τ_A τ_B / (n-1).
+
+So the null mean of biased HSIC is τ_A τ_B / (n-1)³, not 0: the estimator's bias (Murphy,
+Zylberberg & Fyshe 2024), reported as each cell's null mean. E[S] = E[T_u S] = 0, and by the same
+pattern counting E[S²] = Σã²Σb̃²/(n-1), E[S³] = n Σã³Σb̃³/((n-1)(n-2)),
+E[T_u² S] = 4(n-2) w w' / ((n-1)(n-3)(n-4)) with w = Σ_ij Ã_ij² ã_i, and
+E[T_u S²] = 2 v v' / (n(n-3)) with v = ãᵀÃã. Then Var T_b = Var T_u + λ² E[S²] and
+``κ₃ = E[T_u³] + 3λ E[T_u² S] + 3λ² E[T_u S²] + λ³ E[S³]``.
+
+**Minibatches.** Each batch shuffles independently, so the batch statistics are independent and
+their cumulants (mean, variance, third central moment) add over batches; all cross-layer terms
+above are products of per-layer numbers, so one batch adds a few outer products of length-L
+vectors. The null CKA of a cell is its null HSIC over sqrt(HSIC_KK · HSIC_LL) (permuting both
+sides of a Gram changes nothing), so its mean and standard deviation scale by that factor and its
+skewness does not.
+
+**The p-value.** A Pearson type III distribution with the null's mean, standard deviation and
+skewness (as FactoMineR's ``coeffRV`` does for the RV coefficient, after Kazi-Aoual et al. 1995):
+``p = P(null ≥ observed CKA)``. It is continuous, so there is no 1/(P+1) floor.
+
+**Cost.** Q and c take O(n²) per layer; t = Σ_ij Ã_ij (Ã²)_ij needs one n×n matrix product per
+layer, O(L·n³), in the Grams' precision: the only term that is not a by-product of the HSIC pass.
+It cannot be had from Q and c (it is the one third-order invariant that sees how the Gram's
+eigenvalues are spread), and a batched product of the L Grams is cheap next to forming them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy import stats
+
+from analysis.calibration import NullSummary
+from analysis.hsic import cka_from_hsic
+
+__all__ = [
+    "AnalyticNull",
+    "NullMoments",
+    "batch_moments",
+    "layer_invariants",
+    "moments_from_sums",
+    "q_values",
+    "summarise_moments",
+    "u_centre",
+]
+
+# E[T_u³] grouped by the number m of distinct indices: (m, coefficient of cc', of ct' + tc',
+# of tt'), each term divided by (n)_m. The m = 5 and 6 rows are 48 and 64 times
+# (t - 2c)(t' - 2c') expanded.
+_THIRD = (
+    (2, 4.0, 0.0, 0.0),
+    (3, 24.0, 0.0, 8.0),
+    (4, 80.0, -24.0, 24.0),
+    (5, 192.0, -96.0, 48.0),
+    (6, 256.0, -128.0, 64.0),
+)
+# E[T_u² S] grouped the same way: coefficient of w w' over (n)_m, m = 2..5.
+_MIXED = ((2, 4.0), (3, 20.0), (4, 52.0), (5, 64.0))
+# Per-layer numbers, in this order, in the rows of layer_invariants.
+_NAMES = ("Q", "c", "t", "tau", "q", "k", "w", "v")
+
+
+def _falling(n: int, m: int) -> float:
+    """(n)_m = n (n-1) … (n-m+1)."""
+    return float(np.prod(np.arange(n, n - m, -1, dtype=np.float64)))
+
+
+def u_centre(g: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """U-centred copies of Grams ``g`` (L, n, n): zero diagonal, every row summing to 0.
+
+    ``Ã_ij = K_ij - r_i/(n-2) - r_j/(n-2) + s/((n-1)(n-2))`` for i ≠ j, with r the row sums and
+    s the total of K with its diagonal zeroed (Székely & Rizzo 2014); written as
+    ``K_ij - u_i - u_j`` with ``u = r/(n-2) - s/(2(n-1)(n-2))``, two passes in place. Any centring
+    of K gives the same Ã. The copy is in ``dtype`` (default: ``g``'s). Needs n ≥ 3.
+    """
+    n = g.shape[-1]
+    k = g.to(dtype or g.dtype, copy=True)
+    k.diagonal(dim1=-2, dim2=-1).zero_()
+    r = k.sum(-1, dtype=torch.float64)
+    u = r / (n - 2) - (r.sum(-1, keepdim=True) / (2 * (n - 1) * (n - 2)))
+    k -= u[..., :, None].to(k.dtype)
+    k -= u[..., None, :].to(k.dtype)
+    k.diagonal(dim1=-2, dim2=-1).zero_()
+    return k
+
+
+def layer_invariants(
+    centred: torch.Tensor, estimator: str, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """The per-layer numbers of one batch (float64, (L, 8), columns as :data:`_NAMES`).
+
+    ``centred`` (L, n, n): the batch's double-centred Grams HKH as :func:`analysis.hsic.
+    centred_rows` gives them (diagonal zeroed for the unbiased estimator, kept for the biased
+    one). Q, c, t are those of the U-centred Grams; the diagonal terms (tau, q = Σã², k = Σã³,
+    w, v) are zero for the unbiased estimator. ``dtype``: the precision of the U-centred copy
+    and its products; the engine passes its Grams' (float32: a relative error of ~1e-6 in the
+    moments, far below the permutation noise they replace), sums are float64.
+    """
+    n_layers, n, _ = centred.shape
+    out = torch.zeros(n_layers, len(_NAMES), dtype=torch.float64, device=centred.device)
+    if n >= 4:
+        a = u_centre(centred, dtype)
+        sq = a * a
+        out[:, 0] = sq.sum((1, 2), dtype=torch.float64)
+        out[:, 1] = (sq * a).sum((1, 2), dtype=torch.float64)
+        row_sq = sq.sum(2, dtype=torch.float64)  # for w (biased)
+        torch.bmm(a, a, out=sq)  # t = tr Ã³ = Σ_ij (Ã²)_ij Ã_ij, in sq's buffer
+        out[:, 2] = (sq.mul_(a)).sum((1, 2), dtype=torch.float64)
+    if estimator == "biased" and n >= 3:
+        d = centred.diagonal(dim1=1, dim2=2).to(torch.float64)
+        tau = d.sum(1)
+        dc = d - tau[:, None] / n
+        out[:, 3], out[:, 4], out[:, 5] = tau, (dc**2).sum(1), (dc**3).sum(1)
+        if n >= 4:
+            out[:, 6] = (row_sq * dc).sum(1)
+            out[:, 7] = torch.einsum("li,lij,lj->l", dc, a.to(torch.float64), dc)
+    elif estimator == "biased":  # n = 2: T_b is the same for both permutations
+        out[:, 3] = centred.diagonal(dim1=1, dim2=2).sum(1)
+    return out
+
+
+def batch_moments(
+    inv: np.ndarray, n: int, estimator: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, variance and third central moment of one batch's null HSIC, each (L, L).
+
+    ``inv``: :func:`layer_invariants` of the batch's L layers; cell (i, j) permutes layer j's
+    samples against layer i's (the moments are symmetric in i, j).
+    """
+    col = {name: inv[:, k] for k, name in enumerate(_NAMES)}
+    outer = np.outer
+    Q, c, t = col["Q"], col["c"], col["t"]
+    zero = np.zeros((len(Q), len(Q)))
+    var, third = zero.copy(), zero.copy()
+    if n >= 4:
+        var += 2 * outer(Q, Q) / (n * (n - 3))
+        for m, cc, ct, tt in _THIRD:
+            if m <= n:
+                pairs = cc * outer(c, c) + ct * (outer(c, t) + outer(t, c)) + tt * outer(t, t)
+                third += pairs / _falling(n, m)
+    if estimator == "unbiased":
+        scale = n * (n - 3)
+        return zero, var / scale**2, third / scale**3
+    tau = col["tau"]
+    mean = outer(tau, tau) / (n - 1)
+    if n >= 3:
+        lam = n / (n - 2)
+        q, k, w, v = col["q"], col["k"], col["w"], col["v"]
+        var += lam**2 * outer(q, q) / (n - 1)
+        third += lam**3 * n * outer(k, k) / ((n - 1) * (n - 2))
+        if n >= 4:
+            mixed = sum(coef / _falling(n, m) for m, coef in _MIXED if m <= n)
+            third += 3 * lam * mixed * outer(w, w) + 3 * lam**2 * 2 * outer(v, v) / (n * (n - 3))
+    scale = (n - 1) ** 2
+    return mean / scale, var / scale**2, third / scale**3
+
+
+@dataclass(frozen=True)
+class NullMoments:
+    """Per cell (L, L): the null CKA's mean, standard deviation and skewness."""
+
+    mean: np.ndarray
+    sd: np.ndarray
+    skew: np.ndarray
+
+    def p_values(self, observed: np.ndarray) -> np.ndarray:
+        """P(null ≥ observed) under the Pearson type III with these moments; NaN where the
+        observed CKA or the moments are undefined.
+
+        A null without spread (sd 0, e.g. batches of 2) is a point: p is 1 at or below it.
+        """
+        defined = np.isfinite(observed) & np.isfinite(self.mean) & np.isfinite(self.sd)
+        mean, x = np.where(defined, self.mean, 0.0), np.where(defined, observed, 0.0)
+        spread = defined & (self.sd > 0)
+        sd, skew = np.where(spread, self.sd, 1.0), np.where(spread, self.skew, 0.0)
+        p = np.where(spread, stats.pearson3.sf(x, skew, loc=mean, scale=sd), 1.0 * (x <= mean))
+        return np.where(defined, p, np.nan)
+
+    def quantile(self, level: float) -> np.ndarray:
+        """The ``level`` quantile of the fitted null CKA (NaN where undefined)."""
+        defined = np.isfinite(self.mean) & np.isfinite(self.sd)
+        mean = np.where(defined, self.mean, 0.0)
+        spread = defined & (self.sd > 0)
+        sd, skew = np.where(spread, self.sd, 1.0), np.where(spread, self.skew, 0.0)
+        q = np.where(spread, stats.pearson3.ppf(level, skew, loc=mean, scale=sd), mean)
+        return np.where(defined, q, np.nan)
+
+
+class AnalyticNull:
+    """Sums the null cumulants of every cell over the batches of one run (float64, on host)."""
+
+    def __init__(
+        self, total_layers: int, estimator: str, dtype: torch.dtype = torch.float64
+    ) -> None:
+        self.estimator, self.dtype = estimator, dtype
+        self.sums = np.zeros((3, total_layers, total_layers))
+
+    def invariants(self, centred: torch.Tensor) -> np.ndarray:
+        """:func:`layer_invariants` (L, 8) of one batch's double-centred Grams (L, n, n)."""
+        return layer_invariants(centred, self.estimator, self.dtype).cpu().numpy()
+
+    def add(self, centred: torch.Tensor) -> None:
+        """One batch, given its double-centred Grams (L, n, n) (see :func:`layer_invariants`)."""
+        self.add_invariants(self.invariants(centred), centred.shape[-1])
+
+    def add_invariants(self, inv: np.ndarray, n: int) -> None:
+        """One batch of ``n`` samples, given every layer's invariants (L, 8), in layer order."""
+        self.sums += np.stack(batch_moments(inv, n, self.estimator))
+
+    def summary(self, hsic: np.ndarray) -> NullSummary:
+        """p-value, mean and 95 % quantile per cell against the run's summed HSIC ``hsic``."""
+        return summarise_moments(self.sums, hsic)
+
+
+def moments_from_sums(sums: np.ndarray, hsic: np.ndarray) -> NullMoments:
+    """The null CKA's moments per cell from summed cumulants ``sums`` (3, L, L) of the null
+    HSIC and the summed observed HSIC (its diagonal: each side's self-HSIC); NaN where the
+    cell's CKA is undefined."""
+    mean, var, third = sums
+    d = np.diag(hsic)
+    sd = np.sqrt(np.maximum(var, 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        skew = np.where(sd > 0, third / np.where(sd > 0, sd, 1.0) ** 3, 0.0)
+    sd_cka = cka_from_hsic(sd, d, d)
+    return NullMoments(cka_from_hsic(mean, d, d), sd_cka, np.where(np.isnan(sd_cka), np.nan, skew))
+
+
+def summarise_moments(sums: np.ndarray, hsic: np.ndarray) -> NullSummary:
+    """The analytic null's :class:`analysis.calibration.NullSummary` (NaN where undefined)."""
+    moments = moments_from_sums(sums, hsic)
+    return NullSummary(moments.p_values(cka_from_hsic(hsic)), moments.mean, moments.quantile(0.95))
+
+
+def q_values(p: np.ndarray) -> np.ndarray:
+    """Benjamini–Hochberg q-values of the p-values ``p`` (any shape), NaN where p is NaN.
+
+    Over the m finite p-values: ``q_(i) = min_{j ≥ i} p_(j) · m / j`` in ascending order,
+    capped at 1, so q ≥ p and q is monotone in p. Rejecting where q ≤ α controls the false
+    discovery rate at α for independent or positively dependent tests (Benjamini & Hochberg
+    1995; Benjamini & Yekutieli 2001).
+    """
+    p = np.asarray(p, dtype=np.float64)
+    q = np.full(p.shape, np.nan)
+    ok = np.isfinite(p)
+    kept = p[ok]
+    order = np.argsort(kept, kind="stable")
+    ranked = kept[order] * len(kept) / np.arange(1, len(kept) + 1)
+    out = np.empty_like(kept)
+    out[order] = np.minimum(np.minimum.accumulate(ranked[::-1])[::-1], 1.0)
+    q[ok] = out
+    return q

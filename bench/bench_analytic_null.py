@@ -1,0 +1,68 @@
+"""What the analytic null costs: the demo atlas with ``null="analytic"`` against ``null="none"``.
+
+The same job as ``bench/bench_permutations.py``: the six zoo models of ``make run`` (five
+``*_digits`` presets and a second seed of the Mixer; untrained here, which costs the same as
+trained), digits (the 450 test images), batches of 150 (the demo's), default layers, linear
+unbiased minibatch CKA, on the CPU. The runs alternate (none, analytic) ``--repeat`` times;
+medians are reported, and their ratio. Issue 20 asks for at most 1.1. ``--permutations P``
+adds P brute-force permutations to the same table, for reference.
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_analytic_null.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import analysis
+import models
+
+DEMO = (
+    ("mixer_digits", "mixer_digits", 0),
+    ("sw_mlp_digits", "sw_mlp_digits", 0),
+    ("rp_mixer_digits", "rp_mixer_digits", 0),
+    ("gmlp_digits", "gmlp_digits", 0),
+    ("mlp_digits", "mlp_digits", 0),
+    ("mixer_digits_seed1", "mixer_digits", 1),
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=150)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--permutations", type=int, default=0)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    nets = {name: models.create(arch, seed=seed).eval() for name, arch, seed in DEMO}
+    data = analysis.load_dataset("digits")  # the test split, as the demo registers it
+
+    def run(**null: object) -> float:
+        start = time.perf_counter()
+        analysis.compare(nets, data, batch_size=args.batch, device="cpu", **null)
+        return time.perf_counter() - start
+
+    kinds: dict[str, dict[str, object]] = {"none": {"null": "none"}, "analytic": {}}
+    if args.permutations:
+        kinds[f"{args.permutations} permutations"] = {"permutations": args.permutations}
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for kw in kinds.values():
+        run(**kw)  # warm-up
+    for _ in range(args.repeat):
+        for kind, kw in kinds.items():
+            times[kind].append(run(**kw))
+    base = statistics.median(times["none"])
+    print(f"| null (6 models, n={len(data)}, batch {args.batch}) | median | ratio to none |")
+    print("|---|---:|---:|")
+    for kind, values in times.items():
+        t = statistics.median(values)
+        print(f"| {kind} | {t:.3f} s | {t / base:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
