@@ -190,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
         dataset,
         layers=args.layers,
         bootstrap=args.bootstrap,
+        interval=args.interval,
         seed=args.seed,
         progress=True,
         gram_cache=cache,
