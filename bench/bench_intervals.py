@@ -70,7 +70,8 @@ def main() -> None:
         cover = np.array(hits, dtype=float)
         width = np.array(widths)
         spread = np.std(np.array(estimates), axis=0)
-        sd_ratio = np.median(width.mean(0) / (2 * 1.959964) / spread)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sd_ratio = np.nanmedian(np.nanmean(width, 0) / (2 * 1.959964) / spread)
         print(
             f"| {batch} | {SUBSET // batch} | {cover.mean():.1%} | {cover.mean(0).min():.0%} "
             f"| {np.median(width):.4f} | {sd_ratio:.2f} |"
