@@ -192,6 +192,13 @@ def test_builtin_study_through_rest_then_reused(client: TestClient, trainer: Fak
         f'src="{url}/plot.svg"' in page and f'href="/comparisons/{done["comparison_id"]}"' in page
     )
     assert page.count('<tr data-arm="') == 8
+    # Differences: 7 arms against the seed-to-seed baseline, 6 against the matched SW-MLP; with
+    # two reference seeds the baseline has one pair, too few for an interval.
+    assert page.count('<tr data-versus="seed_to_seed"') == 7
+    assert page.count(f'<tr data-versus="sw_mlp[density={MATCHED}]"') == 6
+    assert page.count("no interval (too few seeds)") == 7
+    assert page.count("closer to mixer than sw_mlp[density=") == 6
+    assert [d["versus"] for d in summary["differences"]].count("seed_to_seed") == 7
     assert all(f'href="/models/{i}"' in page for i in model_ids)
     assert "Start a built-in study" in client.get("/studies").text
     form = client.get("/trainings/new").text
