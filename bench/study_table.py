@@ -46,6 +46,28 @@ def table(summary: dict[str, Any]) -> str:
         f"Seed-to-seed baseline ({ref['name']} against itself at another seed): "
         f"{_interval(base)} over {base.get('n_pairs', 0)} pairs."
     )
+    if summary.get("differences"):
+        lines += ["", differences_table(summary)]
+    return "\n".join(lines)
+
+
+def differences_table(summary: dict[str, Any]) -> str:
+    """Each arm minus the matched arm and minus the seed-to-seed baseline, with the decision."""
+    ref = summary["reference"]["name"]
+    lines = [
+        f"| arm | minus | difference in diagonal CKA vs {ref} | 95 % interval | p | "
+        f"closer to {ref}? |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    words = {"closer": "yes", "farther": "no, farther", "undecided": "undecided", None: "—"}
+    for d in summary["differences"]:
+        versus = "seed to seed" if d["versus"] == "seed_to_seed" else d["versus"]
+        interval = "—" if d["low"] is None else f"[{d['low']:+.3f}, {d['high']:+.3f}]"
+        estimate = "—" if d["estimate"] is None else f"{d['estimate']:+.3f}"
+        p = "—" if d["p_value"] is None else f"{d['p_value']:.3f}"
+        lines.append(
+            f"| {d['arm']} | {versus} | {estimate} | {interval} | {p} | {words[d['decision']]} |"
+        )
     return "\n".join(lines)
 
 

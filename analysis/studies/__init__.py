@@ -20,7 +20,8 @@ takes two calls; everything between them (training, the atlas) belongs to the ca
         plan, [{"key": t.key, "name": t.key, "accuracy": acc_of(t)} for t in plan.trainings],
         atlas,
     )
-    result.summary            # summary.json (issue 12 §6): reference, arms, baselines
+    result.summary            # summary.json (issue 12 §6): reference, arms, baselines,
+                              # matched, differences (analysis.studies.differences)
     result.table              # pandas DataFrame: results.csv (result.csv() gives the text)
     result.plots["png"], result.plots["svg"]   # bytes; render_plot(summary, fmt) redraws
 

@@ -8,6 +8,10 @@ seed-to-seed baseline as a grey band; entries without a density (RP-Mixer, …) 
 ``accuracy_vs_width`` (the width study): test accuracy against effective width m (log axis),
 one line per arm (family) with 95 % interval error bars.
 
+Below either, when the summary has ``differences``: every arm's difference in diagonal CKA from
+the arm at the reference's matched point (filled) and from the seed-to-seed baseline (open),
+with the crossed-seed 95 % intervals; an interval clear of 0 is a decided difference.
+
 matplotlib's object API only (no pyplot), deterministic bytes as :mod:`analysis.plot`.
 """
 
@@ -67,7 +71,7 @@ def _density_plot(ax: Axes, summary: dict[str, Any]) -> None:
                 [b[2] for b in band],
                 color="C0",
                 alpha=0.2,
-                label="95 % interval",
+                label="95 % t over seed pairs (a spread)",
             )
     ref = summary["reference"]
     if ref.get("S") and ref.get("C"):
@@ -112,6 +116,36 @@ def _width_plot(ax: Axes, summary: dict[str, Any]) -> None:
     ax.set_ylabel("test accuracy")
 
 
+def _differences_plot(ax: Axes, summary: dict[str, Any]) -> None:
+    items = [d for d in summary["differences"] if d["estimate"] is not None]
+    names = list(dict.fromkeys(d["arm"] for d in items))
+    matched = summary.get("matched")
+    styles = {"seed_to_seed": ("0.35", "white", "− seed to seed", 0.18)}
+    seen: set[str] = set()
+    for d in items:
+        kind = "seed_to_seed" if d["versus"] == "seed_to_seed" else "matched"
+        edge, face, label, shift = styles.get(kind, ("C3", "C3", f"− {matched}", -0.18))
+        y = names.index(d["arm"]) + shift
+        if d["low"] is not None:
+            ax.plot([d["low"], d["high"]], [y, y], color=edge, linewidth=1.5)
+        ax.plot(
+            [d["estimate"]],
+            [y],
+            "o",
+            markeredgecolor=edge,
+            markerfacecolor=face,
+            markersize=5,
+            label=None if kind in seen else label,
+        )
+        seen.add(kind)
+    ax.axvline(0.0, color="0.2", linewidth=0.8)
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("difference in mean diagonal CKA (crossed-seed 95 % interval)")
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(True, axis="x", alpha=0.3)
+
+
 def render_plot(summary: dict[str, Any], fmt: str = "png", *, dpi: int = 100) -> bytes:
     """The study's plot (its ``plot`` kind) as PNG or SVG bytes."""
     if fmt not in _METADATA:
@@ -119,9 +153,15 @@ def render_plot(summary: dict[str, Any], fmt: str = "png", *, dpi: int = 100) ->
     kind = summary.get("plot", "cka_vs_density")
     if kind not in PLOT_KINDS:
         raise ValueError(f"unknown study plot {kind!r}; use one of {PLOT_KINDS}")
-    fig = Figure(figsize=(6.4, 4.2), dpi=dpi, layout="constrained")
+    arms = len({d["arm"] for d in summary.get("differences") or []})
+    height = 4.2 + (0.9 + 0.28 * arms if arms else 0.0)
+    fig = Figure(figsize=(6.4, height), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
-    ax = fig.subplots()
+    if arms:
+        ax, lower = fig.subplots(2, 1, height_ratios=[4.2, height - 4.2])
+        _differences_plot(lower, summary)
+    else:
+        ax = fig.subplots()
     if kind == "cka_vs_density":
         _density_plot(ax, summary)
     else:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.studies.differences import ArmTable, study_differences
 from analysis.studies.plan import Entry, StudyPlan
 from analysis.studies.plots import render_plot
 from analysis.studies.spec import StudyError
@@ -25,11 +26,20 @@ from analysis.studies.summary import (
     cell_intervals,
     diagonal_summary,
     pair_diagonals,
+    pair_table,
     seed_to_seed_diagonals,
     t_interval,
 )
 
-__all__ = ["TABLE_COLUMNS", "StudyResult", "records", "results_table", "summarize"]
+__all__ = [
+    "TABLE_COLUMNS",
+    "StudyResult",
+    "differences",
+    "matched_entry",
+    "records",
+    "results_table",
+    "summarize",
+]
 
 TABLE_COLUMNS = (
     "model",
@@ -114,8 +124,64 @@ def _describe(entry: Entry, rows: Sequence[ModelRecord]) -> dict[str, Any]:
         "C": info["C"],
         "gamma": info["gamma"],
         "seeds": [r.seed for r in rows],
+        "keys": [r.key for r in rows],
         "accuracy": _accuracy(rows),
     }
+
+
+def _json_table(table: np.ndarray | None) -> list[list[float | None]] | None:
+    if table is None:
+        return None
+    return [[float(v) if np.isfinite(v) else None for v in row] for row in table]
+
+
+def _array(table: list[list[float | None]] | None) -> np.ndarray | None:
+    if table is None:
+        return None
+    return np.array([[np.nan if v is None else v for v in row] for row in table], dtype=float)
+
+
+def matched_entry(plan: StudyPlan) -> str | None:
+    """The arm at the reference's matched point: its density (1/S + 1/C)/2 at its width S·C.
+
+    The first entry with that density and the reference's effective width (so also its Ω) and
+    not made of the reference's own models; None when the study has no such point.
+    """
+    ref = plan.reference.structure
+    if not ref.get("S") or not ref.get("C"):
+        return None
+    density = (1.0 / ref["S"] + 1.0 / ref["C"]) / 2.0
+    own = set(plan.reference.keys.values())
+    for entry in plan.entries:
+        info = entry.structure
+        if (
+            info.get("density") is not None
+            and abs(info["density"] - density) <= 1e-9 * density
+            and info.get("effective_width") == ref.get("effective_width")
+            and not own & set(entry.keys.values())
+        ):
+            return entry.name
+    return None
+
+
+def differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """summary.json's ``differences``, from its tables alone (a stored summary recomputes them).
+
+    See :func:`analysis.studies.differences.study_differences`.
+    """
+    base = summary["baselines"]["seed_to_seed"]
+    baseline = ArmTable("seed_to_seed", _array(base.get("table")), base.get("input_se"))
+    ref_models = set(summary["reference"].get("keys") or [])
+    arms = []
+    for arm in summary["arms"]:
+        stat = arm.get("cka_diagonal") or {}
+        is_ref = bool(ref_models) and set(arm.get("keys") or []) == ref_models
+        arms.append(ArmTable(arm["name"], _array(stat.get("table")), stat.get("input_se"), is_ref))
+    return study_differences(arms, baseline, summary.get("matched"))
+
+
+def _stat(diagonals: Any, table: tuple[np.ndarray | None, float | None]) -> dict[str, Any]:
+    return {**diagonal_summary(diagonals), "table": _json_table(table[0]), "input_se": table[1]}
 
 
 def summary_dict(
@@ -123,17 +189,19 @@ def summary_dict(
 ) -> dict[str, Any]:
     """The summary.json document of issue 12 §6 (plus a few descriptive keys)."""
     matrix = atlas.matrix
+    interval = getattr(atlas, "interval", None)
     refs = list(recs[plan.reference.name])
     reference = _describe(plan.reference, refs)
     arms = []
     for entry in plan.entries:
         rows = list(recs[entry.name])
         item = _describe(entry, rows)
-        item["cka_diagonal"] = diagonal_summary(pair_diagonals(refs, rows, matrix))
+        table = pair_table(refs, rows, matrix, interval)
+        item["cka_diagonal"] = _stat(pair_diagonals(refs, rows, matrix), table)
         arms.append(item)
-    baseline = diagonal_summary(seed_to_seed_diagonals(refs, matrix))
+    baseline = _stat(seed_to_seed_diagonals(refs, matrix), pair_table(refs, refs, matrix, interval))
     spec = plan.spec
-    return {
+    summary = {
         "study": spec.name,
         "description": spec.description,
         "dataset": plan.dataset,
@@ -144,7 +212,10 @@ def summary_dict(
         "reference": reference,
         "arms": arms,
         "baselines": {"seed_to_seed": baseline},
+        "matched": matched_entry(plan),
     }
+    summary["differences"] = differences(summary)
+    return summary
 
 
 def results_table(

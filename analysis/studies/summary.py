@@ -10,9 +10,16 @@ For every entry (the reference, and each arm's grid point) over its seeds:
     key), the mean over layers of the diagonal of their CKA matrix (rows the reference's
     layers); the mean of these pair values and the same t-interval over pairs, plus
     ``per_layer``, the mean over pairs of each diagonal cell. Pairs share models, so they are
-    not independent: read the interval as a description of the spread, not a test.
+    not independent: read the interval as a description of the spread, not a test (the
+    summary's ``differences``, :mod:`analysis.studies.differences`, are the tests).
 ``baselines.seed_to_seed``
     the same over the unordered pairs of reference models of different seeds.
+``table`` (in both)
+    the per-pair values as a table, rows the reference's seeds and columns the entry's (the
+    reference's own for the baseline), ``null`` where a pair is a model with itself, and
+    ``input_se``, the mean over pairs of each pair's image-sampling standard error (from the
+    comparison's bootstrap intervals; ``null`` without them). The differences between arms
+    (:mod:`analysis.studies.differences`) are computed from these tables alone.
 
 The diagonal needs square blocks (equal layer counts); an entry whose models have another
 number of layers than the reference gets ``null`` there.
@@ -33,11 +40,13 @@ __all__ = [
     "ModelRecord",
     "diagonal_summary",
     "pair_diagonals",
+    "pair_table",
     "seed_to_seed_diagonals",
     "t_interval",
 ]
 
 LEVEL = 0.95
+Z975 = float(stats.norm.ppf(0.975))
 
 
 class AtlasLike(Protocol):
@@ -106,6 +115,42 @@ def pair_diagonals(
                 return None
             out.append(diagonal)
     return out
+
+
+Interval = Callable[[str, str], "tuple[np.ndarray, np.ndarray] | None"]
+
+
+def pair_table(
+    references: Sequence[ModelRecord],
+    models: Sequence[ModelRecord],
+    matrix: Matrix,
+    interval: Interval | None = None,
+) -> tuple[np.ndarray | None, float | None]:
+    """(table, input se): mean diagonal CKA per (reference, model) pair, NaN for a model itself.
+
+    The input se is the mean over pairs of the mean over layers of each diagonal cell's
+    bootstrap standard error, (high − low)/(2 · 1.96); None without intervals for every cell.
+    The table is None when the blocks are not square.
+    """
+    table = np.full((len(references), len(models)), np.nan)
+    ses: list[float] = []
+    for i, ref in enumerate(references):
+        for j, other in enumerate(models):
+            if ref.key == other.key:
+                continue
+            diagonal = _diagonal(matrix, ref, other)
+            if diagonal is None:
+                return None, None
+            with np.errstate(all="ignore"):
+                table[i, j] = float(np.nanmean(diagonal)) if np.isfinite(diagonal).any() else np.nan
+            bounds = None if interval is None else interval(ref.name, other.name)
+            if bounds is not None:
+                width = np.diagonal(bounds[1]) - np.diagonal(bounds[0])
+                if width.size and np.isfinite(width).all():
+                    ses.append(float(width.mean()) / (2.0 * Z975))
+    pairs = int(np.isfinite(table).sum())
+    input_se = float(np.mean(ses)) if pairs and len(ses) == pairs else None
+    return table, input_se
 
 
 def seed_to_seed_diagonals(references: Sequence[ModelRecord], matrix: Matrix) -> list[np.ndarray]:

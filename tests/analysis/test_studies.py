@@ -256,7 +256,8 @@ def test_summary_shape_table_and_plots() -> None:
     png = studies.summarize(width, done, FakeAtlas([d["name"] for d in done])).plots["png"]
     from PIL import Image
 
-    assert Image.open(io.BytesIO(png)).size == (640, 420)
+    size = Image.open(io.BytesIO(png)).size  # the plot, and the differences below it
+    assert size[0] == 640 and size[1] > 420
 
 
 def test_unfinished_trainings_are_left_out() -> None:

@@ -203,6 +203,13 @@ def test_builtin_study_through_rest_then_reused(client: TestClient, trainer: Fak
     reused_page = client.get(f"/studies/{second['id']}")  # no training job: all reused
     assert reused_page.status_code == 200
     assert reused_page.text.count('<td class="training-state">reused</td>') == n
+    # Differences: 7 arms against the seed-to-seed baseline, 6 against the matched SW-MLP; with
+    # two reference seeds the baseline has one pair, too few for an interval.
+    assert page.count('<tr data-versus="seed_to_seed"') == 7
+    assert page.count(f'<tr data-versus="sw_mlp[density={MATCHED}]"') == 6
+    assert page.count("no interval (too few seeds)") == 7
+    assert page.count("closer to mixer than sw_mlp[density=") == 6
+    assert [d["versus"] for d in summary["differences"]].count("seed_to_seed") == 7
     assert all(f'href="/models/{i}"' in page for i in model_ids)
     assert "Start a built-in study" in client.get("/studies").text
     # In the comparisons list the atlas is marked as the study's, with a link to it.
