@@ -142,7 +142,8 @@ def _differences_plot(ax: Axes, summary: dict[str, Any]) -> None:
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("difference in mean diagonal CKA (crossed-seed 95 % interval)")
-    ax.legend(fontsize=7, loc="best")
+    if seen:  # a study without differences (one arm, one seed) has nothing to label
+        ax.legend(fontsize=7, loc="best")
     ax.grid(True, axis="x", alpha=0.3)
 
 

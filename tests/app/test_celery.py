@@ -215,7 +215,7 @@ def _one_worker_sha256s(tmp_path: Path) -> dict[str, str]:
 
     import torch
 
-    from analysis import studies
+    from analysis import studies, training_data
     from models.training import train
 
     plan = studies.plan(STUDY, quick=True)
@@ -224,8 +224,9 @@ def _one_worker_sha256s(tmp_path: Path) -> dict[str, str]:
     try:
         out = {}
         for k, t in enumerate(plan.trainings):
+            data = training_data(t.dataset)
             path = train(
-                t.arch, t.dataset, out_dir=tmp_path / f"solo-{k}", name="model", **t.train_kwargs()
+                t.arch, data, out_dir=tmp_path / f"solo-{k}", name="model", **t.train_kwargs()
             )
             out[t.key] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
         return out

@@ -39,8 +39,9 @@ def test_deleting_a_model_removes_its_artifacts_and_keeps_shared_ones(
     ds = digits_id(client)
     first = _compare(client, [a, b], ds)
     after_first = _grams(services)
-    # per batch: the Grams of a and b, and the a-a, a-b, b-b blocks
-    assert len(after_first) == 3 * (2 + 3)
+    # per batch: the Grams of a and b, the a-a, a-b, b-b blocks, and the analytic null's
+    # per-layer numbers of a and of b
+    assert len(after_first) == 3 * (2 + 3 + 2)
     png = client.get(f"/v1/comparisons/{first['id']}/heatmap.png")
     assert png.status_code == 200
     (heatmap,) = services.store.blobs.rglob("*.png")
@@ -49,7 +50,7 @@ def test_deleting_a_model_removes_its_artifacts_and_keeps_shared_ones(
 
     second = _compare(client, [a, c], ds)  # reuses a's Grams and a-a blocks
     after_second = _grams(services)
-    assert len(after_second) == 3 * (3 + 5)  # plus c's Grams, a-c and c-c blocks
+    assert len(after_second) == 3 * (3 + 5 + 3)  # plus c's Grams, a-c, c-c blocks, null numbers
     assert client.get(f"/v1/models/{a}").json()["artifact_bytes"] == sum(
         after_second.values()
     ) + len(png.content)
@@ -59,9 +60,10 @@ def test_deleting_a_model_removes_its_artifacts_and_keeps_shared_ones(
 
     assert client.delete(f"/v1/models/{b}", params={"force": "true"}).status_code == 204
     left = _grams(services)
-    # b's Grams and the a-b and b-b blocks are gone; a's Grams and the a-a blocks, which the
-    # second comparison also references, stay, as does everything the second one wrote.
-    assert len(left) == len(after_second) - 3 * 3
+    # b's Grams, null numbers and the a-b and b-b blocks are gone; a's Grams, null numbers and
+    # the a-a blocks, which the second comparison also references, stay, as does everything the
+    # second one wrote.
+    assert len(left) == len(after_second) - 3 * 4
     assert kept <= set(left) and set(left) <= set(after_second)
     assert not heatmap.exists()
     assert not weights.exists()
@@ -82,7 +84,8 @@ def test_deleting_a_dataset_removes_the_artifacts_over_it(
     _compare(client, [a], digits_id(client))
     before = _grams(services)
     _compare(client, [a], ds)
-    assert len(_grams(services)) == len(before) + 2 * 2  # a's Grams and a-a blocks, 2 batches
+    # a's Grams, a-a blocks and null numbers, 2 batches
+    assert len(_grams(services)) == len(before) + 2 * 3
     assert client.delete(f"/v1/datasets/{ds}", params={"force": "true"}).status_code == 204
     assert _grams(services) == before
 

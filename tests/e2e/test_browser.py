@@ -181,8 +181,8 @@ def test_calibrated_cell_tooltip_summary_and_profile(
     assert f"seed ceiling undefined: {m['undefined_baselines']['seed_ceiling']}" in text
     shot(page, results_dir, "10-calibrated-hover")
 
-    # Cells the null cannot tell apart (p >= 0.05) are hatched, and the legend says so.
-    null_like = sum(p is not None and p >= 0.05 for row in m["p_value"] for p in row)
+    # Cells the null cannot tell apart (q >= 0.05) are hatched, and the legend says so.
+    null_like = sum(q is not None and q >= 0.05 for row in m["q_value"] for q in row)
     assert focus.locator("rect.cell.null-like").count() == null_like
     assert focus.locator("rect.hatch").count() == null_like
     assert page.locator("#null-legend").is_visible()
@@ -193,7 +193,7 @@ def test_calibrated_cell_tooltip_summary_and_profile(
           document.body.appendChild(host);
           const svg = window.CkaHeatmap.draw(host, {
             a: "x", b: "y", rows: ["r0", "r1"], cols: ["c0", "c1"],
-            values: [[0.9, 0.2], [0.3, 0.8]], p_value: [[0.01, 0.2], [0.05, null]],
+            values: [[0.9, 0.2], [0.3, 0.8]], q_value: [[0.01, 0.2], [0.05, null]],
           });
           const out = [...svg.querySelectorAll("rect.cell.null-like")].map(
             (r) => r.dataset.i + "," + r.dataset.j);
