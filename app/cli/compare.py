@@ -83,6 +83,14 @@ def _number(v: float | None, digits: int = 4) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
+def _probability(v: float | None) -> str:
+    """A p- or q-value: three decimals, or its order of magnitude below 0.001 (the analytic
+    null reaches far smaller values than a count of permutations can)."""
+    if v is None or v >= 1e-3:
+        return _number(v, 3)
+    return "<1e-300" if v < 1e-300 else f"{v:.0e}"
+
+
 def _calibration(args: argparse.Namespace) -> Any:
     """The calibration options, validated by the same model as a REST request."""
     from pydantic import ValidationError
@@ -225,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
             init += f" ± {_number(sm.random_init_sd)}"
         print(
             f"{a:<{width}}  {b:<{width}}  {_number(sm.cka):>17}  {ci:>16}  "
-            f"{_number(sm.max_p_value, 3):>6}  {_number(sm.max_q_value, 3):>6}  {init:>20}  "
+            f"{_probability(sm.max_p_value):>6}  {_probability(sm.max_q_value):>6}  {init:>20}  "
             f"{_number(sm.seed_ceiling):>12}  {sm.kind}"
         )
     for warning in atlas.diagnostics.get("warnings", []):
