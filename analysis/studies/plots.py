@@ -26,6 +26,7 @@ from matplotlib import rc_context
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from analysis.plot import plain_text
 
@@ -89,7 +90,7 @@ def _density_plot(ax: Axes, summary: dict[str, Any]) -> None:
     for i, arm in enumerate(others):
         color = f"C{(i + 4) % 10}"
         ax.axhline(arm["cka_diagonal"]["mean"], color=color, linestyle="--", label=arm["name"])
-    ax.set_xscale("log", base=2)
+    _log2_axis(ax)
     ax.set_xlabel("density p of the SW-MLP (log scale)")
     ax.set_ylabel(f"mean diagonal CKA vs {ref['name']}")
 
@@ -109,11 +110,23 @@ def _width_plot(ax: Axes, summary: dict[str, Any]) -> None:
             lower.append(0.0 if low is None else y - low)
             upper.append(0.0 if high is None else high - y)
         ax.errorbar(xs, ys, yerr=[lower, upper], fmt="o-", capsize=3, color=f"C{i}", label=group)
-    ax.set_xscale("log", base=2)
+    _log2_axis(ax)
     omegas = sorted({a["omega"] for arms in groups.values() for a in arms})
     span = f"Ω {omegas[0]:,}–{omegas[-1]:,}" if omegas else "Ω"
     ax.set_xlabel(f"effective width m = S·C (log scale; {span})")
     ax.set_ylabel("test accuracy")
+
+
+def _log2_tick(value: float, _position: int) -> str:
+    return f"{value:g}" if value >= 1 else f"1/{Fraction(1 / value).limit_denominator()}"
+
+
+def _log2_axis(ax: Axes) -> None:
+    """A base-2 log x axis labelled in plain text (1/64, 1/2, 1, 512): matplotlib's own log
+    labels are math text, which every plot here turns off (names are never parsed as math)."""
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(_log2_tick))
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _differences_plot(ax: Axes, summary: dict[str, Any]) -> None:
