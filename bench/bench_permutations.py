@@ -19,15 +19,7 @@ import torch
 
 import analysis
 import models
-
-DEMO = (
-    ("mixer_digits", "mixer_digits", 0),
-    ("sw_mlp_digits", "sw_mlp_digits", 0),
-    ("rp_mixer_digits", "rp_mixer_digits", 0),
-    ("gmlp_digits", "gmlp_digits", 0),
-    ("mlp_digits", "mlp_digits", 0),
-    ("mixer_digits_seed1", "mixer_digits", 1),
-)
+from models.training import ZOO  # the demo's six models: (name, preset, seed)
 
 
 def main() -> None:
@@ -38,7 +30,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    nets = {name: models.create(arch, seed=seed).eval() for name, arch, seed in DEMO}
+    nets = {name: models.create(arch, seed=seed).eval() for name, arch, seed in ZOO}
     data = analysis.load_dataset("digits")  # the test split, as the demo registers it
 
     def run(permutations: int) -> float:
