@@ -107,7 +107,7 @@ def run(
             api_tokens="",
             worker_threads=0,
         )
-        with TestClient(create_app(settings)) as client:
+        with TestClient(create_app(settings), base_url="http://localhost") as client:
             ids = []
             for name, blob in zips.items():
                 r = client.post("/v1/models", files={"hub": (f"{name}.zip", blob)})

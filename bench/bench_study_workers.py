@@ -72,7 +72,7 @@ def run(workers: int, args: argparse.Namespace) -> dict[str, Any]:
             api_tokens="",
             worker_threads=0,
         )
-        with TestClient(create_app(settings)) as client:
+        with TestClient(create_app(settings), base_url="http://localhost") as client:
             procs = [
                 start_worker(settings, f"bench{i}", root / f"w{i}.log") for i in range(workers)
             ]
