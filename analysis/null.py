@@ -104,15 +104,16 @@ def u_centre(g: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     ``Ã_ij = K_ij - r_i/(n-2) - r_j/(n-2) + s/((n-1)(n-2))`` for i ≠ j, with r the row sums and
     s the total of K with its diagonal zeroed (Székely & Rizzo 2014); written as
     ``K_ij - u_i - u_j`` with ``u = r/(n-2) - s/(2(n-1)(n-2))``, two passes in place. Any centring
-    of K gives the same Ã. The copy is in ``dtype`` (default: ``g``'s). Needs n ≥ 3.
+    of K gives the same Ã. The copy, and the row sums, are in ``dtype`` (default: ``g``'s).
+    Needs n ≥ 3.
     """
     n = g.shape[-1]
     k = g.to(dtype or g.dtype, copy=True)
     k.diagonal(dim1=-2, dim2=-1).zero_()
-    r = k.sum(-1, dtype=torch.float64)
+    r = k.sum(-1)
     u = r / (n - 2) - (r.sum(-1, keepdim=True) / (2 * (n - 1) * (n - 2)))
-    k -= u[..., :, None].to(k.dtype)
-    k -= u[..., None, :].to(k.dtype)
+    k -= u[..., :, None]
+    k -= u[..., None, :]
     k.diagonal(dim1=-2, dim2=-1).zero_()
     return k
 
@@ -125,26 +126,29 @@ def layer_invariants(
     ``centred`` (L, n, n): the batch's double-centred Grams HKH as :func:`analysis.hsic.
     centred_rows` gives them (diagonal zeroed for the unbiased estimator, kept for the biased
     one). Q, c, t are those of the U-centred Grams; the diagonal terms (tau, q = Σã², k = Σã³,
-    w, v) are zero for the unbiased estimator. ``dtype``: the precision of the U-centred copy
-    and its products; the engine passes its Grams' (float32: a relative error of ~1e-6 in the
-    moments, far below the permutation noise they replace), sums are float64.
+    w, v) are zero for the unbiased estimator. ``dtype``: the precision of the U-centred copy,
+    its products and their sums over n² entries; the engine passes its Grams' (float32: a
+    relative error of ~1e-6 in the moments, far below the permutation noise they replace, and
+    no float64 copy of the stack).
     """
     n_layers, n, _ = centred.shape
     out = torch.zeros(n_layers, len(_NAMES), dtype=torch.float64, device=centred.device)
     if n >= 4:
         a = u_centre(centred, dtype)
+        flat = a.view(n_layers, n * n)
         sq = a * a
-        out[:, 0] = sq.sum((1, 2), dtype=torch.float64)
-        out[:, 1] = (sq * a).sum((1, 2), dtype=torch.float64)
-        row_sq = sq.sum(2, dtype=torch.float64)  # for w (biased)
+        out[:, 0] = torch.linalg.vecdot(flat, flat)
+        out[:, 1] = torch.linalg.vecdot(sq.view(n_layers, n * n), flat)
+        row_sq = sq.sum(2, dtype=torch.float64) if estimator == "biased" else None  # for w
         torch.bmm(a, a, out=sq)  # t = tr Ã³ = Σ_ij (Ã²)_ij Ã_ij, in sq's buffer
-        out[:, 2] = (sq.mul_(a)).sum((1, 2), dtype=torch.float64)
+        out[:, 2] = torch.linalg.vecdot(sq.view(n_layers, n * n), flat)
     if estimator == "biased" and n >= 3:
         d = centred.diagonal(dim1=1, dim2=2).to(torch.float64)
         tau = d.sum(1)
         dc = d - tau[:, None] / n
         out[:, 3], out[:, 4], out[:, 5] = tau, (dc**2).sum(1), (dc**3).sum(1)
         if n >= 4:
+            assert row_sq is not None
             out[:, 6] = (row_sq * dc).sum(1)
             out[:, 7] = torch.einsum("li,lij,lj->l", dc, a.to(torch.float64), dc)
     elif estimator == "biased":  # n = 2: T_b is the same for both permutations
