@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     if args.train:
-        build_zoo(args.zoo)
+        build_zoo(analysis.training_data("digits"), args.zoo)
     found = [(name, weights_path(args.zoo / name)) for name, _, _ in ZOO]
     nets = {name: models.load(path)[0].eval() for name, path in found if path.exists()}
     data = load_digits("test").x
