@@ -21,7 +21,8 @@ Present only when computed (so an atlas without them serialises as before):
     :mod:`analysis.calibration`); the ``matrices`` entries then carry their blocks too.
 ``effective_dim``, ``top_pc_share``
     per model, per layer: the minibatch participation ratio of the centred Gram and the share
-    of its top component (:mod:`analysis.spectrum`).
+    of its top component (:mod:`analysis.spectrum`): with ``sensitivity=True`` the share of
+    the whole sample's top principal direction, else a batch average.
 ``cka_without_top_pc``
     (L_total, L_total), ``sensitivity=True``: CKA with the *row* layer's top direction removed.
 
@@ -137,7 +138,8 @@ class Atlas:
         return self._per_layer(self.layer_effective_dim, name)
 
     def top_pc_share(self, name: str) -> np.ndarray | None:
-        """Per layer of ``name``: share of the variance in the top component, batch average."""
+        """Per layer of ``name``: share of the variance in the top component (of the whole
+        sample with ``sensitivity=True``, else a batch average)."""
         return self._per_layer(self.layer_top_share, name)
 
     def without_top_pc(self, a: str, b: str | None = None) -> tuple[np.ndarray, np.ndarray] | None:

@@ -39,6 +39,7 @@ __all__ = [
     "cka_from_hsic",
     "hsic_block",
     "hsic_from_grams",
+    "hsic_from_linear_products",
     "hsic_linear_features",
     "hsic_self",
     "undefined_reasons",
@@ -125,7 +126,6 @@ def hsic_linear_features(xs: list[torch.Tensor], estimator: str) -> torch.Tensor
     f_K·f_L = ‖XᵀY‖²_F - k_K·k_L and, because XXᵀ1 = 0, r = -k. Costs n·d_i·d_j per pair
     instead of n²·d per layer, so it pays when every d < n. Runs in float64.
     """
-    n = xs[0].shape[0]
     cs = [x.to(torch.float64) for x in xs]
     cs = [c - c[:1] for c in cs]
     cs = [c - c.mean(0, keepdim=True) for c in cs]
@@ -133,11 +133,21 @@ def hsic_linear_features(xs: list[torch.Tensor], estimator: str) -> torch.Tensor
     for i, a in enumerate(cs):
         for j in range(i, len(cs)):
             ff[i, j] = ff[j, i] = torch.linalg.matrix_norm(a.T @ cs[j]) ** 2
+    k = torch.stack([(c * c).sum(1) for c in cs])
+    h = hsic_from_linear_products(ff, k, k, estimator)
+    return (h + h.T) / 2
+
+
+def hsic_from_linear_products(
+    ff: torch.Tensor, kx: torch.Tensor, ky: torch.Tensor, estimator: str
+) -> torch.Tensor:
+    """HSIC (L_x, L_y) of linear-kernel layers from ``ff[i, j] = ‖X_iᵀY_j‖²_F`` of centred
+    features and their squared row norms ``kx`` (L_x, n), ``ky`` (L_y, n): the identities of
+    :func:`hsic_linear_features`, for callers that form the products their own way."""
+    n = kx.shape[1]
     if estimator == "biased":
         return ff / (n - 1) ** 2
-    k = torch.stack([(c * c).sum(1) for c in cs])
-    h = _combine(ff - k @ k.T, -k, -k, n, estimator)
-    return (h + h.T) / 2
+    return _combine(ff - kx @ ky.T, -kx, -ky, n, estimator)
 
 
 def cka_from_hsic(

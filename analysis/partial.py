@@ -328,7 +328,7 @@ def combine(partials: Sequence[Partial]) -> Atlas:
     selected = {m: list(first.selected[m]) for m in first.names}
     atlas = Atlas(list(first.names), selected, hsic, counters["n"], config, {}, ci_low, ci_high)
     if spectra is not None and config["sensitivity"]:
-        spectra |= _deflated(parts, config)
+        spectra |= _deflated(parts, config, hsic)
     _finish_calibration(atlas, null, spectra, bool(config["sensitivity"]))
     if null_moments is not None:
         atlas.null = summarise_moments(null_moments, atlas.hsic)
@@ -339,8 +339,11 @@ def combine(partials: Sequence[Partial]) -> Atlas:
     return atlas
 
 
-def _deflated(parts: list[Partial], config: dict[str, Any]) -> dict[str, np.ndarray]:
-    """The deflated HSIC sums of the whole sample: every partial's features, in batch order."""
+def _deflated(
+    parts: list[Partial], config: dict[str, Any], hsic: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The deflated HSIC sums of the whole sample (every partial's features, in batch order;
+    ``hsic``: the intact sums) and each layer's whole-sample top-component share."""
     if any(p.features is None or p.sizes is None for p in parts):
         raise AnalysisError("some partials have no features for the sensitivity")
     parts = [p for p in parts if len(np.asarray(p.sizes))]  # a range may have kept no batch
@@ -351,8 +354,10 @@ def _deflated(parts: list[Partial], config: dict[str, Any]) -> dict[str, np.ndar
     ]
     sizes = [int(n) for p in parts for n in np.asarray(p.sizes)]
     kern = CompareOptions.build(kernel=config["kernel"]).parsed_kernel
-    cross, own = whole_sample_sensitivity(features, sizes, kern, config["estimator"])
-    return {"deflated_cross": cross, "deflated_self": own}
+    cross, own, share = whole_sample_sensitivity(
+        features, sizes, kern, config["estimator"], hsic
+    )
+    return {"deflated_cross": cross, "deflated_self": own, "top_share": share}
 
 
 def _finish_calibration(
@@ -368,6 +373,7 @@ def _finish_calibration(
     atlas.layer_effective_dim = spectra["pr"] / count
     atlas.layer_top_share = spectra["share"] / count
     if sensitivity:
+        atlas.layer_top_share = spectra["top_share"]
         drop = cka_from_hsic(
             spectra["deflated_cross"], spectra["deflated_self"], np.diag(atlas.hsic)
         )

@@ -146,7 +146,8 @@ class StreamingRun:
                 sizes, options.permutations, options.seed, self.estimator, device, self.gdtype
             )
         if options.permutations or options.sensitivity:
-            self.spectra = SpectrumAccumulator(total)
+            # with sensitivity the top share is the whole sample's (analysis.spectrum)
+            self.spectra = SpectrumAccumulator(total, self.estimator, top=not options.sensitivity)
         # image-level intervals: sums over images of their per-image HSIC terms
         self.moments: ImageMoments | None = None
         if options.mode == "minibatch" and options.bootstrap and options.interval == "images":
@@ -169,7 +170,7 @@ class StreamingRun:
         if self.null is not None:
             self.null.add(rows, batch=i)
         if self.spectra is not None:
-            self.spectra.add(grams)
+            self.spectra.add(grams, rows)
         if self.moments is not None:
             self.moments.add(rows, self.estimator)
 

@@ -17,7 +17,7 @@ from analysis import AnalysisError, cka_test, random_init_twin
 from analysis.calibration import accumulate_null, summarise_null
 from analysis.hsic import centred_rows
 from analysis.kernels import parse_kernel
-from analysis.spectrum import layer_spectra, whole_sample_sensitivity
+from analysis.spectrum import layer_spectra, top_directions, whole_sample_sensitivity
 
 
 def test_identical_features_give_cka_one_and_the_smallest_p() -> None:
@@ -131,10 +131,37 @@ def test_layer_spectra_of_known_spectra() -> None:
     sv = np.linalg.svd(b - b.mean(0), compute_uv=False) ** 2
     grams = torch.from_numpy(np.stack([(3 * q) @ (3 * q).T, b @ b.T]))
     pr, share = layer_spectra(grams)
+    for estimator in ("biased", "unbiased"):  # ‖HKH‖² from either estimator's centred rows
+        rows = centred_rows(grams, estimator)
+        again, _ = layer_spectra(grams, top=False, rows=rows, estimator=estimator)
+        np.testing.assert_allclose(again, pr, rtol=1e-12)
     assert pr[0].item() == pytest.approx(6, rel=1e-5)
     assert share[0].item() == pytest.approx(1 / 6, rel=1e-4)
     assert pr[1].item() == pytest.approx(sv.sum() ** 2 / (sv**2).sum(), rel=1e-5)
     assert share[1].item() == pytest.approx(sv[0] / sv.sum(), rel=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(300, 200), (120, 400)])
+def test_top_directions_of_wide_layers_match_the_svd(shape: tuple[int, int]) -> None:
+    """Layers wide enough for the Krylov path, the top two variances 1 % apart (trained layers
+    come this close), three of one width solved together, a narrow one and a constant one
+    beside them: each direction is the SVD's to 1e-9 and carries the SVD's share."""
+    rng = np.random.default_rng(5)
+    n, d = shape
+    layers = []
+    for k in range(3):
+        basis, _ = np.linalg.qr(rng.normal(size=(d, d)))
+        sd = np.concatenate([[10.0, 9.95], np.geomspace(4.0, 0.1, d - 2)]) * (k + 1)
+        layers.append(rng.normal(size=(n, d)) / np.sqrt(n) * sd @ basis.T + 3.0)
+    layers += [rng.normal(size=(n, 7)), np.full((n, d), 2.0)]
+    ws, zs, shares = top_directions([torch.from_numpy(x) for x in layers])
+    for x, w, z, share in zip(layers[:4], ws, zs, shares, strict=False):
+        xc = x - x.mean(0)
+        _, sv, vt = np.linalg.svd(xc, full_matrices=False)
+        assert abs(float(w.numpy() @ vt[0])) == pytest.approx(1.0, abs=1e-9)
+        np.testing.assert_allclose(np.abs(z.numpy()), np.abs(xc @ vt[0]), atol=1e-8 * sv[0])
+        assert share == pytest.approx(sv[0] ** 2 / (sv**2).sum(), rel=1e-9)
+    assert np.isnan(shares[4]) and not zs[4].any()
 
 
 def _drop_top(x: np.ndarray) -> np.ndarray:
@@ -155,8 +182,15 @@ def test_one_shared_dominant_direction_is_what_the_sensitivity_removes(
     y = np.hstack([-6 * z, rng.normal(size=(n, 12))])
     grams = torch.from_numpy(np.stack([ref.gram(x, "linear"), ref.gram(y, "linear")]))
     feats = [torch.from_numpy(x), torch.from_numpy(y)]
-    cross, own = whole_sample_sensitivity(feats, [n], parse_kernel("linear"), "unbiased")
-    self_h = [ref.hsic(g, g, "unbiased") for g in grams.numpy()]
+    g = grams.numpy()
+    intact = np.array([[ref.hsic(a, b, "unbiased") for b in g] for a in g])
+    cross, own, share = whole_sample_sensitivity(
+        feats, [n], parse_kernel("linear"), "unbiased", intact
+    )
+    self_h = np.diag(intact)
+    for k, f in enumerate((x, y)):  # the whole sample's top-component share
+        sv = np.linalg.svd(f - f.mean(0), compute_uv=False) ** 2
+        assert share[k] == pytest.approx(sv[0] / sv.sum(), rel=1e-9)
     drop_x = cross[0, 1] / np.sqrt(own[0] * self_h[1])
     drop_y = cross[1, 0] / np.sqrt(own[1] * self_h[0])
     assert ref.cka(x, y) > 0.8
