@@ -25,6 +25,7 @@ dense MLP has Ω = γ·m² at every width, so no grid) and training recipe.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -35,62 +36,37 @@ from timm.layers.drop import DropPath
 from timm.layers.mlp import Mlp
 from timm.layers.patch_embed import PatchEmbed
 from timm.layers.weight_init import lecun_normal_
-from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torch import nn
 
-from models._builder import build_preset, check_divisible, default_cfg
+from models._builder import COMMON_DEFAULTS, Presets, check_divisible
 from models.connections import linear_connections
 from models.errors import ConfigError
-from models.families import Family, Recipe, register_family
+from models.families import Recipe, register_family
 from models.grids import GridPoint, grid_point
 from models.options import structure, validate_config
 from models.schema import MAX_EXPANSION, CommonOptions, tokens, whole
 
 __all__ = [
+    "MLP_PRESETS",
     "SW_MLP_DEFAULTS",
+    "SW_MLP_PRESETS",
     "MaskedLinear",
     "MlpOptions",
     "SparseMlpBlock",
     "SparseWeightMlp",
     "SwMlpOptions",
     "default_density",
-    "mlp_cifar",
-    "mlp_digits",
-    "sw_mlp_cifar",
-    "sw_mlp_digits",
-]
+]  # timm adds the entrypoints
 
-SW_MLP_DEFAULTS: dict[str, Any] = {
-    "img_size": 8,
-    "in_chans": 1,
-    "num_classes": 10,
-    "patch_size": 2,
-    "embed_dim": 32,
-    "num_blocks": 4,
-    "mlp_ratio": 2.0,
-    "density": None,
-    "drop_rate": 0.0,
-    "proj_drop_rate": 0.0,
-    "drop_path_rate": 0.0,
-    "seed": 0,
-}
-
-# digits: the Mixer's S = 16 tokens (2×2 patches of 8×8) and C = 32 channels flatten to width
-# m = 512; γ = 2 and 4 blocks as in mixer_digits. Default p = (1/16 + 1/32)/2 = 3/64, so each
-# 512 × 1024 weight keeps 3/64 · 524288 = 24576 ones: Ω equals mixer_digits' exactly.
-DIGITS = {"img_size": 8, "in_chans": 1, "patch_size": 2, "embed_dim": 32, "num_blocks": 4}
-# cifar: S = C = 64 (4×4 patches of 32×32×3) flatten to m = 4096; γ = 4 and 8 blocks as in
-# mixer_cifar; p = 1/64 keeps 2²⁰ of the 2²⁶ weights of each 4096 × 16384 matrix. At about a
-# billion stored weights (mlp_cifar: all dense) these two are meant for the meta device or a GPU.
-CIFAR = {
-    "img_size": 32,
-    "in_chans": 3,
-    "patch_size": 4,
-    "embed_dim": 64,
-    "num_blocks": 8,
-    "mlp_ratio": 4.0,
-}
+# The shared sizes (models._builder.DIGITS, CIFAR). digits: S = 16 tokens of C = 32 channels
+# flatten to width m = 512; γ = 2 and 4 blocks as in mixer_digits. Default p = (1/16 + 1/32)/2
+# = 3/64, so each 512 × 1024 weight keeps 3/64 · 524288 = 24576 ones: Ω equals mixer_digits'.
+SW_MLP_DEFAULTS: dict[str, Any] = {**COMMON_DEFAULTS, "mlp_ratio": 2.0, "density": None}
+# cifar: S = C = 64 flatten to m = 4096; γ = 4 and 8 blocks as in mixer_cifar; p = 1/64 keeps
+# 2²⁰ of the 2²⁶ weights of each 4096 × 16384 matrix. At about a billion stored weights
+# (mlp_cifar: all dense) these two are meant for the meta device or a GPU.
+_CIFAR = {"mlp_ratio": 4.0}
 
 # LayerNorm as timm's Mixer uses it.
 _LAYER_NORM = partial(nn.LayerNorm, eps=1e-6)
@@ -429,67 +405,16 @@ def _kwargs(variant: str, config: dict[str, Any]) -> dict[str, Any]:
     return dict(config)
 
 
-def _presets(family: str) -> dict[str, dict[str, Any]]:
-    """Default configs of the SW-MLP (density unset: resolved to the Mixer's Ω) or dense MLP."""
-    density = {"density": 1.0} if family == "mlp" else {}
-    return {
-        f"{family}_digits": {**SW_MLP_DEFAULTS, **DIGITS, **density},
-        f"{family}_cifar": {**SW_MLP_DEFAULTS, **CIFAR, **density},
-    }
-
-
-def _create(variant: str, family: str, pretrained: bool, **kwargs: Any) -> nn.Module:
-    return build_preset(
-        variant,
-        family,
-        SparseWeightMlp,
-        _presets(family)[variant],
-        kwargs,
-        partial(_kwargs, variant),
-        pretrained=pretrained,
-    )
-
-
-default_cfgs = generate_default_cfgs(
-    {
-        "sw_mlp_digits": default_cfg((1, 8, 8)),
-        "sw_mlp_cifar": default_cfg((3, 32, 32)),
-        "mlp_digits": default_cfg((1, 8, 8)),
-        "mlp_cifar": default_cfg((3, 32, 32)),
-    }
+# The SW-MLP's presets leave the density unset (resolved to the Mixer's Ω). Tuned with the
+# Mixer's recipe (see models.mixer): it passes 90 % on digits in 15 epochs.
+SW_MLP_PRESETS = Presets("sw_mlp", SwMlpOptions, SparseWeightMlp, _kwargs, SW_MLP_DEFAULTS, _CIFAR)
+SW_MLP_PRESETS.register_with_timm(
+    __name__,
+    sw_mlp_digits="SW-MLP for 8×8 digits: m = 16·32 = 512, γ = 2, p = 3/64, 4 blocks.",
+    sw_mlp_cifar="SW-MLP for 32×32 CIFAR images: m = 64·64 = 4096, γ = 4, p = 1/64, 8 blocks.",
 )
-
-
-@register_model
-def sw_mlp_digits(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """SW-MLP for 8×8 digits: m = 16·32 = 512, γ = 2, p = 3/64, 4 blocks."""
-    return _create("sw_mlp_digits", "sw_mlp", pretrained, **kwargs)
-
-
-@register_model
-def sw_mlp_cifar(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """SW-MLP for 32×32 CIFAR images: m = 64·64 = 4096, γ = 4, p = 1/64, 8 blocks."""
-    return _create("sw_mlp_cifar", "sw_mlp", pretrained, **kwargs)
-
-
-@register_model
-def mlp_digits(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """Dense MLP for 8×8 digits: m = 512, γ = 2, 4 blocks (the SW-MLP block with p = 1)."""
-    return _create("mlp_digits", "mlp", pretrained, **kwargs)
-
-
-@register_model
-def mlp_cifar(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """Dense MLP for 32×32 CIFAR images: m = 4096, γ = 4, 8 blocks; build it on meta or a GPU."""
-    return _create("mlp_cifar", "mlp", pretrained, **kwargs)
-
-
-# Tuned with the Mixer's (see models.mixer): both pass 90 % on digits in 15 epochs.
-register_family(
-    Family(
-        name="sw_mlp",
-        options=SwMlpOptions,
-        presets=_presets("sw_mlp"),
+SW_MLP_FAMILY = register_family(
+    SW_MLP_PRESETS.family(
         recipe=Recipe(epochs=15, lr=1e-3),
         check=_check,
         gamma=_gamma,
@@ -499,17 +424,15 @@ register_family(
         rank=1,
     )
 )
-register_family(
-    Family(
-        name="mlp",
-        options=MlpOptions,
-        presets=_presets("mlp"),
-        recipe=Recipe(epochs=15, lr=1e-3),
-        check=_check,
-        gamma=_gamma,
-        density=_density,
-        block_connections=_block_connections,
-        grid=_no_grid,
-        rank=4,
-    )
+
+# The dense MLP is the SW-MLP family at density 1 (recipe included), with no fixed-Ω grid: its
+# Ω is γ·m² at every width.
+MLP_PRESETS = replace(
+    SW_MLP_PRESETS, name="mlp", options=MlpOptions, defaults={**SW_MLP_DEFAULTS, "density": 1.0}
 )
+MLP_PRESETS.register_with_timm(
+    __name__,
+    mlp_digits="Dense MLP for 8×8 digits: m = 512, γ = 2, 4 blocks (the SW-MLP block, p = 1).",
+    mlp_cifar="Dense MLP for 32×32 CIFAR images: m = 4096, γ = 4, 8 blocks; for meta or a GPU.",
+)
+MLP_FAMILY = register_family(MLP_PRESETS.family(like=SW_MLP_FAMILY, grid=_no_grid, rank=4))
