@@ -24,10 +24,10 @@ dense MLP has Ω = γ·m² at every width, so no grid) and training recipe.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +43,7 @@ from models._builder import COMMON_DEFAULTS, Presets, check_divisible
 from models.connections import linear_connections
 from models.errors import ConfigError
 from models.families import Recipe, register_family
-from models.grids import GridPoint, grid_point
+from models.grids import GridPoint, grid_point, point_solver
 from models.options import structure, validate_config
 from models.schema import MAX_EXPANSION, CommonOptions, tokens, whole
 
@@ -72,6 +72,20 @@ _CIFAR = {"mlp_ratio": 4.0}
 _LAYER_NORM = partial(nn.LayerNorm, eps=1e-6)
 
 
+class Placement(TypedDict, total=False):
+    """Where and in what type a module makes its tensors (timm's ``device`` and ``dtype``)."""
+
+    device: Any
+    dtype: Any
+
+
+def _check_density(density: float) -> float:
+    """``density`` if it is in (0, 1]: a share of the weights kept."""
+    if not 0.0 < density <= 1.0:
+        raise ConfigError(f"density must be in (0, 1], got {density:g}")
+    return density
+
+
 class MaskedLinear(nn.Linear):
     """A linear layer whose weight is multiplied by a fixed 0/1 mask with an exact count of ones.
 
@@ -92,13 +106,10 @@ class MaskedLinear(nn.Linear):
         *,
         generator: torch.Generator,
         bias: bool = True,
-        device: Any = None,
-        dtype: Any = None,
+        **dd: Unpack[Placement],
     ) -> None:
-        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        if not 0.0 < density <= 1.0:
-            raise ConfigError(f"density must be in (0, 1], got {density:g}")
-        self.density = density
+        super().__init__(in_features, out_features, bias=bias, **dd)
+        self.density = _check_density(density)
         numel = in_features * out_features
         self.nnz = max(1, round(density * numel))
         if self.weight.device.type == "meta":
@@ -148,11 +159,9 @@ class SparseMlpBlock(nn.Module):
         act_layer: type[nn.Module] = nn.GELU,
         drop: float = 0.0,
         drop_path: float = 0.0,
-        device: Any = None,
-        dtype: Any = None,
+        **dd: Unpack[Placement],
     ) -> None:
         super().__init__()
-        dd = {"device": device, "dtype": dtype}
         hidden = int(width * mlp_ratio)
         self.norm = norm_layer(width, **dd)
         if density >= 1.0:
@@ -197,18 +206,14 @@ class SparseWeightMlp(nn.Module):
         proj_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         seed: int = 0,
-        device: Any = None,
-        dtype: Any = None,
+        **dd: Unpack[Placement],
     ) -> None:
         super().__init__()
-        if not 0.0 < density <= 1.0:
-            raise ConfigError(f"density must be in (0, 1], got {density:g}")
-        dd = {"device": device, "dtype": dtype}
         self.num_classes = num_classes
         self.in_chans = in_chans
         self.global_pool = "avg"
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
-        self.density = density
+        self.density = _check_density(density)
         self.grad_checkpointing = False
         self.stem = PatchEmbed(img_size, patch_size, in_chans, embed_dim, **dd)
         self.num_tokens = self.stem.num_patches
@@ -354,50 +359,29 @@ def _block_connections(block: Any, s: int, c: int) -> list[int] | None:
     return [linear_connections(block.mlp.fc1), linear_connections(block.mlp.fc2)]
 
 
-def _grid(
-    arch: str,
-    omega: int,
-    fixed: Mapping[str, Any],
-    widths: Sequence[Any] | None,
-    shapes: Sequence[Mapping[str, Any]] | None,
-) -> list[GridPoint]:
-    """For each width m (S from the patching, C = m / S; or an explicit shape) p = Ω / (γ·m²).
+def _width_point(arch: str, omega: int, fixed: Mapping[str, Any], width: Any) -> GridPoint | None:
+    """At width m (S from the patching, C = m / S; or an explicit shape) p = Ω / (γ·m²).
 
-    Each masked weight then keeps round(p·γ·m²) = Ω ones; widths too narrow to hold Ω
-    (p > 1) give no point.
+    Each masked weight then keeps round(p·γ·m²) = Ω ones; a width too narrow to hold Ω
+    (p > 1) gives no point.
     """
-    if not widths:
-        raise ConfigError(f"a fixed-Ω grid of {arch} takes 'widths' (effective widths m)")
     base = validate_config(arch, {**fixed, "density": 1.0})
     s = (base["img_size"] // base["patch_size"]) ** 2
     gamma = float(base["mlp_ratio"])
-    points = []
-    for width in widths:
-        if isinstance(width, Mapping):
-            shape = dict(width)
-            m = int(structure(arch, {**fixed, **shape, "density": 1.0})["effective_width"])
-        else:
-            m = int(width)
-            if m < 1 or m % s:
-                raise ConfigError(
-                    f"width {width} of {arch} is not a positive multiple of its S = {s} tokens"
-                )
-            shape = {"embed_dim": m // s}
-        density = omega / (gamma * m * m)
-        if density > 1.0:
-            continue  # too narrow: even dense, this width has fewer than Ω connections
-        points.append(grid_point(arch, fixed, {**shape, "density": density}, omega))
-    return points
-
-
-def _no_grid(
-    arch: str,
-    omega: int,
-    fixed: Mapping[str, Any],
-    widths: Sequence[Any] | None,
-    shapes: Sequence[Mapping[str, Any]] | None,
-) -> list[GridPoint]:
-    raise ConfigError(f"{arch} has Ω = γ·m² at every width, so it has no fixed-Ω grid")
+    if isinstance(width, Mapping):
+        shape = dict(width)
+        m = int(structure(arch, {**fixed, **shape, "density": 1.0})["effective_width"])
+    else:
+        m = int(width)
+        if m < 1 or m % s:
+            raise ConfigError(
+                f"width {width} of {arch} is not a positive multiple of its S = {s} tokens"
+            )
+        shape = {"embed_dim": m // s}
+    density = omega / (gamma * m * m)
+    if density > 1.0:
+        return None  # too narrow: even dense, this width has fewer than Ω connections
+    return grid_point(arch, fixed, {**shape, "density": density}, omega)
 
 
 def _kwargs(variant: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -420,7 +404,7 @@ SW_MLP_FAMILY = register_family(
         gamma=_gamma,
         density=_density,
         block_connections=_block_connections,
-        grid=_grid,
+        grid=point_solver("widths", "effective widths m", _width_point),
         rank=1,
     )
 )
@@ -435,4 +419,4 @@ MLP_PRESETS.register_with_timm(
     mlp_digits="Dense MLP for 8×8 digits: m = 512, γ = 2, 4 blocks (the SW-MLP block, p = 1).",
     mlp_cifar="Dense MLP for 32×32 CIFAR images: m = 4096, γ = 4, 8 blocks; for meta or a GPU.",
 )
-MLP_FAMILY = register_family(MLP_PRESETS.family(like=SW_MLP_FAMILY, grid=_no_grid, rank=4))
+MLP_FAMILY = register_family(MLP_PRESETS.family(like=SW_MLP_FAMILY, grid=None, rank=4))
