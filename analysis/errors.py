@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from models.errors import InputError
 
 __all__ = ["AnalysisError", "Cancelled", "DatasetError", "EstimatorError", "LayerError"]
 
 
-class AnalysisError(ValueError):
+class AnalysisError(InputError):
     """Base of every user-facing error raised by :mod:`analysis`.
 
-    ``code`` is a stable name for the kind of mistake; the library knows nothing of HTTP, so
-    a service maps codes (or classes) to its own statuses.
+    Its root, :class:`models.errors.InputError`, is the one :mod:`models` (the lower library)
+    defines for its own errors: a stable ``code`` per kind of mistake and no HTTP status.
     """
-
-    code: ClassVar[str] = "invalid_input"
 
 
 class DatasetError(AnalysisError):

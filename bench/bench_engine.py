@@ -27,33 +27,24 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
-from timm.models.mlp_mixer import GatedMlp, MlpMixer, SpatialGatingBlock
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import analysis
+from models import create
 
 BATCH = 256
 LAYERS = [f"blocks.{i}" for i in range(8)]
 
 
 def mixer(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return MlpMixer(num_classes=10, img_size=32, patch_size=4, embed_dim=128, num_blocks=8).eval()
+    """timm's MlpMixer at its default ratios (token hidden C/2, so γt = 1 at S = 64; γc = 4)."""
+    return create("mixer_cifar", embed_dim=128, token_expansion=1.0, seed=seed).eval()
 
 
 def gmlp(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return MlpMixer(
-        num_classes=10,
-        img_size=32,
-        patch_size=4,
-        embed_dim=128,
-        num_blocks=8,
-        mlp_ratio=6,
-        block_layer=SpatialGatingBlock,
-        mlp_layer=GatedMlp,
-    ).eval()
+    """timm's gMLP (MlpMixer with spatial gating blocks), γ = 6."""
+    return create("gmlp_cifar", embed_dim=128, seed=seed).eval()
 
 
 def images(n: int) -> torch.Tensor:

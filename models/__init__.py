@@ -52,7 +52,13 @@ from models.connections import (
     parameter_count,
 )
 from models.data import LabelledImages, TrainingData, dataset_record
-from models.errors import CheckpointError, ConfigError, ModelError, TrainingCancelled
+from models.errors import (
+    CheckpointError,
+    ConfigError,
+    InputError,
+    ModelError,
+    TrainingCancelled,
+)
 from models.factory import create
 from models.families import Family, Recipe, family_of, list_presets, recipe, register_family
 from models.grids import GridPoint, fixed_omega_grid
@@ -72,6 +78,7 @@ __all__ = [
     "ConfigError",
     "Family",
     "GridPoint",
+    "InputError",
     "InputSpec",
     "LabelledImages",
     "ModelError",

@@ -1,20 +1,29 @@
-"""Errors a user can cause: each carries one sentence that says what is wrong."""
+"""Errors a user can cause: each carries one sentence that says what is wrong.
+
+:class:`InputError` is the root both libraries share: :class:`ModelError` is :mod:`models`' base,
+and :mod:`analysis` (the upper library) derives its own base from the same root, so the meaning
+of ``code`` and the rule that a library knows no HTTP are written here once.
+"""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-__all__ = ["CheckpointError", "ConfigError", "ModelError", "TrainingCancelled"]
+__all__ = ["CheckpointError", "ConfigError", "InputError", "ModelError", "TrainingCancelled"]
 
 
-class ModelError(ValueError):
-    """Base of every user-facing error raised by :mod:`models`.
+class InputError(ValueError):
+    """An input a library cannot use: the root of each library's user-facing errors.
 
-    ``code`` is a stable name for the kind of mistake; the library knows nothing of HTTP, so
+    ``code`` is a stable name for the kind of mistake; the libraries know nothing of HTTP, so
     a service maps codes (or classes) to its own statuses.
     """
 
     code: ClassVar[str] = "invalid_input"
+
+
+class ModelError(InputError):
+    """Base of every user-facing error raised by :mod:`models`."""
 
 
 class ConfigError(ModelError):

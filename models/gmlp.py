@@ -19,38 +19,21 @@ from typing import Any
 
 from pydantic import Field
 from timm.layers.mlp import GatedMlp
-from timm.models import MlpMixer, generate_default_cfgs, register_model
+from timm.models import MlpMixer
 from timm.models.mlp_mixer import SpatialGatingBlock
-from torch import nn
 
-from models._builder import build_preset, check_divisible, default_cfg
+from models._builder import COMMON_DEFAULTS, Presets, check_divisible
 from models.connections import linear_connections
-from models.families import Family, Recipe, register_family
+from models.families import Recipe, register_family
 from models.grids import shape_solver
 from models.schema import MAX_EXPANSION, CommonOptions, tokens, whole
 
-__all__ = ["GMLP_DEFAULTS", "GmlpOptions", "gmlp_cifar", "gmlp_digits"]
+__all__ = ["GMLP_DEFAULTS", "GMLP_PRESETS", "GmlpOptions"]  # timm adds the entrypoints
 
-GMLP_DEFAULTS: dict[str, Any] = {
-    "img_size": 8,
-    "in_chans": 1,
-    "num_classes": 10,
-    "patch_size": 2,
-    "embed_dim": 32,
-    "num_blocks": 4,
-    "mlp_ratio": 6.0,
-    "drop_rate": 0.0,
-    "proj_drop_rate": 0.0,
-    "drop_path_rate": 0.0,
-    "seed": 0,
-}
-
-# digits: the Mixer's S = 16 tokens (2×2 patches of 8×8) and C = 32 channels, 4 blocks;
-# γ = 6 is timm's gMLP expansion (gmlp_s16_224) and makes Ω = 6·32·16·(96 + 16)/6 = 57344 whole.
-DIGITS = {"img_size": 8, "in_chans": 1, "patch_size": 2, "embed_dim": 32, "num_blocks": 4}
-# cifar: S = C = 64 (4×4 patches of 32×32×3) like the other cifar presets, γ = 6, 8 blocks;
-# Ω = 6·64·64·256/6 = 2²⁰, the same as mixer_cifar.
-CIFAR = {"img_size": 32, "in_chans": 3, "patch_size": 4, "embed_dim": 64, "num_blocks": 8}
+# The shared sizes (models._builder.DIGITS, CIFAR) with γ = 6, timm's gMLP expansion
+# (gmlp_s16_224). digits: S = 16, C = 32, 4 blocks, Ω = 6·32·16·(96 + 16)/6 = 57344 whole;
+# cifar: S = C = 64, 8 blocks, Ω = 6·64·64·256/6 = 2²⁰, the same as mixer_cifar.
+GMLP_DEFAULTS: dict[str, Any] = {**COMMON_DEFAULTS, "mlp_ratio": 6.0}
 
 
 class GmlpOptions(CommonOptions):
@@ -101,46 +84,14 @@ def _kwargs(variant: str, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _create(variant: str, preset: dict[str, Any], pretrained: bool, **kwargs: Any) -> nn.Module:
-    return build_preset(
-        variant,
-        "gmlp",
-        MlpMixer,
-        {**GMLP_DEFAULTS, **preset},
-        kwargs,
-        lambda config: _kwargs(variant, config),
-        pretrained=pretrained,
-    )
-
-
-default_cfgs = generate_default_cfgs(
-    {
-        "gmlp_digits": default_cfg((1, 8, 8)),
-        "gmlp_cifar": default_cfg((3, 32, 32)),
-    }
+GMLP_PRESETS = Presets("gmlp", GmlpOptions, MlpMixer, _kwargs, GMLP_DEFAULTS)
+GMLP_PRESETS.register_with_timm(
+    __name__,
+    gmlp_digits="gMLP for 8×8 digits: S = 16, C = 32, γ = 6, 4 blocks.",
+    gmlp_cifar="gMLP for 32×32 CIFAR images: S = C = 64, γ = 6, 8 blocks.",
 )
-
-
-@register_model
-def gmlp_digits(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """gMLP for 8×8 digits: S = 16, C = 32, γ = 6, 4 blocks."""
-    return _create("gmlp_digits", DIGITS, pretrained, **kwargs)
-
-
-@register_model
-def gmlp_cifar(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """gMLP for 32×32 CIFAR images: S = C = 64, γ = 6, 8 blocks."""
-    return _create("gmlp_cifar", CIFAR, pretrained, **kwargs)
-
-
 register_family(
-    Family(
-        name="gmlp",
-        options=GmlpOptions,
-        presets={
-            "gmlp_digits": {**GMLP_DEFAULTS, **DIGITS},
-            "gmlp_cifar": {**GMLP_DEFAULTS, **CIFAR},
-        },
+    GMLP_PRESETS.family(
         recipe=Recipe(epochs=30, lr=2e-3),
         check=_check,
         gamma=_gamma,

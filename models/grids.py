@@ -8,6 +8,7 @@ How a family places its points is its own (``Family.grid`` in :mod:`models.famil
 SW-MLP sets the density for each width m, the Mixer-style families solve for C at each
 patching (:func:`shape_solver`: the whole C nearest the root of Ω = a·C² + b·C, among those the
 options allow, whose real Ω is closest; a shape that names ``embed_dim`` is taken as it is).
+Both walk their argument the same way (:func:`point_solver`: one point, or none, per item).
 
 A point whose real Ω is off the target by more than ``tolerance`` (10 % by default) is dropped,
 or kept with ``within_tolerance=False`` when ``keep_all`` is set.
@@ -18,13 +19,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from models.errors import ConfigError
 from models.families import GridSolver, family_of
 from models.options import structure, validate_config
 
-__all__ = ["DEFAULT_TOLERANCE", "GridPoint", "fixed_omega_grid", "grid_point", "shape_solver"]
+__all__ = [
+    "DEFAULT_TOLERANCE",
+    "GridPoint",
+    "PointPlacer",
+    "fixed_omega_grid",
+    "grid_point",
+    "point_solver",
+    "shape_solver",
+]
 
 DEFAULT_TOLERANCE = 0.10
 _SEARCH = 3  # whole values of C tried on either side of the real root
@@ -58,12 +68,40 @@ def grid_point(
     return GridPoint(options=options, omega=int(info["omega"]), target=target, structure=info)
 
 
+# (arch, Ω, fixed options, one width or shape) -> the grid's point there, or None where none fits.
+PointPlacer = Callable[[str, int, Mapping[str, Any], Any], GridPoint | None]
+
+
+def point_solver(walks: str, items: str, place: PointPlacer) -> GridSolver:
+    """A grid solver that places one point (or none) at each item of ``walks``.
+
+    ``walks`` is the argument of :func:`fixed_omega_grid` the family's grid goes along
+    (``"widths"`` or ``"shapes"``), ``items`` says what they are for the error when it is
+    missing, and ``place`` gives the point at one of them (None where no point fits).
+    """
+
+    def solve(
+        arch: str,
+        omega: int,
+        fixed: Mapping[str, Any],
+        widths: Sequence[Any] | None,
+        shapes: Sequence[Mapping[str, Any]] | None,
+    ) -> list[GridPoint]:
+        given = widths if walks == "widths" else shapes
+        if not given:
+            raise ConfigError(f"a fixed-Ω grid of {arch} takes '{walks}' ({items})")
+        found = [place(arch, omega, fixed, item) for item in given]
+        return [p for p in found if p is not None]
+
+    return solve
+
+
 def _nearest_c(
-    arch: str,
-    fixed: Mapping[str, Any],
-    omega: int,
-    shape: Mapping[str, Any],
     coefficients: Callable[[Mapping[str, Any]], tuple[float, float]],
+    arch: str,
+    omega: int,
+    fixed: Mapping[str, Any],
+    shape: Mapping[str, Any],
 ) -> GridPoint | None:
     if "embed_dim" in shape:
         return grid_point(arch, fixed, dict(shape), omega)
@@ -86,20 +124,7 @@ def shape_solver(coefficients: Callable[[Mapping[str, Any]], tuple[float, float]
     ``coefficients(config)`` gives (a, b) at the config's S and expansions; each shape (e.g.
     ``{"patch_size": 4}``) gets the whole C whose real Ω is closest to the target.
     """
-
-    def solve(
-        arch: str,
-        omega: int,
-        fixed: Mapping[str, Any],
-        widths: Sequence[Any] | None,
-        shapes: Sequence[Mapping[str, Any]] | None,
-    ) -> list[GridPoint]:
-        if not shapes:
-            raise ConfigError(f"a fixed-Ω grid of {arch} takes 'shapes' (e.g. patch sizes)")
-        found = [_nearest_c(arch, fixed, omega, shape, coefficients) for shape in shapes]
-        return [p for p in found if p is not None]
-
-    return solve
+    return point_solver("shapes", "e.g. patch sizes", partial(_nearest_c, coefficients))
 
 
 def fixed_omega_grid(

@@ -25,64 +25,41 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field
-from timm.models import MlpMixer, generate_default_cfgs, register_model
+from timm.models import MlpMixer
 from timm.models.mlp_mixer import MixerBlock
-from torch import nn
 
-from models._builder import build_preset, check_divisible, default_cfg
+from models._builder import COMMON_DEFAULTS, Presets, check_divisible
 from models.connections import linear_connections
 from models.errors import ConfigError
-from models.families import Family, Recipe, register_family
+from models.families import Recipe, register_family
 from models.grids import shape_solver
 from models.schema import MAX_EXPANSION, CommonOptions, tokens, whole
 
 __all__ = [
+    "MIXER_CIFAR",
     "MIXER_DEFAULTS",
-    "MIXER_RECIPE",
+    "MIXER_FAMILY",
+    "MIXER_PRESETS",
     "MixerOptions",
     "check_mixer",
     "mixer_block_connections",
-    "mixer_cifar",
-    "mixer_digits",
     "mixer_gamma",
     "mixer_grid",
     "mixer_kwargs",
 ]
 
-# Options shared by the Mixer and the RP-Mixer; presets override the sizes.
+# Options shared by the Mixer and the RP-Mixer, at the shared sizes (models._builder.DIGITS,
+# CIFAR). digits (S = 16, C = 32, m = 512): γt = γc = 2 gives Ω = (γt·C·S² + γc·C²·S)/2 =
+# (16384 + 32768)/2 = 24576 connections per effective layer, which the default SW-MLP
+# (p = (1/S + 1/C)/2 = 3/64) matches exactly: p·γ·m² = 3/64 · 2 · 512² = 24576.
 MIXER_DEFAULTS: dict[str, Any] = {
-    "img_size": 8,
-    "in_chans": 1,
-    "num_classes": 10,
-    "patch_size": 2,
-    "embed_dim": 32,
-    "num_blocks": 4,
+    **COMMON_DEFAULTS,
     "token_expansion": 2.0,
     "channel_expansion": 2.0,
-    "drop_rate": 0.0,
-    "proj_drop_rate": 0.0,
-    "drop_path_rate": 0.0,
-    "seed": 0,
 }
-
-# digits: 8×8×1 images cut into 2×2 patches give S = 16 tokens; C = 32 channels makes the
-# effective width m = S·C = 512 and keeps a 4-block model trainable in seconds on a CPU.
-# γt = γc = 2 gives Ω = (γt·C·S² + γc·C²·S)/2 = (16384 + 32768)/2 = 24576 connections per
-# effective layer, which the default SW-MLP (p = (1/S + 1/C)/2 = 3/64) matches exactly:
-# p·γ·m² = 3/64 · 2 · 512² = 24576.
-DIGITS = {"img_size": 8, "in_chans": 1, "patch_size": 2, "embed_dim": 32, "num_blocks": 4}
-# cifar: 32×32×3 images cut into 4×4 patches give S = 64 tokens and C = 64 channels, the
-# S = C = 64 of the paper's CKA experiment; γ = 4 is the Mixer paper's channel expansion, used
-# for tokens too so the default SW-MLP matches Ω = γ·S·C·(S + C)/2 = 2²⁰; 8 blocks is Mixer-S.
-CIFAR = {
-    "img_size": 32,
-    "in_chans": 3,
-    "patch_size": 4,
-    "embed_dim": 64,
-    "num_blocks": 8,
-    "token_expansion": 4.0,
-    "channel_expansion": 4.0,
-}
+# cifar (S = C = 64): γ = 4 is the Mixer paper's channel expansion, used for tokens too so the
+# default SW-MLP matches Ω = γ·S·C·(S + C)/2 = 2²⁰.
+MIXER_CIFAR: dict[str, Any] = {"token_expansion": 4.0, "channel_expansion": 4.0}
 
 
 class MixerOptions(CommonOptions):
@@ -134,10 +111,6 @@ def _omega_coefficients(config: Mapping[str, Any]) -> tuple[float, float]:
 
 mixer_grid = shape_solver(_omega_coefficients)
 
-# Tuned so that every *_digits preset passes 90 % test accuracy on digits with margin and the
-# whole zoo trains in well under five minutes on a 2-core CPU (see README for the table).
-MIXER_RECIPE = Recipe(epochs=30, lr=3e-3)
-
 
 def _ratio(hidden: float, dim: int, what: str) -> float:
     """timm's ratio r with ``int(r * dim) == hidden`` (nudged up past float rounding)."""
@@ -170,47 +143,18 @@ def mixer_kwargs(variant: str, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _create(variant: str, preset: dict[str, Any], pretrained: bool, **kwargs: Any) -> nn.Module:
-    return build_preset(
-        variant,
-        "mixer",
-        MlpMixer,
-        {**MIXER_DEFAULTS, **preset},
-        kwargs,
-        lambda config: mixer_kwargs(variant, config),
-        pretrained=pretrained,
-    )
-
-
-default_cfgs = generate_default_cfgs(
-    {
-        "mixer_digits": default_cfg((1, 8, 8)),
-        "mixer_cifar": default_cfg((3, 32, 32)),
-    }
+MIXER_PRESETS = Presets("mixer", MixerOptions, MlpMixer, mixer_kwargs, MIXER_DEFAULTS, MIXER_CIFAR)
+MIXER_PRESETS.register_with_timm(
+    __name__,
+    mixer_digits="MLP-Mixer for 8×8 digits: S = 16, C = 32, γt = γc = 2, 4 blocks.",
+    mixer_cifar="MLP-Mixer for 32×32 CIFAR images: S = C = 64, γt = γc = 4, 8 blocks.",
 )
-
-
-@register_model
-def mixer_digits(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """MLP-Mixer for 8×8 digits: S = 16, C = 32, γt = γc = 2, 4 blocks."""
-    return _create("mixer_digits", DIGITS, pretrained, **kwargs)
-
-
-@register_model
-def mixer_cifar(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """MLP-Mixer for 32×32 CIFAR images: S = C = 64, γt = γc = 4, 8 blocks."""
-    return _create("mixer_cifar", CIFAR, pretrained, **kwargs)
-
-
-register_family(
-    Family(
-        name="mixer",
-        options=MixerOptions,
-        presets={
-            "mixer_digits": {**MIXER_DEFAULTS, **DIGITS},
-            "mixer_cifar": {**MIXER_DEFAULTS, **CIFAR},
-        },
-        recipe=MIXER_RECIPE,
+# The recipe (the RP-Mixer's too) is tuned so that every *_digits preset passes 90 % test
+# accuracy on digits with margin and the whole zoo trains in well under five minutes on a
+# 2-core CPU (see README for the table).
+MIXER_FAMILY = register_family(
+    MIXER_PRESETS.family(
+        recipe=Recipe(epochs=30, lr=3e-3),
         check=check_mixer,
         gamma=mixer_gamma,
         block_connections=mixer_block_connections,

@@ -17,35 +17,24 @@ token permutation set to the transposition and the channel permutation to the id
 block *is* timm's :class:`~timm.models.mlp_mixer.MixerBlock`, which the tests check.
 
 The permutations do not change the weights' sizes, so the family takes the Mixer's options,
-checks, γ, Ω (an RP-Mixer block is a MixerBlock) and fixed-Ω grid; it registers its own presets
-and recipe.
+checks, γ, Ω (an RP-Mixer block is a MixerBlock) and fixed-Ω grid: its record,
+recipe included, is :data:`models.mixer.MIXER_FAMILY` with its own presets and rank.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import torch
-from timm.models import MlpMixer, generate_default_cfgs, register_model
 from timm.models.mlp_mixer import MixerBlock
 from torch import nn
 
-from models._builder import build_preset, default_cfg
-from models.families import Family, Recipe, register_family
-from models.mixer import (
-    CIFAR,
-    DIGITS,
-    MIXER_DEFAULTS,
-    MixerOptions,
-    check_mixer,
-    mixer_block_connections,
-    mixer_gamma,
-    mixer_grid,
-    mixer_kwargs,
-)
+from models.families import register_family
+from models.mixer import MIXER_FAMILY, MIXER_PRESETS, mixer_kwargs
 
-__all__ = ["RandomPermutedMixerBlock", "rp_mixer_cifar", "rp_mixer_digits"]
+__all__ = ["RP_MIXER_PRESETS", "RandomPermutedMixerBlock"]  # timm adds the entrypoints
 
 
 class RandomPermutedMixerBlock(MixerBlock):
@@ -114,51 +103,11 @@ def _kwargs(variant: str, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _create(variant: str, preset: dict[str, Any], pretrained: bool, **kwargs: Any) -> nn.Module:
-    return build_preset(
-        variant,
-        "rp_mixer",
-        MlpMixer,
-        {**MIXER_DEFAULTS, **preset},
-        kwargs,
-        lambda config: _kwargs(variant, config),
-        pretrained=pretrained,
-    )
-
-
-default_cfgs = generate_default_cfgs(
-    {
-        "rp_mixer_digits": default_cfg((1, 8, 8)),
-        "rp_mixer_cifar": default_cfg((3, 32, 32)),
-    }
+# The Mixer's presets (sizes, options) under the RP-Mixer's name and with its blocks.
+RP_MIXER_PRESETS = replace(MIXER_PRESETS, name="rp_mixer", translate=_kwargs)
+RP_MIXER_PRESETS.register_with_timm(
+    __name__,
+    rp_mixer_digits="RP-Mixer at the sizes of ``mixer_digits`` (S = 16, C = 32, γ = 2, 4 blocks).",
+    rp_mixer_cifar="RP-Mixer at the sizes of ``mixer_cifar`` (S = C = 64, γ = 4, 8 blocks).",
 )
-
-
-@register_model
-def rp_mixer_digits(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """RP-Mixer with the sizes of ``mixer_digits`` (S = 16, C = 32, γ = 2, 4 blocks)."""
-    return _create("rp_mixer_digits", DIGITS, pretrained, **kwargs)
-
-
-@register_model
-def rp_mixer_cifar(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """RP-Mixer with the sizes of ``mixer_cifar`` (S = C = 64, γ = 4, 8 blocks)."""
-    return _create("rp_mixer_cifar", CIFAR, pretrained, **kwargs)
-
-
-register_family(
-    Family(
-        name="rp_mixer",
-        options=MixerOptions,
-        presets={
-            "rp_mixer_digits": {**MIXER_DEFAULTS, **DIGITS},
-            "rp_mixer_cifar": {**MIXER_DEFAULTS, **CIFAR},
-        },
-        recipe=Recipe(epochs=30, lr=3e-3),
-        check=check_mixer,
-        gamma=mixer_gamma,
-        block_connections=mixer_block_connections,
-        grid=mixer_grid,
-        rank=2,
-    )
-)
+register_family(RP_MIXER_PRESETS.family(like=MIXER_FAMILY, rank=2))

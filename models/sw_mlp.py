@@ -24,9 +24,10 @@ dense MLP has Ω = γ·m² at every width, so no grid) and training recipe.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 import torch.nn.functional as F
@@ -35,65 +36,54 @@ from timm.layers.drop import DropPath
 from timm.layers.mlp import Mlp
 from timm.layers.patch_embed import PatchEmbed
 from timm.layers.weight_init import lecun_normal_
-from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torch import nn
 
-from models._builder import build_preset, check_divisible, default_cfg
+from models._builder import COMMON_DEFAULTS, Presets, check_divisible
 from models.connections import linear_connections
 from models.errors import ConfigError
-from models.families import Family, Recipe, register_family
-from models.grids import GridPoint, grid_point
+from models.families import Recipe, register_family
+from models.grids import GridPoint, grid_point, point_solver
 from models.options import structure, validate_config
 from models.schema import MAX_EXPANSION, CommonOptions, tokens, whole
 
 __all__ = [
+    "MLP_PRESETS",
     "SW_MLP_DEFAULTS",
+    "SW_MLP_PRESETS",
     "MaskedLinear",
     "MlpOptions",
     "SparseMlpBlock",
     "SparseWeightMlp",
     "SwMlpOptions",
     "default_density",
-    "mlp_cifar",
-    "mlp_digits",
-    "sw_mlp_cifar",
-    "sw_mlp_digits",
-]
+]  # timm adds the entrypoints
 
-SW_MLP_DEFAULTS: dict[str, Any] = {
-    "img_size": 8,
-    "in_chans": 1,
-    "num_classes": 10,
-    "patch_size": 2,
-    "embed_dim": 32,
-    "num_blocks": 4,
-    "mlp_ratio": 2.0,
-    "density": None,
-    "drop_rate": 0.0,
-    "proj_drop_rate": 0.0,
-    "drop_path_rate": 0.0,
-    "seed": 0,
-}
-
-# digits: the Mixer's S = 16 tokens (2×2 patches of 8×8) and C = 32 channels flatten to width
-# m = 512; γ = 2 and 4 blocks as in mixer_digits. Default p = (1/16 + 1/32)/2 = 3/64, so each
-# 512 × 1024 weight keeps 3/64 · 524288 = 24576 ones: Ω equals mixer_digits' exactly.
-DIGITS = {"img_size": 8, "in_chans": 1, "patch_size": 2, "embed_dim": 32, "num_blocks": 4}
-# cifar: S = C = 64 (4×4 patches of 32×32×3) flatten to m = 4096; γ = 4 and 8 blocks as in
-# mixer_cifar; p = 1/64 keeps 2²⁰ of the 2²⁶ weights of each 4096 × 16384 matrix. At about a
-# billion stored weights (mlp_cifar: all dense) these two are meant for the meta device or a GPU.
-CIFAR = {
-    "img_size": 32,
-    "in_chans": 3,
-    "patch_size": 4,
-    "embed_dim": 64,
-    "num_blocks": 8,
-    "mlp_ratio": 4.0,
-}
+# The shared sizes (models._builder.DIGITS, CIFAR). digits: S = 16 tokens of C = 32 channels
+# flatten to width m = 512; γ = 2 and 4 blocks as in mixer_digits. Default p = (1/16 + 1/32)/2
+# = 3/64, so each 512 × 1024 weight keeps 3/64 · 524288 = 24576 ones: Ω equals mixer_digits'.
+SW_MLP_DEFAULTS: dict[str, Any] = {**COMMON_DEFAULTS, "mlp_ratio": 2.0, "density": None}
+# cifar: S = C = 64 flatten to m = 4096; γ = 4 and 8 blocks as in mixer_cifar; p = 1/64 keeps
+# 2²⁰ of the 2²⁶ weights of each 4096 × 16384 matrix. At about a billion stored weights
+# (mlp_cifar: all dense) these two are meant for the meta device or a GPU.
+_CIFAR = {"mlp_ratio": 4.0}
 
 # LayerNorm as timm's Mixer uses it.
 _LAYER_NORM = partial(nn.LayerNorm, eps=1e-6)
+
+
+class Placement(TypedDict, total=False):
+    """Where and in what type a module makes its tensors (timm's ``device`` and ``dtype``)."""
+
+    device: Any
+    dtype: Any
+
+
+def _check_density(density: float) -> float:
+    """``density`` if it is in (0, 1]: a share of the weights kept."""
+    if not 0.0 < density <= 1.0:
+        raise ConfigError(f"density must be in (0, 1], got {density:g}")
+    return density
 
 
 class MaskedLinear(nn.Linear):
@@ -116,13 +106,10 @@ class MaskedLinear(nn.Linear):
         *,
         generator: torch.Generator,
         bias: bool = True,
-        device: Any = None,
-        dtype: Any = None,
+        **dd: Unpack[Placement],
     ) -> None:
-        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        if not 0.0 < density <= 1.0:
-            raise ConfigError(f"density must be in (0, 1], got {density:g}")
-        self.density = density
+        super().__init__(in_features, out_features, bias=bias, **dd)
+        self.density = _check_density(density)
         numel = in_features * out_features
         self.nnz = max(1, round(density * numel))
         if self.weight.device.type == "meta":
@@ -172,11 +159,9 @@ class SparseMlpBlock(nn.Module):
         act_layer: type[nn.Module] = nn.GELU,
         drop: float = 0.0,
         drop_path: float = 0.0,
-        device: Any = None,
-        dtype: Any = None,
+        **dd: Unpack[Placement],
     ) -> None:
         super().__init__()
-        dd = {"device": device, "dtype": dtype}
         hidden = int(width * mlp_ratio)
         self.norm = norm_layer(width, **dd)
         if density >= 1.0:
@@ -221,18 +206,14 @@ class SparseWeightMlp(nn.Module):
         proj_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         seed: int = 0,
-        device: Any = None,
-        dtype: Any = None,
+        **dd: Unpack[Placement],
     ) -> None:
         super().__init__()
-        if not 0.0 < density <= 1.0:
-            raise ConfigError(f"density must be in (0, 1], got {density:g}")
-        dd = {"device": device, "dtype": dtype}
         self.num_classes = num_classes
         self.in_chans = in_chans
         self.global_pool = "avg"
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
-        self.density = density
+        self.density = _check_density(density)
         self.grad_checkpointing = False
         self.stem = PatchEmbed(img_size, patch_size, in_chans, embed_dim, **dd)
         self.num_tokens = self.stem.num_patches
@@ -378,50 +359,29 @@ def _block_connections(block: Any, s: int, c: int) -> list[int] | None:
     return [linear_connections(block.mlp.fc1), linear_connections(block.mlp.fc2)]
 
 
-def _grid(
-    arch: str,
-    omega: int,
-    fixed: Mapping[str, Any],
-    widths: Sequence[Any] | None,
-    shapes: Sequence[Mapping[str, Any]] | None,
-) -> list[GridPoint]:
-    """For each width m (S from the patching, C = m / S; or an explicit shape) p = Ω / (γ·m²).
+def _width_point(arch: str, omega: int, fixed: Mapping[str, Any], width: Any) -> GridPoint | None:
+    """At width m (S from the patching, C = m / S; or an explicit shape) p = Ω / (γ·m²).
 
-    Each masked weight then keeps round(p·γ·m²) = Ω ones; widths too narrow to hold Ω
-    (p > 1) give no point.
+    Each masked weight then keeps round(p·γ·m²) = Ω ones; a width too narrow to hold Ω
+    (p > 1) gives no point.
     """
-    if not widths:
-        raise ConfigError(f"a fixed-Ω grid of {arch} takes 'widths' (effective widths m)")
     base = validate_config(arch, {**fixed, "density": 1.0})
     s = (base["img_size"] // base["patch_size"]) ** 2
     gamma = float(base["mlp_ratio"])
-    points = []
-    for width in widths:
-        if isinstance(width, Mapping):
-            shape = dict(width)
-            m = int(structure(arch, {**fixed, **shape, "density": 1.0})["effective_width"])
-        else:
-            m = int(width)
-            if m < 1 or m % s:
-                raise ConfigError(
-                    f"width {width} of {arch} is not a positive multiple of its S = {s} tokens"
-                )
-            shape = {"embed_dim": m // s}
-        density = omega / (gamma * m * m)
-        if density > 1.0:
-            continue  # too narrow: even dense, this width has fewer than Ω connections
-        points.append(grid_point(arch, fixed, {**shape, "density": density}, omega))
-    return points
-
-
-def _no_grid(
-    arch: str,
-    omega: int,
-    fixed: Mapping[str, Any],
-    widths: Sequence[Any] | None,
-    shapes: Sequence[Mapping[str, Any]] | None,
-) -> list[GridPoint]:
-    raise ConfigError(f"{arch} has Ω = γ·m² at every width, so it has no fixed-Ω grid")
+    if isinstance(width, Mapping):
+        shape = dict(width)
+        m = int(structure(arch, {**fixed, **shape, "density": 1.0})["effective_width"])
+    else:
+        m = int(width)
+        if m < 1 or m % s:
+            raise ConfigError(
+                f"width {width} of {arch} is not a positive multiple of its S = {s} tokens"
+            )
+        shape = {"embed_dim": m // s}
+    density = omega / (gamma * m * m)
+    if density > 1.0:
+        return None  # too narrow: even dense, this width has fewer than Ω connections
+    return grid_point(arch, fixed, {**shape, "density": density}, omega)
 
 
 def _kwargs(variant: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -429,87 +389,33 @@ def _kwargs(variant: str, config: dict[str, Any]) -> dict[str, Any]:
     return dict(config)
 
 
-def _presets(family: str) -> dict[str, dict[str, Any]]:
-    """Default configs of the SW-MLP (density unset: resolved to the Mixer's Ω) or dense MLP."""
-    density = {"density": 1.0} if family == "mlp" else {}
-    return {
-        f"{family}_digits": {**SW_MLP_DEFAULTS, **DIGITS, **density},
-        f"{family}_cifar": {**SW_MLP_DEFAULTS, **CIFAR, **density},
-    }
-
-
-def _create(variant: str, family: str, pretrained: bool, **kwargs: Any) -> nn.Module:
-    return build_preset(
-        variant,
-        family,
-        SparseWeightMlp,
-        _presets(family)[variant],
-        kwargs,
-        partial(_kwargs, variant),
-        pretrained=pretrained,
-    )
-
-
-default_cfgs = generate_default_cfgs(
-    {
-        "sw_mlp_digits": default_cfg((1, 8, 8)),
-        "sw_mlp_cifar": default_cfg((3, 32, 32)),
-        "mlp_digits": default_cfg((1, 8, 8)),
-        "mlp_cifar": default_cfg((3, 32, 32)),
-    }
+# The two families of this module. The SW-MLP's presets leave the density unset (resolved to
+# the Mixer's Ω); its recipe, tuned with the Mixer's (see models.mixer), passes 90 % on digits in
+# 15 epochs. The dense MLP is the SW-MLP family at density 1 (recipe included), with no fixed-Ω
+# grid: its Ω is γ·m² at every width.
+SW_MLP_PRESETS = Presets("sw_mlp", SwMlpOptions, SparseWeightMlp, _kwargs, SW_MLP_DEFAULTS, _CIFAR)
+MLP_PRESETS = replace(
+    SW_MLP_PRESETS, name="mlp", options=MlpOptions, defaults={**SW_MLP_DEFAULTS, "density": 1.0}
 )
-
-
-@register_model
-def sw_mlp_digits(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """SW-MLP for 8×8 digits: m = 16·32 = 512, γ = 2, p = 3/64, 4 blocks."""
-    return _create("sw_mlp_digits", "sw_mlp", pretrained, **kwargs)
-
-
-@register_model
-def sw_mlp_cifar(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """SW-MLP for 32×32 CIFAR images: m = 64·64 = 4096, γ = 4, p = 1/64, 8 blocks."""
-    return _create("sw_mlp_cifar", "sw_mlp", pretrained, **kwargs)
-
-
-@register_model
-def mlp_digits(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """Dense MLP for 8×8 digits: m = 512, γ = 2, 4 blocks (the SW-MLP block with p = 1)."""
-    return _create("mlp_digits", "mlp", pretrained, **kwargs)
-
-
-@register_model
-def mlp_cifar(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """Dense MLP for 32×32 CIFAR images: m = 4096, γ = 4, 8 blocks; build it on meta or a GPU."""
-    return _create("mlp_cifar", "mlp", pretrained, **kwargs)
-
-
-# Tuned with the Mixer's (see models.mixer): both pass 90 % on digits in 15 epochs.
-register_family(
-    Family(
-        name="sw_mlp",
-        options=SwMlpOptions,
-        presets=_presets("sw_mlp"),
-        recipe=Recipe(epochs=15, lr=1e-3),
-        check=_check,
-        gamma=_gamma,
-        density=_density,
-        block_connections=_block_connections,
-        grid=_grid,
-        rank=1,
-    )
+SW_MLP_FAMILY = SW_MLP_PRESETS.family(
+    recipe=Recipe(epochs=15, lr=1e-3),
+    check=_check,
+    gamma=_gamma,
+    density=_density,
+    block_connections=_block_connections,
+    grid=point_solver("widths", "effective widths m", _width_point),
+    rank=1,
 )
-register_family(
-    Family(
-        name="mlp",
-        options=MlpOptions,
-        presets=_presets("mlp"),
-        recipe=Recipe(epochs=15, lr=1e-3),
-        check=_check,
-        gamma=_gamma,
-        density=_density,
-        block_connections=_block_connections,
-        grid=_no_grid,
-        rank=4,
-    )
+MLP_FAMILY = MLP_PRESETS.family(like=SW_MLP_FAMILY, grid=None, rank=4)
+register_family(SW_MLP_FAMILY)
+register_family(MLP_FAMILY)
+SW_MLP_PRESETS.register_with_timm(
+    __name__,
+    sw_mlp_digits="SW-MLP for 8×8 digits: m = 16·32 = 512, γ = 2, p = 3/64, 4 blocks.",
+    sw_mlp_cifar="SW-MLP for 32×32 CIFAR images: m = 64·64 = 4096, γ = 4, p = 1/64, 8 blocks.",
+)
+MLP_PRESETS.register_with_timm(
+    __name__,
+    mlp_digits="Dense MLP for 8×8 digits: m = 512, γ = 2, 4 blocks (the SW-MLP block, p = 1).",
+    mlp_cifar="Dense MLP for 32×32 CIFAR images: m = 4096, γ = 4, 8 blocks; for meta or a GPU.",
 )

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from timm.models.mlp_mixer import GatedMlp, MlpMixer, SpatialGatingBlock
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -23,25 +22,27 @@ from analysis import (
     default_layers,
     resolve_layers,
 )
+from models import create
+
+# timm MlpMixers on 16×16×3 images in 4×4 patches (S = 16 tokens of C = 32 channels), built by
+# the project's families: the Mixer with timm's default ratios (γt = C/(2S) = 1, γc = 4), the
+# gMLP with its γ = 6.
+SIZES = {"img_size": 16, "in_chans": 3, "patch_size": 4, "embed_dim": 32}
 
 
-def mixer(seed: int = 0, blocks: int = 3) -> MlpMixer:
-    torch.manual_seed(seed)
-    return MlpMixer(num_classes=10, img_size=16, patch_size=4, embed_dim=32, num_blocks=blocks)
-
-
-def gmlp(seed: int = 0) -> MlpMixer:
-    torch.manual_seed(seed)
-    return MlpMixer(
-        num_classes=10,
-        img_size=16,
-        patch_size=4,
-        embed_dim=32,
-        num_blocks=2,
-        mlp_ratio=6,
-        block_layer=SpatialGatingBlock,
-        mlp_layer=GatedMlp,
+def mixer(seed: int = 0, blocks: int = 3) -> nn.Module:
+    return create(
+        "mixer_digits",
+        **SIZES,
+        num_blocks=blocks,
+        token_expansion=1.0,
+        channel_expansion=4.0,
+        seed=seed,
     )
+
+
+def gmlp(seed: int = 0) -> nn.Module:
+    return create("gmlp_digits", **SIZES, num_blocks=2, seed=seed)
 
 
 @pytest.fixture(scope="module")
