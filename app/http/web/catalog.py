@@ -13,7 +13,7 @@ from fastapi.responses import Response
 import models
 from analysis.images import thumbnail
 from analysis.sources import image_files
-from app.http.api.deps import comparison_view
+from app.http.api.views import comparison_view
 from app.http.web.auth import AuthState, page_reader
 from app.http.web.common import (
     PAGE_SIZE,

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from sqlalchemy import select
 
-from app.http.api.deps import comparison_view
+from app.http.api.views import comparison_view
 from app.http.web.auth import AuthState, page_reader
 from app.http.web.common import (
     PAGE_SIZE,
