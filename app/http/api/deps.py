@@ -29,6 +29,7 @@ __all__ = [
     "TrainingId",
     "api_router",
     "get_services",
+    "not_finished",
     "not_found",
 ]
 
@@ -82,3 +83,8 @@ Paging = Annotated[PageAt, Depends(page_at)]
 
 def not_found(kind: str, ident: int | str) -> ProblemError:
     return ProblemError(404, "not_found", f"{kind} {ident} does not exist")
+
+
+def not_finished(kind: str, ident: int, status: object, what: str) -> ProblemError:
+    """The 409 of asking for what a job has not produced (yet): its ``status`` says why."""
+    return ProblemError(409, "not_finished", f"{kind} {ident} is {status}; it has no {what} yet")

@@ -20,7 +20,7 @@ from sqlalchemy.orm import defer
 
 from analysis import Atlas
 from analysis.plot import render_atlas
-from app.http.api.deps import ComparisonId, Svc, api_router
+from app.http.api.deps import ComparisonId, Svc, api_router, not_finished
 from app.http.api.rows import row_or_404
 from app.http.problems import ProblemError
 from app.http.schemas import MatrixOut
@@ -94,11 +94,7 @@ def _finished(services: Svc, comparison_id: int, *, load_result: bool = True) ->
     with services.db.session(readonly=True) as s:
         cmp = row_or_404(s, Comparison, comparison_id, options=options)
         if (cmp.result if load_result else cmp.result_sha256) is None:
-            raise ProblemError(
-                409,
-                "not_finished",
-                f"comparison {comparison_id} is {cmp.job.status}; it has no result yet",
-            )
+            raise not_finished("comparison", comparison_id, cmp.job.status, "result")
         return cmp
 
 

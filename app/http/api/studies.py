@@ -8,10 +8,9 @@ from fastapi import Path, Query, Response, status
 from sqlalchemy import select
 from sqlalchemy.orm import object_session
 
-from app.http.api.deps import Paging, StatusFilter, Svc, api_router
+from app.http.api.deps import Paging, StatusFilter, Svc, api_router, not_finished
 from app.http.api.rows import cancel_job_of, each, listing, row_or_404, view_of
 from app.http.api.views import job_fields
-from app.http.problems import ProblemError
 from app.http.schemas import ID_MAX, Page, StudyIn, StudyOut
 from app.http.security import READ, WRITE
 from app.jobs.studies import submit_study
@@ -156,11 +155,7 @@ def cancel_study(services: Svc, study_id: StudyId) -> dict[str, Any]:
 def _finished(services: Svc, study_id: int) -> Study:
     study = _get(services, study_id)
     if study.summary is None or study.artifacts is None:
-        raise ProblemError(
-            409,
-            "not_finished",
-            f"study {study_id} is {study.job.status}; it has no results yet",
-        )
+        raise not_finished("study", study_id, study.job.status, "results")
     return study
 
 

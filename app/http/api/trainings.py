@@ -33,11 +33,7 @@ def create_training(services: Svc, body: TrainingIn, response: Response) -> dict
 
 
 @router.get("", response_model=Page[TrainingOut], **READ)
-def list_trainings(
-    services: Svc,
-    at: Paging,
-    status_: StatusFilter = None,
-) -> dict[str, Any]:
+def list_trainings(services: Svc, at: Paging, status_: StatusFilter = None) -> dict[str, Any]:
     return listing(services, at, repository.list_trainings, each(training_view), status=status_)
 
 
