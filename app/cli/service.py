@@ -7,6 +7,7 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+from app.cli.commands import command
 from app.logs import configure_logging, uvicorn_log_config
 
 if TYPE_CHECKING:  # the service stack is imported by the commands that run it
@@ -208,14 +209,15 @@ def _orientation(settings: Any, comparison_id: int) -> str:
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("serve", help="Run the REST API (and the in-process worker).")
+    p = command(subparsers, "serve", run_serve, "Run the REST API (and the in-process worker).")
     p.add_argument("--host", default=None, help="Bind address (default CKA_HOST, 127.0.0.1).")
     p.add_argument("--port", type=int, default=None, help="Port (default CKA_PORT, 8000).")
-    p.set_defaults(func=run_serve)
 
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "worker",
-        help="Run jobs: a Celery worker when CKA_BROKER_URL is set, else a database poller.",
+        run_worker,
+        "Run jobs: a Celery worker when CKA_BROKER_URL is set, else a database poller.",
     )
     p.add_argument("--threads", type=int, default=None, help="Poller threads (no broker).")
     p.add_argument(
@@ -224,16 +226,15 @@ def register(subparsers: Any) -> None:
         help="Worker name (CKA_WORKER_NAME): the Celery node name NAME@host, so several "
         "workers can run on one host, and part of the worker id jobs record.",
     )
-    p.set_defaults(func=run_worker)
 
-    p = subparsers.add_parser("db", help="Database schema: upgrade or show the revision.")
+    p = command(subparsers, "db", run_db, "Database schema: upgrade or show the revision.")
     p.add_argument("db_command", choices=("upgrade", "current"))
-    p.set_defaults(func=run_db)
 
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "demo",
-        help="Register the demo zoo (training it if missing) and queue its atlas over digits.",
+        run_demo,
+        "Register the demo zoo (training it if missing) and queue its atlas over digits.",
     )
     p.add_argument("--zoo", default="zoo", help="Zoo directory (default ./zoo).")
     p.add_argument("--quiet", action="store_true", help="No progress bars.")
-    p.set_defaults(func=run_demo)

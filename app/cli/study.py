@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.cli.commands import command, no_progress_flag
+
 __all__ = ["register"]
 
 POLL_S = 0.25
@@ -25,27 +27,29 @@ POLL_S = 0.25
 
 def register(subparsers: Any) -> None:
     """Add ``study run`` and ``study list`` to the ``cka-atlas`` parser."""
-    study = subparsers.add_parser(
+    study = command(
+        subparsers,
         "study",
-        help="run a study (sweeps × seeds → summary, table, plot) or list the stored ones",
-        description="Studies: the fixed-Ω experiments of Hayase & Karakida as one command.",
+        None,
+        "run a study (sweeps × seeds → summary, table, plot) or list the stored ones",
+        "Studies: the fixed-Ω experiments of Hayase & Karakida as one command.",
     )
     sub = study.add_subparsers(dest="study_command", metavar="ACTION", required=True)
-    run = sub.add_parser(
+    run = command(
+        sub,
         "run",
-        help="run a built-in study (sparsity, width) or a YAML/JSON spec file",
-        description="Train (or reuse) every model of the study, compare them once, and write "
+        run_study_command,
+        "run a built-in study (sparsity, width) or a YAML/JSON spec file",
+        "Train (or reuse) every model of the study, compare them once, and write "
         "DIR/summary.json, DIR/results.csv, DIR/plot.png and DIR/plot.svg.",
     )
     run.add_argument("study", metavar="NAME_OR_SPEC_FILE", help="sparsity, width, or a file")
     run.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the spec's)")
     run.add_argument("--out", default=None, help="output directory (default: studies/NAME)")
     run.add_argument("--quick", action="store_true", help="the spec's quick recipe (1 epoch)")
-    run.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    run.set_defaults(func=run_study_command)
-    listing = sub.add_parser("list", help="list the studies in the local database")
+    no_progress_flag(run)
+    listing = command(sub, "list", list_studies_command, "list the studies in the local database")
     listing.add_argument("--limit", type=int, default=50)
-    listing.set_defaults(func=list_studies_command)
 
 
 def _services() -> Any:

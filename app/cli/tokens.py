@@ -6,28 +6,29 @@ import argparse
 import sys
 from typing import Any
 
+from app.cli.commands import command
+
 __all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
     """Add ``token`` and its subcommands to the ``cka-atlas`` parser."""
-    token = subparsers.add_parser(
+    token = command(
+        subparsers,
         "token",
-        help="create, list and revoke API tokens",
-        description="API tokens with a scope: read (GET), write (uploads, comparisons, "
+        None,
+        "create, list and revoke API tokens",
+        "API tokens with a scope: read (GET), write (uploads, comparisons, "
         "trainings, cancels) or admin (also deletes and token management). The database "
         "keeps only each token's sha256; the secret is printed once, at creation.",
     )
     sub = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
-    create = sub.add_parser("create", help="create a token and print its secret once")
+    create = command(sub, "create", run_create, "create a token and print its secret once")
     create.add_argument("--name", required=True, help="who or what uses it, e.g. ci")
     create.add_argument("--scope", choices=("read", "write", "admin"), default="write")
-    create.set_defaults(func=run_create)
-    listing = sub.add_parser("list", help="list tokens (never their secrets)")
-    listing.set_defaults(func=run_list)
-    revoke = sub.add_parser("revoke", help="revoke a token by id; it is refused (401) at once")
+    command(sub, "list", run_list, "list tokens (never their secrets)")
+    revoke = command(sub, "revoke", run_revoke, "revoke a token by id; it is refused (401) at once")
     revoke.add_argument("id", type=int)
-    revoke.set_defaults(func=run_revoke)
 
 
 def _database() -> Any:

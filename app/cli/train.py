@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from app.cli.commands import command, no_progress_flag
+
 __all__ = ["parse_sets", "register", "run_train", "run_zoo"]
 
 
@@ -29,10 +31,12 @@ def register(subparsers: Any) -> None:
     """Add the ``train`` and ``zoo`` subcommands to the ``cka-atlas`` parser."""
     from models import list_presets
 
-    train = subparsers.add_parser(
+    train = command(
+        subparsers,
         "train",
-        help="train one architecture and write a checkpoint",
-        description="Train a preset (or any timm model) with AdamW and a cosine schedule; "
+        run_train,
+        "train one architecture and write a checkpoint",
+        "Train a preset (or any timm model) with AdamW and a cosine schedule; "
         "write DIR/NAME.safetensors and its JSON sidecar with the test accuracy.",
     )
     train.add_argument(
@@ -55,18 +59,18 @@ def register(subparsers: Any) -> None:
         help="an architecture option, repeatable; VALUE is JSON, e.g. --set density=0.125 "
         "--set depth=6 (unknown keys and out-of-range values are refused before training)",
     )
-    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    train.set_defaults(func=run_train)
+    no_progress_flag(train, "bar")
 
-    zoo = subparsers.add_parser(
+    zoo = command(
+        subparsers,
         "zoo",
-        help="train the demo zoo (five digits presets and a second Mixer seed)",
-        description="Train the demo zoo, skipping checkpoints that already exist, and print "
+        run_zoo,
+        "train the demo zoo (five digits presets and a second Mixer seed)",
+        "Train the demo zoo, skipping checkpoints that already exist, and print "
         "its table (model, parameters, Ω, test accuracy, seconds).",
     )
     zoo.add_argument("--out", default="var/zoo", help="output directory")
-    zoo.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    zoo.set_defaults(func=run_zoo)
+    no_progress_flag(zoo)
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -8,7 +8,9 @@ other host: ReDoc's bundle would otherwise fetch its logo from its CDN.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.resources import files
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
@@ -28,39 +30,36 @@ DOCS_CSP = (
 )
 
 
-def _offline(page: HTMLResponse) -> HTMLResponse:
-    page.headers["Content-Security-Policy"] = DOCS_CSP
-    return page
-
-
 def install_docs(app: FastAPI) -> None:
     """Add ``/docs``, ``/redoc`` and their assets to ``app`` (built with ``docs_url=None``)."""
     static = files("fastapi_offline") / "static"
     app.mount(ASSETS, StaticFiles(directory=str(static)), name="docs-assets")
     openapi = app.openapi_url or "/openapi.json"
 
-    @app.get("/docs", include_in_schema=False)
-    def swagger_ui() -> HTMLResponse:
-        return _offline(
-            get_swagger_ui_html(
-                openapi_url=openapi,
-                title=f"{app.title} · REST API",
-                swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
-                swagger_css_url=f"{ASSETS}/swagger-ui.css",
-                swagger_favicon_url="/static/favicon.svg",
-                # Swagger UI would otherwise send the schema to validator.swagger.io.
-                swagger_ui_parameters={"validatorUrl": None},
-            )
-        )
+    def offline(page: Callable[..., HTMLResponse], **assets: Any) -> Callable[[], HTMLResponse]:
+        """An endpoint answering ``page`` (FastAPI's Swagger UI or ReDoc page) for this app's
+        schema with ``assets``, under the CSP that keeps it from loading anything remote."""
 
-    @app.get("/redoc", include_in_schema=False)
-    def redoc() -> HTMLResponse:
-        return _offline(
-            get_redoc_html(
-                openapi_url=openapi,
-                title=f"{app.title} · REST API",
-                redoc_js_url=f"{ASSETS}/redoc.standalone.js",
-                redoc_favicon_url="/static/favicon.svg",
-                with_google_fonts=False,
-            )
-        )
+        def endpoint() -> HTMLResponse:
+            html = page(openapi_url=openapi, title=f"{app.title} · REST API", **assets)
+            html.headers["Content-Security-Policy"] = DOCS_CSP
+            return html
+
+        return endpoint
+
+    swagger = offline(
+        get_swagger_ui_html,
+        swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
+        swagger_css_url=f"{ASSETS}/swagger-ui.css",
+        swagger_favicon_url="/static/favicon.svg",
+        # Swagger UI would otherwise send the schema to validator.swagger.io.
+        swagger_ui_parameters={"validatorUrl": None},
+    )
+    app.add_api_route("/docs", swagger, include_in_schema=False, name="swagger_ui")
+    redoc = offline(
+        get_redoc_html,
+        redoc_js_url=f"{ASSETS}/redoc.standalone.js",
+        redoc_favicon_url="/static/favicon.svg",
+        with_google_fonts=False,
+    )
+    app.add_api_route("/redoc", redoc, include_in_schema=False, name="redoc")

@@ -42,7 +42,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select, text
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.http.api.deps import READ
+from app.http.security import READ
 from app.store.db import current_revision, head_revision
 from app.store.orm import JOB_STATES, Job, JobState, utcnow
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
-from fastapi import Request
+from fastapi import Depends, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.http.problems import ProblemError, problem_response
@@ -36,8 +37,11 @@ from app.store.services import Services
 from app.store.settings import Settings
 
 __all__ = [
+    "ADMIN",
     "COOKIE_NAME",
     "CSRF_HEADER",
+    "READ",
+    "WRITE",
     "BodyLimitMiddleware",
     "InvalidToken",
     "OriginMiddleware",
@@ -179,6 +183,12 @@ def require_read(request: Request) -> None:
     """Dependency of every read endpoint (a no-op unless CKA_READ_REQUIRES_TOKEN)."""
     if request.app.state.services.settings.read_requires_token:
         _check(request, "read")
+
+
+# What a route declares to say who may call it: ``@router.get(..., **READ)``.
+READ: dict[str, Any] = {"dependencies": [Depends(require_read)]}
+WRITE: dict[str, Any] = {"dependencies": [Depends(require_write)]}
+ADMIN: dict[str, Any] = {"dependencies": [Depends(require_admin)]}  # deletes, tokens
 
 
 # A JSON body is parsed whole into Python objects (several times its size) before any

@@ -29,11 +29,13 @@ from sqlalchemy.orm import Session
 from app.store.artifacts import ArtifactStore
 from app.store.db import Database
 from app.store.orm import ArtifactRef, Comparison, ComparisonModel, Dataset, Job, JobState, Model
+from app.store.repository import delete_comparison
 
 __all__ = [
     "GcReport",
     "collect",
     "comparison_bytes",
+    "delete_comparisons",
     "model_artifact_bytes",
     "record_refs",
     "referenced_by",
@@ -85,6 +87,15 @@ def referenced_by(session: Session, comparison_ids: Sequence[int]) -> set[str]:
         return set()
     stmt = select(ArtifactRef.path).where(ArtifactRef.comparison_id.in_(list(comparison_ids)))
     return set(session.scalars(stmt))
+
+
+def delete_comparisons(session: Session, comparison_ids: Sequence[int]) -> set[str]:
+    """Delete these comparisons (members, jobs, artifact references); returns the artifact
+    paths they referenced, for :func:`release` once the transaction has committed."""
+    paths = referenced_by(session, comparison_ids)
+    for cid in comparison_ids:
+        delete_comparison(session, cid)
+    return paths
 
 
 def release(db: Database, store: ArtifactStore, paths: Iterable[str]) -> int:

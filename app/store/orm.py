@@ -24,7 +24,7 @@ from sqlalchemy import (
     TypeDecorator,
 )
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column, relationship
 
 __all__ = [
     "FINAL_STATES",
@@ -212,6 +212,19 @@ class Job(Base):
     detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
+class JobProduct:
+    """The columns every row a job produces has (a comparison, a training, a study): the
+    dataset it is over, its job (joined on every read) and when it was asked for."""
+
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    @declared_attr
+    def job(cls) -> Mapped[Job]:
+        return relationship(Job, lazy="joined")
+
+
 class ComparisonModel(Base):
     """Which models a comparison covers, in request order."""
 
@@ -225,7 +238,7 @@ class ComparisonModel(Base):
     label: Mapped[str] = mapped_column(String(220))
 
 
-class Comparison(Base):
+class Comparison(JobProduct, Base):
     """A CKA atlas request and, once its job succeeded, its result and provenance."""
 
     __tablename__ = "comparisons"
@@ -234,36 +247,27 @@ class Comparison(Base):
     # Canonical hash of the request; NULL once superseded by a forced re-run.
     request_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
-    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
     kernel: Mapped[str] = mapped_column(String(20), index=True)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     result_sha256: Mapped[str | None] = mapped_column(String(64))
     diagnostics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     provenance: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    job: Mapped[Job] = relationship(lazy="joined")
     members: Mapped[list[ComparisonModel]] = relationship(
         order_by=ComparisonModel.position, lazy="selectin", cascade="all, delete-orphan"
     )
 
 
-class Training(Base):
+class Training(JobProduct, Base):
     """A training run through the job system; ``model_id`` is set when it succeeds."""
 
     __tablename__ = "trainings"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     arch: Mapped[str] = mapped_column(String(200))
-    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
     model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id", ondelete="SET NULL"))
     training_key: Mapped[str | None] = mapped_column(String(64), index=True)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-    job: Mapped[Job] = relationship(lazy="joined")
 
 
 # Scopes of API tokens, each including the ones before it: read < write < admin.
@@ -325,7 +329,7 @@ class StudyMember(Base):
     reused: Mapped[bool | None] = mapped_column(Boolean)  # None until the training is done
 
 
-class Study(Base):
+class Study(JobProduct, Base):
     """A study run: its validated spec, the job running it, its comparison and its results.
 
     ``summary`` is summary.json; ``artifacts`` maps ``csv``/``png``/``svg`` to the sha256 of
@@ -338,17 +342,13 @@ class Study(Base):
     name: Mapped[str] = mapped_column(String(64), index=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)  # seeds, quick, builtin
-    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
     comparison_id: Mapped[int | None] = mapped_column(
         ForeignKey("comparisons.id", ondelete="SET NULL")
     )
     stage: Mapped[str] = mapped_column(String(20), default="trainings")
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     artifacts: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    job: Mapped[Job] = relationship(lazy="joined")
     members: Mapped[list[StudyMember]] = relationship(
         order_by=StudyMember.position, lazy="selectin", cascade="all, delete-orphan"
     )

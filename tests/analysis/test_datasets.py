@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import io
 import stat
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from analysis import DatasetError, load_dataset, training_data
 from analysis.datasets import load_image_folder, load_npz
+from tests.files import png_bytes, zip_bytes
 
 
 def _npz(path: Path, **arrays: np.ndarray) -> Path:
     np.savez(path, **arrays)  # type: ignore[arg-type]
     return path
-
-
-def _png(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 # --- digits -------------------------------------------------------------------------------------
@@ -84,8 +77,8 @@ def test_training_data_is_digits_fixed_split_or_a_whole_file(tmp_path: Path) -> 
     whole = training_data(_npz(tmp_path / "mine.npz", x=np.zeros((3, 1, 8, 8), np.float32)))
     assert not isinstance(whole, tuple) and whole.name == "mine.npz" and len(whole) == 3
     mixed = tmp_path / "mixed.zip"
-    blobs = [_png(np.zeros(size, np.uint8)) for size in ((4, 6), (5, 5))]
-    mixed.write_bytes(_zip_bytes([("a/0.png", blobs[0]), ("b/1.png", blobs[1])]))
+    blobs = [png_bytes(np.zeros(size, np.uint8)) for size in ((4, 6), (5, 5))]
+    mixed.write_bytes(zip_bytes([("a/0.png", blobs[0]), ("b/1.png", blobs[1])]))
     with pytest.raises(DatasetError, match="different sizes; training needs one size"):
         training_data(mixed)
 
@@ -180,7 +173,7 @@ def test_image_folder_directory(tmp_path: Path) -> None:
     images = _folder_images()
     for name, array in images.items():
         (tmp_path / "pets" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "pets" / name).write_bytes(_png(array))
+        (tmp_path / "pets" / name).write_bytes(png_bytes(array))
     data = load_dataset(tmp_path / "pets")
     assert data.classes == ["cat", "dog"] and data.x.shape == (6, 1, 6, 6)
     assert list(data.y) == [0, 0, 0, 1, 1, 1]  # type: ignore[arg-type]
@@ -193,7 +186,7 @@ def test_image_folder_zip_with_top_folder_matches_directory(tmp_path: Path) -> N
     archive = tmp_path / "pets.zip"
     with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for name, array in images.items():
-            zf.writestr(f"pets/{name}", _png(array))
+            zf.writestr(f"pets/{name}", png_bytes(array))
     data = load_dataset(archive)
     assert data.classes == ["cat", "dog"] and len(data) == 6
     assert load_image_folder(archive.read_bytes()).sha256 == data.sha256
@@ -203,36 +196,28 @@ def test_rgb_images_keep_three_channels(tmp_path: Path) -> None:
     rgb = np.random.default_rng(3).integers(0, 256, size=(5, 4, 3), dtype=np.uint8)
     archive = tmp_path / "rgb.zip"
     with zipfile.ZipFile(archive, "w") as zf:
-        zf.writestr("a/0.png", _png(rgb))
+        zf.writestr("a/0.png", png_bytes(rgb))
     data = load_dataset(archive)
     np.testing.assert_array_equal(data.x[0], rgb.transpose(2, 0, 1) / np.float32(255))
 
 
-def _zip_bytes(entries: list[tuple[zipfile.ZipInfo | str, bytes]]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for info, payload in entries:
-            zf.writestr(info, payload)
-    return buffer.getvalue()
-
-
 def test_zip_slip_symlink_and_bomb_are_refused() -> None:
-    image = _png(np.zeros((4, 4), np.uint8))
+    image = png_bytes(np.zeros((4, 4), np.uint8))
     with pytest.raises(DatasetError, match="unsafe path"):
-        load_image_folder(_zip_bytes([("../../etc/a/0.png", image)]))
+        load_image_folder(zip_bytes([("../../etc/a/0.png", image)]))
     with pytest.raises(DatasetError, match="unsafe path"):
-        load_image_folder(_zip_bytes([("/abs/a/0.png", image)]))
+        load_image_folder(zip_bytes([("/abs/a/0.png", image)]))
     link = zipfile.ZipInfo("a/link.png")
     link.external_attr = (stat.S_IFLNK | 0o777) << 16
     with pytest.raises(DatasetError, match="symbolic link"):
-        load_image_folder(_zip_bytes([(link, b"/etc/passwd")]))
-    bomb = _zip_bytes([("a/0.png", b"\0" * 10_000_000)])
+        load_image_folder(zip_bytes([(link, b"/etc/passwd")]))
+    bomb = zip_bytes([("a/0.png", b"\0" * 10_000_000)])
     with pytest.raises(DatasetError, match="compressed suspiciously well"):
         load_image_folder(bomb)
     with pytest.raises(DatasetError, match="more than 100 bytes"):
-        load_image_folder(_zip_bytes([("a/0.png", image), ("a/1.png", image)]), max_bytes=100)
+        load_image_folder(zip_bytes([("a/0.png", image), ("a/1.png", image)]), max_bytes=100)
     with pytest.raises(DatasetError, match="more than the 1 allowed"):
-        load_image_folder(_zip_bytes([("a/0.png", image), ("a/1.png", image)]), max_members=1)
+        load_image_folder(zip_bytes([("a/0.png", image), ("a/1.png", image)]), max_members=1)
 
 
 @pytest.mark.parametrize(
@@ -245,12 +230,12 @@ def test_zip_slip_symlink_and_bomb_are_refused() -> None:
 )
 def test_image_folder_errors(entries: list[tuple[str, str | bytes]], message: str) -> None:
     payloads = {
-        "small": _png(np.zeros((4, 4), np.uint8)),
-        "large": _png(np.zeros((5, 5), np.uint8)),
+        "small": png_bytes(np.zeros((4, 4), np.uint8)),
+        "large": png_bytes(np.zeros((5, 5), np.uint8)),
     }
     members = [(n, payloads.get(p, p) if isinstance(p, str) else p) for n, p in entries]
     with pytest.raises(DatasetError, match=message):
-        load_image_folder(_zip_bytes(members))  # type: ignore[arg-type]
+        load_image_folder(zip_bytes(members))  # type: ignore[arg-type]
 
 
 def test_mixed_sizes_and_modes_keep_the_original_files() -> None:
@@ -260,9 +245,9 @@ def test_mixed_sizes_and_modes_keep_the_original_files() -> None:
 
     from analysis.images import ImageFiles
 
-    gray = _png(np.full((4, 6), 7, np.uint8))
-    rgba = _png(np.full((9, 5, 4), 200, np.uint8))
-    data = load_image_folder(_zip_bytes([("b/1.png", rgba), ("a/0.png", gray)]))
+    gray = png_bytes(np.full((4, 6), 7, np.uint8))
+    rgba = png_bytes(np.full((9, 5, 4), 200, np.uint8))
+    data = load_image_folder(zip_bytes([("b/1.png", rgba), ("a/0.png", gray)]))
     assert isinstance(data, ImageFiles)
     assert data.paths == ("a/0.png", "b/1.png") and data.blobs == (gray, rgba)
     assert data.y.tolist() == [0, 1] and data.classes == ["a", "b"]

@@ -10,12 +10,10 @@ import hashlib
 import io
 import json
 import struct
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
 from safetensors.torch import save
 
 PROBLEM = "application/problem+json"
@@ -34,32 +32,12 @@ def assert_problem(r: Any, status: int, code: str, field: str | None = None) -> 
     return body
 
 
-def npz_bytes(**arrays: Any) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
-
-
 def npy_bytes(shape: tuple[int, ...], data: bytes, dtype: str = "|u1") -> bytes:
     """A .npy member whose header declares ``shape`` whatever ``data`` holds."""
     buffer = io.BytesIO()
     header = {"descr": dtype, "fortran_order": False, "shape": shape}
     np.lib.format.write_array_header_1_0(buffer, header)
     return buffer.getvalue() + data
-
-
-def png_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def zip_bytes(entries: list[tuple[zipfile.ZipInfo | str, bytes]]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for info, payload in entries:
-            zf.writestr(info, payload)
-    return buffer.getvalue()
 
 
 def safetensors_bytes(header: dict[str, Any], body: bytes, *, declared: int | None = None) -> bytes:

@@ -22,8 +22,8 @@ from sqlalchemy import select
 import analysis
 import models
 from app.store.settings import Settings
-from tests.app.payloads import npz_bytes
 from tests.app.test_calibrated import random_init_draws
+from tests.files import digits_npz, seed_checkpoints
 from tests.helpers import upload, wait
 
 N, BATCH = 64, 32
@@ -32,20 +32,13 @@ NO_OTHER = "no sibling other than the compared model"
 
 @pytest.fixture(scope="module")
 def data_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    data = analysis.load_dataset("digits")
-    path = tmp_path_factory.mktemp("data") / "digits64.npz"
-    path.write_bytes(npz_bytes(x=data.x[:N], y=data.y[:N]))
-    return path
+    return digits_npz(tmp_path_factory.mktemp("data"), N)
 
 
 @pytest.fixture(scope="module")
 def seeds(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     """mixer_digits checkpoints of seeds 1, 2 and 3: three seeds of one architecture."""
-    out = tmp_path_factory.mktemp("seeds")
-    return {
-        s: models.save(models.create("mixer_digits", seed=s), out / f"s{s}.safetensors", seed=s)
-        for s in (1, 2, 3)
-    }
+    return seed_checkpoints(tmp_path_factory.mktemp("seeds"), "mixer_digits", (1, 2, 3))
 
 
 def _array(rows: list[list[float | None]] | None) -> np.ndarray:

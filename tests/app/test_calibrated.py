@@ -24,7 +24,8 @@ import models
 from app.cli import main
 from app.store.cells import Cells
 from app.store.settings import Settings
-from tests.app.payloads import assert_problem, npz_bytes
+from tests.app.payloads import assert_problem
+from tests.files import digits_npz, seed_checkpoints
 from tests.helpers import register, upload, wait
 
 N, BATCH, BOOT, PERM = 96, 32, 20, 30  # three batches of a small slice of digits
@@ -32,22 +33,13 @@ N, BATCH, BOOT, PERM = 96, 32, 20, 30  # three batches of a small slice of digit
 
 @pytest.fixture(scope="module")
 def small_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    data = analysis.load_dataset("digits")
-    path = tmp_path_factory.mktemp("data") / "digits96.npz"
-    path.write_bytes(npz_bytes(x=data.x[:N], y=data.y[:N]))
-    return path
+    return digits_npz(tmp_path_factory.mktemp("data"), N)
 
 
 @pytest.fixture(scope="module")
 def mixers(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     """Untrained mixer_digits checkpoints of seeds 1 and 2: siblings of each other."""
-    out = tmp_path_factory.mktemp("mixers")
-    return {
-        s: models.save(
-            models.create("mixer_digits", seed=s), out / f"mixer_s{s}.safetensors", seed=s
-        )
-        for s in (1, 2)
-    }
+    return seed_checkpoints(tmp_path_factory.mktemp("mixers"), "mixer_digits", (1, 2), "mixer_s{}")
 
 
 def _dataset(client: TestClient, path: Path) -> int:

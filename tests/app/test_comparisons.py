@@ -10,13 +10,12 @@ import numpy as np
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
-from app.jobs.embedded import EmbeddedWorker
 from app.jobs.queue import LostJob, claim, complete
 from app.jobs.reaper import requeue_stale
 from app.jobs.run import run_claimed
 from app.store.orm import Comparison, Job, utcnow
 from app.store.services import Services
-from tests.helpers import digits_id, register, wait
+from tests.helpers import digits_id, register, run_until_final, wait
 
 BATCH = 150  # digits test split: 450 images -> 3 batches
 
@@ -116,12 +115,7 @@ def test_stale_job_is_requeued_and_killed_worker_writes_nothing(
             .values(heartbeat_at=utcnow() - timedelta(seconds=600))
             .where(Job.id == dead.id)
         )
-    worker = EmbeddedWorker(services, threads=1)
-    worker.start()  # re-queues the stale job, then runs it
-    try:
-        body = wait(client, url)
-    finally:
-        worker.stop()
+    body = run_until_final(client, services, url)  # re-queues the stale job, then runs it
     assert body["status"] == "succeeded" and body["attempts"] == 2
     # The killed worker coming back cannot overwrite or duplicate the result.
     with services.db.session() as s:

@@ -31,7 +31,6 @@ from sqlalchemy import func, inspect, select
 from sqlalchemy.exc import IntegrityError
 
 from app.http.main import create_app
-from app.jobs.embedded import EmbeddedWorker
 from app.store.db import Database
 from app.store.orm import Comparison, Job
 from app.store.services import Services
@@ -51,7 +50,7 @@ from tests.app.fault_tools import (
     unprivileged_worker,
     upload_dataset,
 )
-from tests.helpers import FINAL, digits_id, make_settings, register, wait
+from tests.helpers import FINAL, digits_id, make_settings, register, run_until_final, wait
 from tests.servers import PgServer, free_port
 
 
@@ -276,12 +275,7 @@ def test_artifact_store_read_only_or_full_fails_the_job_with_a_sentence(
                 up = client.post("/v1/datasets", files={"file": ("x.npz", npz_bytes(64))})
                 assert up.status_code == (507 if fault == "full" else 503), up.text
                 assert up.json()["code"] == "storage_error", up.text
-                worker = EmbeddedWorker(services, threads=1)
-                worker.start()
-                try:
-                    failed = wait(client, r.headers["location"], timeout=60)
-                finally:
-                    worker.stop()
+                failed = run_until_final(client, services, r.headers["location"], timeout=60)
                 if filler is not None:
                     filler.unlink()
                 else:
@@ -310,12 +304,7 @@ def test_artifact_store_read_only_or_full_fails_the_job_with_a_sentence(
             # The fault cleared, the same request runs again and succeeds.
             again = client.post("/v1/comparisons", json=body)
             assert again.status_code == 202 and again.json()["id"] != failed["id"], again.text
-            worker = EmbeddedWorker(services, threads=1)
-            worker.start()
-            try:
-                done = wait(client, again.headers["location"], timeout=60)
-            finally:
-                worker.stop()
+            done = run_until_final(client, services, again.headers["location"], timeout=60)
             assert done["status"] == "succeeded", done
             assert assert_consistent(services.db) == {
                 "comparisons": 2,

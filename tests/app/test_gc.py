@@ -14,7 +14,7 @@ from analysis import load_dataset
 from app.cli import main
 from app.store.services import Services
 from app.store.settings import Settings
-from tests.app.payloads import npz_bytes
+from tests.files import npz_bytes
 from tests.helpers import digits_id, register, wait
 
 BATCH = 150  # digits test split: 450 images -> 3 batches

@@ -33,11 +33,9 @@ from tests.app.payloads import (
     checkpoint_files,
     files_under,
     npy_bytes,
-    npz_bytes,
-    png_bytes,
     safetensors_bytes,
-    zip_bytes,
 )
+from tests.files import npz_bytes, png_bytes, zip_bytes
 from tests.helpers import digits_id, make_settings, upload
 
 TOKEN = "hostile-token"

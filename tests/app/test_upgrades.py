@@ -248,17 +248,28 @@ def test_a_populated_store_at_each_released_schema_upgrades_and_is_served(
         assert [m["id"] for m in done["models"]] == ids
 
 
+def _first_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *changes: str) -> Path:
+    """The first release's SQLite store at ``tmp_path/cka.db`` with the SQL ``changes`` made
+    to it; CKA_DATABASE_URL names it."""
+    path = tmp_path / "cka.db"
+    with closing(sqlite3.connect(path)) as db:
+        db.executescript((DATA / "first_release.sql").read_text(encoding="utf-8"))
+        for change in changes:
+            db.execute(change)
+        db.commit()
+    monkeypatch.setenv("CKA_DATABASE_URL", f"sqlite:///{path}")
+    return path
+
+
 def test_the_first_release_store_is_upgraded_by_the_command_and_served_bit_identical(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A SQLite store written by the code of 2026-11-22 (schema 0001)."""
-    path = tmp_path / "cka.db"
+    path = _first_release(tmp_path, monkeypatch)
     with closing(sqlite3.connect(path)) as db:
-        db.executescript((DATA / "first_release.sql").read_text(encoding="utf-8"))
         stored = db.execute("SELECT id, result FROM comparisons").fetchall()
     assert stored
     url = f"sqlite:///{path}"
-    monkeypatch.setenv("CKA_DATABASE_URL", url)
     assert main(["db", "upgrade"]) == 0
     out = capsys.readouterr().out
     assert f"copied the database to {tmp_path}" in out and "database at" in out
@@ -274,12 +285,9 @@ def test_a_failed_upgrade_names_the_revision_and_the_copy(
     """A row referring to a missing model (possible with enforcement off) stops the upgrade
     at the first revision's foreign-key check; the database stays at 0001, and the message
     says where the copy is."""
-    path = tmp_path / "cka.db"
-    with closing(sqlite3.connect(path)) as db:
-        db.executescript((DATA / "first_release.sql").read_text(encoding="utf-8"))
-        db.execute("INSERT INTO comparison_models VALUES (1, 9, 999, 'ghost')")
-        db.commit()
-    monkeypatch.setenv("CKA_DATABASE_URL", f"sqlite:///{path}")
+    path = _first_release(
+        tmp_path, monkeypatch, "INSERT INTO comparison_models VALUES (1, 9, 999, 'ghost')"
+    )
     assert main(["db", "upgrade"]) == 2
     captured = capsys.readouterr()
     error = captured.err.strip()
@@ -293,12 +301,7 @@ def test_a_failed_upgrade_names_the_revision_and_the_copy(
 def test_a_revision_this_code_does_not_know_is_one_sentence(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = tmp_path / "cka.db"
-    with closing(sqlite3.connect(path)) as db:
-        db.executescript((DATA / "first_release.sql").read_text(encoding="utf-8"))
-        db.execute("UPDATE alembic_version SET version_num = '0099'")
-        db.commit()
-    monkeypatch.setenv("CKA_DATABASE_URL", f"sqlite:///{path}")
+    _first_release(tmp_path, monkeypatch, "UPDATE alembic_version SET version_num = '0099'")
     assert main(["db", "upgrade"]) == 2
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and "revision 0099, which this code does not know" in error

@@ -103,7 +103,7 @@ def test_scripts_and_styles_are_vendored(client: TestClient) -> None:
 def test_list_filters_and_pagination(
     idle_client: TestClient, zoo: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.http.web.comparisons as pages
+    import app.http.web.common as pages  # every listing page's size
 
     monkeypatch.setattr(pages, "PAGE_SIZE", 2)
     c = idle_client

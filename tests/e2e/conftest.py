@@ -32,9 +32,8 @@ from tests.e2e.e2e_tools import (
     bigger_digits,
     checkpoints,
     wait_done,
-    wait_ready,
 )
-from tests.servers import free_port
+from tests.servers import free_port, wait_ready
 
 # The calibrated comparison: few replicates and permutations, so that it is quick.
 CALIBRATED: dict[str, Any] = {

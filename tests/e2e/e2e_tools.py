@@ -5,7 +5,6 @@ The fixtures that start the server and the browser are in ``conftest.py`` beside
 
 from __future__ import annotations
 
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +12,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "test-results" / "e2e"
@@ -42,21 +40,6 @@ class Server:
     big_dataset_id: int = 0
     finished_id: int = 0
     calibrated_id: int = 0
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:
-    """Poll /readyz; fail with the server's log if it exits or stays unready."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    pytest.fail(f"the server did not become ready in {timeout} s:\n{log.read_text()[-4000:]}")
 
 
 def checkpoints(out: Path) -> dict[str, Path]:
@@ -88,3 +71,11 @@ def wait_done(api: httpx.Client, comparison_id: int, timeout: float = 120) -> di
             return body
         time.sleep(0.2)
     raise AssertionError(f"comparison {comparison_id} did not finish")
+
+
+def sign_in(page: Any, server: Server, next_path: str) -> None:
+    """Sign in on the login page with the write token; it lands on ``next_path``."""
+    page.goto(f"{server.url}/login?next={next_path}")
+    page.fill('input[name="token"]', TOKEN)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"**{next_path}")

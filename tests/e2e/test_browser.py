@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.e2e_tools import MODELS, TOKEN, Server
+from tests.e2e.e2e_tools import MODELS, TOKEN, Server, sign_in
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +34,19 @@ def shot(page: Any, results: Path, name: str) -> None:
     page.screenshot(path=str(results / f"{name}.png"), full_page=True)
 
 
+def focused_pair(page: Any, server: Server, comparison_id: int) -> tuple[Any, dict[str, Any]]:
+    """The focused heatmap of the open comparison page, once drawn, and the REST matrix of its
+    pair: model 0 (rows) × model 1 (columns), which the heatmap names."""
+    focus = page.locator("#focus svg.heatmap")
+    focus.wait_for()
+    a, b = MODELS[0], MODELS[1]
+    matrix = server.api.get(
+        f"/v1/comparisons/{comparison_id}/matrix", params={"a": a, "b": b}
+    ).json()
+    assert focus.get_attribute("data-a") == a and focus.get_attribute("data-b") == b
+    return focus, matrix
+
+
 def test_list_and_finished_atlas(page: Any, server: Server, results_dir: Path) -> None:
     page.goto(server.url + "/")
     row = page.locator(f'tr[data-comparison-id="{server.finished_id}"]')
@@ -51,16 +64,9 @@ def test_list_and_finished_atlas(page: Any, server: Server, results_dir: Path) -
     page.goto(server.url + "/")
     row.get_by_role("link", name=str(server.finished_id)).click()
     page.wait_for_url(f"**/comparisons/{server.finished_id}")
-    focus = page.locator("#focus svg.heatmap")
-    focus.wait_for()
-
     # The focused heatmap: model 0 (rows) × model 1 (columns), one cell per layer pair.
-    a, b = MODELS[0], MODELS[1]
-    matrix = server.api.get(
-        f"/v1/comparisons/{server.finished_id}/matrix", params={"a": a, "b": b}
-    ).json()
+    focus, matrix = focused_pair(page, server, server.finished_id)
     rows, cols = matrix["rows"], matrix["cols"]
-    assert focus.get_attribute("data-a") == a and focus.get_attribute("data-b") == b
     assert int(focus.get_attribute("data-rows")) == len(rows)
     assert int(focus.get_attribute("data-cols")) == len(cols)
     assert focus.locator("rect.cell").count() == len(rows) * len(cols)
@@ -159,13 +165,7 @@ def test_calibrated_cell_tooltip_summary_and_profile(
     page: Any, server: Server, results_dir: Path
 ) -> None:
     page.goto(f"{server.url}/comparisons/{server.calibrated_id}")
-    focus = page.locator("#focus svg.heatmap")
-    focus.wait_for()
-    a, b = MODELS[0], MODELS[1]
-    m = server.api.get(
-        f"/v1/comparisons/{server.calibrated_id}/matrix", params={"a": a, "b": b}
-    ).json()
-    assert focus.get_attribute("data-a") == a and focus.get_attribute("data-b") == b
+    focus, m = focused_pair(page, server, server.calibrated_id)
 
     # The tooltip: value, bootstrap interval, p-value with the null mean, random-init baseline.
     i, j = 1, 2
@@ -206,6 +206,7 @@ def test_calibrated_cell_tooltip_summary_and_profile(
     # The K×K summary opens the atlas: the mean diagonal CKA of (a, b) with its interval.
     summary = page.locator("#summary .summary-cell")
     assert summary.count() == 4
+    a, b = MODELS[0], MODELS[1]
     cell = page.locator(f'#summary .summary-cell[data-a="{a}"][data-b="{b}"]')
     diagonal = [m["values"][k][k] for k in range(len(m["rows"]))]
     low = [m["ci_low"][k][k] for k in range(len(m["rows"]))]
@@ -257,10 +258,7 @@ RUNNING_WORKERS = """() => Array.from(document.querySelectorAll('#members tbody 
 def test_start_and_watch_a_study(page: Any, server: Server, results_dir: Path) -> None:
     """The built-in sparsity study (one seed, quick recipe) started from the form, watched live,
     then read: the plot, the table of arms and the links to every model and to the atlas."""
-    page.goto(server.url + "/login?next=/studies")
-    page.fill('input[name="token"]', TOKEN)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url("**/studies")
+    sign_in(page, server, "/studies")
     page.select_option('select[name="builtin"]', "sparsity")
     page.fill('input[name="seeds"]', "1")
     page.check('input[name="quick"]')
@@ -309,10 +307,7 @@ def test_start_and_watch_a_study(page: Any, server: Server, results_dir: Path) -
 
 
 def test_training_form_refuses_an_option(page: Any, server: Server, results_dir: Path) -> None:
-    page.goto(server.url + "/login?next=/trainings/new")
-    page.fill('input[name="token"]', TOKEN)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url("**/trainings/new")
+    sign_in(page, server, "/trainings/new")
     page.select_option('select[name="arch"]', "sw_mlp_digits")
     page.fill('fieldset[data-arch="sw_mlp_digits"] input[name="config.density"]', "2")
     page.get_by_role("button", name="Start training").click()

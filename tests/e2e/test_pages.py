@@ -11,17 +11,10 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
-from tests.e2e.e2e_tools import MODELS, TOKEN, Server
+from tests.e2e.e2e_tools import MODELS, Server, sign_in
 from tests.e2e.test_browser import page, shot  # noqa: F401  (the page fixture)
 
 pytestmark = pytest.mark.slow
-
-
-def sign_in(page: Any, server: Server, next_path: str) -> None:  # noqa: F811
-    page.goto(f"{server.url}/login?next={next_path}")
-    page.fill('input[name="token"]', TOKEN)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url(f"**{next_path}")
 
 
 def test_jobs_page_lists_a_running_job_and_cancels_it(

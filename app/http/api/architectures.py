@@ -6,18 +6,18 @@ from functools import cache
 from typing import Annotated, Any
 
 import timm
-from fastapi import APIRouter, Query
+from fastapi import Query
 
 import models
 from analysis.layers import default_layers
-from app.http.api.deps import READ, Limit, Offset, not_found
-from app.http.problems import PROBLEM_RESPONSES
+from app.http.api.deps import Paging, api_router, not_found
 from app.http.schemas import NO_NUL, ArchitectureOut, Page
+from app.http.security import READ
 from app.jobs.submit import skeleton
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/architectures", tags=["architectures"], responses=PROBLEM_RESPONSES)
+router = api_router("architectures")
 
 # timm families that are MLP-style vision networks with the stem/blocks/norm/head layout.
 TIMM_PATTERNS = ("mixer_*", "gmlp_*", "resmlp_*")
@@ -46,8 +46,7 @@ def _describe(name: str, family: str) -> dict[str, Any]:
 
 @router.get("", response_model=Page[ArchitectureOut], **READ)
 def list_architectures(
-    limit: Limit = 50,
-    offset: Offset = 0,
+    at: Paging,
     family: str | None = Query(None, pattern="^(preset|timm)$"),
     q: Annotated[
         str | None, Query(max_length=200, description="Substring of the name"), NO_NUL
@@ -55,8 +54,8 @@ def list_architectures(
 ) -> dict[str, Any]:
     """Presets and timm names; presets come first. Default layers are computed per page."""
     names = [(n, f) for n, f in _names() if (family is None or f == family) and (not q or q in n)]
-    items = [_describe(n, f) for n, f in names[offset : offset + limit]]
-    return {"items": items, "total": len(names), "limit": limit, "offset": offset}
+    items = [_describe(n, f) for n, f in names[at.offset : at.offset + at.limit]]
+    return at.answer(items, len(names))
 
 
 @router.get("/{name}", response_model=ArchitectureOut, **READ)

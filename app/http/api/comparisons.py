@@ -2,41 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import Query, Response, status
+from sqlalchemy.orm import Session
 
-from app.http.api.deps import (
-    ADMIN,
-    READ,
-    WRITE,
-    ComparisonId,
-    Limit,
-    Offset,
-    StatusFilter,
-    Svc,
-    comparison_view,
-    not_found,
-)
-from app.http.problems import PROBLEM_RESPONSES
+from app.http.api.deps import ComparisonId, Paging, StatusFilter, Svc, api_router
+from app.http.api.rows import cancel_job_of, listing, row_or_404, view_of
+from app.http.api.uploads import answer_registered
+from app.http.api.views import comparison_view
 from app.http.schemas import ID_MAX, NO_NUL, ComparisonIn, ComparisonOut, Page
-from app.jobs.queue import request_cancel
+from app.http.security import ADMIN, READ, WRITE
 from app.jobs.submit import submit_comparison
 from app.store import gc, repository
 from app.store.orm import Comparison
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/comparisons", tags=["comparisons"], responses=PROBLEM_RESPONSES)
+router = api_router("comparisons")
 
 
 def view(services: Svc, comparison_id: int) -> dict[str, Any]:
-    with services.db.session(readonly=True) as s:
-        cmp = s.get(Comparison, comparison_id)
-        if cmp is None:
-            raise not_found("comparison", comparison_id)
-        size = gc.comparison_bytes(s, [comparison_id]).get(comparison_id, 0)
-        return comparison_view(cmp, size)
+    return view_of(services, Comparison, comparison_id, lambda s, cmp: _views(s, [cmp])[0])
+
+
+def _views(s: Session, items: Sequence[Comparison]) -> list[dict[str, Any]]:
+    """The comparisons' views, each with the bytes its artifacts take."""
+    sizes = gc.comparison_bytes(s, [c.id for c in items])
+    return [comparison_view(c, sizes.get(c.id, 0)) for c in items]
 
 
 @router.post(
@@ -55,16 +49,14 @@ def create_comparison(services: Svc, body: ComparisonIn, response: Response) -> 
     a failed or cancelled identical comparison is always recomputed.
     """
     cmp_id, created = submit_comparison(services, body)
-    response.status_code = 202 if created else 200
-    response.headers["Location"] = f"/v1/comparisons/{cmp_id}"
+    answer_registered(response, f"/v1/comparisons/{cmp_id}", created, new=202)
     return view(services, cmp_id)
 
 
 @router.get("", response_model=Page[ComparisonOut], **READ)
 def list_comparisons(
     services: Svc,
-    limit: Limit = 50,
-    offset: Offset = 0,
+    at: Paging,
     model_id: int | None = Query(
         None, ge=1, le=ID_MAX, description="Only comparisons including this model"
     ),
@@ -73,19 +65,16 @@ def list_comparisons(
     kernel: Annotated[str | None, Query(max_length=40), NO_NUL] = None,
 ) -> dict[str, Any]:
     """Newest first."""
-    with services.db.session(readonly=True) as s:
-        items, total = repository.list_comparisons(
-            s,
-            limit=limit,
-            offset=offset,
-            model_id=model_id,
-            dataset_id=dataset_id,
-            status=status_,
-            kernel=kernel,
-        )
-        sizes = gc.comparison_bytes(s, [c.id for c in items])
-        views = [comparison_view(c, sizes.get(c.id, 0)) for c in items]
-    return {"items": views, "total": total, "limit": limit, "offset": offset}
+    return listing(
+        services,
+        at,
+        repository.list_comparisons,
+        _views,
+        model_id=model_id,
+        dataset_id=dataset_id,
+        status=status_,
+        kernel=kernel,
+    )
 
 
 @router.get("/{comparison_id}", response_model=ComparisonOut, **READ)
@@ -97,11 +86,7 @@ def get_comparison(services: Svc, comparison_id: ComparisonId) -> dict[str, Any]
 @router.post("/{comparison_id}/cancel", response_model=ComparisonOut, **WRITE)
 def cancel_comparison(services: Svc, comparison_id: ComparisonId) -> dict[str, Any]:
     """Cancel at once if queued; a running job stops after its current batch."""
-    with services.db.session() as s:
-        cmp = s.get(Comparison, comparison_id)
-        if cmp is None:
-            raise not_found("comparison", comparison_id)
-        request_cancel(s, cmp.job_id)
+    cancel_job_of(services, Comparison, comparison_id)
     return view(services, comparison_id)
 
 
@@ -109,9 +94,7 @@ def cancel_comparison(services: Svc, comparison_id: ComparisonId) -> dict[str, A
 def delete_comparison(services: Svc, comparison_id: ComparisonId) -> Response:
     """Delete the comparison and its job; a running job is abandoned without a result."""
     with services.db.session() as s:
-        if s.get(Comparison, comparison_id) is None:
-            raise not_found("comparison", comparison_id)
-        paths = gc.referenced_by(s, [comparison_id])
-        repository.delete_comparison(s, comparison_id)
+        row_or_404(s, Comparison, comparison_id)
+        paths = gc.delete_comparisons(s, [comparison_id])
     gc.release(services.db, services.store, paths)
     return Response(status_code=204)

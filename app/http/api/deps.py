@@ -1,34 +1,36 @@
-"""Shared request dependencies: the services, pagination, auth, and row views."""
+"""Shared request dependencies: the services, paging, path ids, and the routers' shape.
+
+Who may call an endpoint is :mod:`app.http.security`'s (``READ``, ``WRITE``, ``ADMIN``); reading
+and acting on rows is :mod:`app.http.api.rows`; the rows' REST views are
+:mod:`app.http.api.views`.
+"""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 
-from app.http.problems import ProblemError
+from app.http.problems import PROBLEM_RESPONSES, ProblemError
 from app.http.schemas import ID_MAX
-from app.http.security import require_admin, require_read, require_write
-from app.store.orm import Comparison, Job, JobState, Training
+from app.store.orm import JobState
 from app.store.services import Services
 
 __all__ = [
-    "ADMIN",
-    "READ",
-    "WRITE",
     "ComparisonId",
     "DatasetId",
-    "Limit",
+    "Force",
     "ModelId",
-    "Offset",
+    "PageAt",
+    "Paging",
     "StatusFilter",
     "TrainingId",
-    "comparison_view",
+    "api_router",
     "get_services",
-    "job_fields",
+    "not_finished",
     "not_found",
-    "training_view",
 ]
 
 
@@ -48,67 +50,41 @@ ModelId = Annotated[int, Path(ge=1, le=ID_MAX, description="Model id")]
 DatasetId = Annotated[int, Path(ge=1, le=ID_MAX, description="Dataset id")]
 ComparisonId = Annotated[int, Path(ge=1, le=ID_MAX, description="Comparison id")]
 TrainingId = Annotated[int, Path(ge=1, le=ID_MAX, description="Training id")]
-READ: dict[str, Any] = {"dependencies": [Depends(require_read)]}
-WRITE: dict[str, Any] = {"dependencies": [Depends(require_write)]}
-ADMIN: dict[str, Any] = {"dependencies": [Depends(require_admin)]}  # deletes, tokens
+# A delete's ``?force=true``: delete what uses the row too (else 409 while anything does).
+Force = Annotated[
+    bool, Query(description="Also delete what uses it: comparisons (a dataset's trainings too)")
+]
+
+
+def api_router(collection: str) -> APIRouter:
+    """The router of ``/v1/<collection>``: tagged with the collection, with the problem answers."""
+    return APIRouter(prefix=f"/v1/{collection}", tags=[collection], responses=PROBLEM_RESPONSES)
+
+
+@dataclass(frozen=True)
+class PageAt:
+    """The window a list endpoint answers: ``limit`` items from ``offset``."""
+
+    limit: int
+    offset: int
+
+    def answer(self, items: Sequence[Any], total: int) -> dict[str, Any]:
+        """The ``Page`` body of the window's items, of ``total`` in all."""
+        return {"items": items, "total": total, "limit": self.limit, "offset": self.offset}
+
+
+def page_at(limit: Limit = 50, offset: Offset = 0) -> PageAt:
+    return PageAt(limit, offset)
+
+
+# Every list endpoint's ``?limit=&offset=`` (50 from 0 unless asked).
+Paging = Annotated[PageAt, Depends(page_at)]
 
 
 def not_found(kind: str, ident: int | str) -> ProblemError:
     return ProblemError(404, "not_found", f"{kind} {ident} does not exist")
 
 
-def job_fields(job: Job) -> dict[str, Any]:
-    started, finished = job.started_at, job.finished_at
-    eta = None
-    if job.status == JobState.RUNNING and started is not None and job.progress > 0:
-        elapsed = (datetime.now(UTC) - started).total_seconds()
-        eta = max(elapsed * (1 - job.progress) / job.progress, 0.0)
-    return {
-        "status": job.status,
-        "progress": 1.0 if job.status == JobState.SUCCEEDED else float(job.progress),
-        "eta_s": eta,
-        "error": job.error,
-        "error_code": job.error_code,
-        "attempts": job.attempts,
-        "started_at": started,
-        "finished_at": finished,
-    }
-
-
-def comparison_view(cmp: Comparison, size_bytes: int = 0) -> dict[str, Any]:
-    """The API's view of a comparison; ``size_bytes``: its stored artifacts (app.store.gc)."""
-    base = f"/v1/comparisons/{cmp.id}"
-    return {
-        "id": cmp.id,
-        "dataset_id": cmp.dataset_id,
-        "models": [{"id": m.model_id, "label": m.label} for m in cmp.members],
-        "params": cmp.params,
-        "diagnostics": cmp.diagnostics,
-        "provenance": cmp.provenance,
-        "created_at": cmp.created_at,
-        "size_bytes": size_bytes,
-        "links": {
-            "self": base,
-            "result": f"{base}/result",
-            "matrix": f"{base}/matrix",
-            "heatmap_png": f"{base}/heatmap.png",
-            "heatmap_svg": f"{base}/heatmap.svg",
-            "cells_csv": f"{base}/cells.csv",
-            "cells_parquet": f"{base}/cells.parquet",
-            "cancel": f"{base}/cancel",
-        },
-        **job_fields(cmp.job),
-    }
-
-
-def training_view(tr: Training) -> dict[str, Any]:
-    return {
-        "id": tr.id,
-        "arch": tr.arch,
-        "dataset_id": tr.dataset_id,
-        "params": tr.params,
-        "model_id": tr.model_id,
-        "training_key": tr.training_key,
-        "created_at": tr.created_at,
-        **job_fields(tr.job),
-    }
+def not_finished(kind: str, ident: int, status: object, what: str) -> ProblemError:
+    """The 409 of asking for what a job has not produced (yet): its ``status`` says why."""
+    return ProblemError(409, "not_finished", f"{kind} {ident} is {status}; it has no {what} yet")

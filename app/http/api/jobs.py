@@ -7,22 +7,26 @@ a comparison or a training.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import Path, Query
 from pydantic import BaseModel, Field
+from sqlalchemy.orm import Session
 
-from app.http.api.deps import READ, WRITE, Limit, Offset, StatusFilter, Svc, job_fields, not_found
-from app.http.problems import PROBLEM_RESPONSES
+from app.http.api.deps import Paging, StatusFilter, Svc, api_router
+from app.http.api.rows import listing, row_or_404, view_of
+from app.http.api.views import job_fields
 from app.http.schemas import ID_MAX, JobFields, Page
+from app.http.security import READ, WRITE
 from app.jobs.queue import request_cancel
 from app.store import repository
 from app.store.orm import Job
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROBLEM_RESPONSES)
+router = api_router("jobs")
 JobId = Annotated[int, Path(ge=1, le=ID_MAX, description="Job id")]
 
 
@@ -78,18 +82,13 @@ def _view(job: Job, subject: tuple[str, int] | None) -> dict[str, Any]:
 
 
 def _one(services: Svc, job_id: int) -> dict[str, Any]:
-    with services.db.session(readonly=True) as s:
-        job = s.get(Job, job_id)
-        if job is None:
-            raise not_found("job", job_id)
-        return _view(job, repository.job_subjects(s, [job_id]).get(job_id))
+    return view_of(services, Job, job_id, lambda s, job: _views(s, [job])[0])
 
 
 @router.get("", response_model=Page[JobOut], **READ)
 def list_jobs(
     services: Svc,
-    limit: Limit = 50,
-    offset: Offset = 0,
+    at: Paging,
     kind: str | None = Query(None, pattern="^[a-z_]{1,20}$", description="e.g. training"),
     status_: StatusFilter = None,
     parent_id: int | None = Query(
@@ -101,13 +100,21 @@ def list_jobs(
     ),
 ) -> dict[str, Any]:
     """Newest first."""
-    with services.db.session(readonly=True) as s:
-        items, total = repository.list_jobs(
-            s, limit=limit, offset=offset, kind=kind, status=status_, parent_id=parent_id
-        )
-        subjects = repository.job_subjects(s, [j.id for j in items])
-        views = [_view(j, subjects.get(j.id)) for j in items]
-    return {"items": views, "total": total, "limit": limit, "offset": offset}
+    return listing(
+        services,
+        at,
+        repository.list_jobs,
+        _views,
+        kind=kind,
+        status=status_,
+        parent_id=parent_id,
+    )
+
+
+def _views(s: Session, items: Sequence[Job]) -> list[dict[str, Any]]:
+    """The jobs' views, each linking to what it produces."""
+    subjects = repository.job_subjects(s, [j.id for j in items])
+    return [_view(j, subjects.get(j.id)) for j in items]
 
 
 @router.get("/kinds", response_model=KindsOut, **READ)
@@ -126,7 +133,6 @@ def get_job(services: Svc, job_id: JobId) -> dict[str, Any]:
 def cancel_job(services: Svc, job_id: JobId) -> dict[str, Any]:
     """Cancel at once if queued; a running job stops at its next batch or training step."""
     with services.db.session() as s:
-        if s.get(Job, job_id) is None:
-            raise not_found("job", job_id)
+        row_or_404(s, Job, job_id)
         request_cancel(s, job_id)
     return _one(services, job_id)

@@ -4,31 +4,28 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Form, Query, Response, UploadFile, status
+from fastapi import File, Form, Query, Response, UploadFile, status
 from fastapi.responses import FileResponse
+from sqlalchemy.orm import Session
 
-from app.http.api.deps import ADMIN, READ, WRITE, Limit, ModelId, Offset, Svc, not_found
-from app.http.problems import PROBLEM_RESPONSES, ProblemError
+from app.http.api.deps import Force, ModelId, Paging, Svc, api_router
+from app.http.api.rows import listing, row_or_404, view_of
+from app.http.api.uploads import answer_registered, register_route, save_upload
+from app.http.problems import ProblemError
 from app.http.schemas import NO_NUL, ModelOut, Page
+from app.http.security import ADMIN, READ
 from app.jobs.train import register_checkpoint
 from app.store import gc, repository
-from app.store.artifacts import ArtifactStore
 from app.store.checkpoints import hub_checkpoint, pretrained_checkpoint, timm_checkpoint
 from app.store.orm import Model
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/models", tags=["models"], responses=PROBLEM_RESPONSES)
-
-
-def _save(upload: UploadFile, dest: Path, store: ArtifactStore) -> Path:
-    with store.writing(), dest.open("wb") as f:  # a full store is a 507, not a traceback
-        shutil.copyfileobj(upload.file, f, 1 << 20)
-    return dest
+router = api_router("models")
 
 
 def _config(raw: str | None) -> dict[str, Any]:
@@ -45,13 +42,7 @@ def _config(raw: str | None) -> dict[str, Any]:
     return value
 
 
-@router.post(
-    "",
-    response_model=ModelOut,
-    status_code=status.HTTP_201_CREATED,
-    responses={200: {"model": ModelOut, "description": "Already registered (same sha256)"}},
-    **WRITE,
-)
+@router.post("", **register_route(ModelOut, "Already registered (same sha256)"))
 def upload_model(
     services: Svc,
     response: Response,
@@ -108,9 +99,9 @@ def upload_model(
             )
             return _answer(response, row, created)
         assert weights is not None
-        w = _save(weights, Path(tmp) / "weights.safetensors", services.store)
+        w = save_upload(weights, Path(tmp) / "weights.safetensors", services.store)
         if sidecar is not None:
-            side = _save(sidecar, Path(tmp) / "sidecar.json", services.store)
+            side = save_upload(sidecar, Path(tmp) / "sidecar.json", services.store)
             row, created = register_checkpoint(services, w, side, name=name, source="upload")
         else:
             assert timm_name is not None
@@ -123,14 +114,13 @@ def upload_model(
 
 
 def _answer(response: Response, row: Model, created: bool) -> Model:
-    response.status_code = 201 if created else 200
-    response.headers["Location"] = f"/v1/models/{row.id}"
+    answer_registered(response, f"/v1/models/{row.id}", created)
     return row
 
 
 def _register_hub(services: Svc, response: Response, hub: UploadFile, name: str | None) -> Model:
     with services.store.scratch() as tmp:
-        archive = _save(hub, Path(tmp) / "folder.zip", services.store)
+        archive = save_upload(hub, Path(tmp) / "folder.zip", services.store)
         sha, _size, _ = hub_checkpoint(
             services.store, archive, services.settings.max_upload_bytes * 4
         )
@@ -145,8 +135,7 @@ def _register_hub(services: Svc, response: Response, hub: UploadFile, name: str 
 @router.get("", response_model=Page[ModelOut], **READ)
 def list_models(
     services: Svc,
-    limit: Limit = 50,
-    offset: Offset = 0,
+    at: Paging,
     arch: Annotated[str | None, Query(max_length=200), NO_NUL] = None,
     source: Annotated[str | None, Query(max_length=20), NO_NUL] = None,
     q: Annotated[
@@ -166,24 +155,27 @@ def list_models(
     ] = None,
 ) -> dict[str, Any]:
     """Newest last; filter by architecture, family, Ω or density range, or training key."""
-    with services.db.session(readonly=True) as s:
-        items, total = repository.list_models(
-            s,
-            limit=limit,
-            offset=offset,
-            arch=arch,
-            q=q,
-            source=source,
-            family=family,
-            omega_min=omega_min,
-            omega_max=omega_max,
-            density_min=density_min,
-            density_max=density_max,
-            training_key=training_key,
-        )
-        sizes = gc.model_artifact_bytes(s, [m.id for m in items])
-    views = [_view(m, sizes.get(m.id, 0)) for m in items]
-    return {"items": views, "total": total, "limit": limit, "offset": offset}
+    return listing(
+        services,
+        at,
+        repository.list_models,
+        _views,
+        arch=arch,
+        q=q,
+        source=source,
+        family=family,
+        omega_min=omega_min,
+        omega_max=omega_max,
+        density_min=density_min,
+        density_max=density_max,
+        training_key=training_key,
+    )
+
+
+def _views(s: Session, items: Sequence[Model]) -> list[dict[str, Any]]:
+    """The models' views, each with the bytes its stored artifacts take."""
+    sizes = gc.model_artifact_bytes(s, [m.id for m in items])
+    return [_view(m, sizes.get(m.id, 0)) for m in items]
 
 
 def _view(row: Model, artifact_bytes: int) -> dict[str, Any]:
@@ -191,11 +183,7 @@ def _view(row: Model, artifact_bytes: int) -> dict[str, Any]:
 
 
 def _get(services: Svc, model_id: int) -> Model:
-    with services.db.session(readonly=True) as s:
-        row = s.get(Model, model_id)
-    if row is None:
-        raise not_found("model", model_id)
-    return row
+    return view_of(services, Model, model_id, lambda _s, row: row)
 
 
 @router.get("/{model_id}", response_model=ModelOut, **READ)
@@ -228,15 +216,9 @@ def download_sidecar(services: Svc, model_id: ModelId) -> dict[str, Any]:
 
 
 @router.delete("/{model_id}", status_code=status.HTTP_204_NO_CONTENT, **ADMIN)
-def delete_model(
-    services: Svc,
-    model_id: ModelId,
-    force: bool = Query(False, description="Also delete the comparisons that use it"),
-) -> Response:
+def delete_model(services: Svc, model_id: ModelId, force: Force = False) -> Response:
     with services.db.session() as s:
-        row = s.get(Model, model_id)
-        if row is None:
-            raise not_found("model", model_id)
+        row = row_or_404(s, Model, model_id)
         used = repository.comparisons_using_model(s, model_id)
         if used and not force:
             raise ProblemError(
@@ -246,9 +228,7 @@ def delete_model(
                 "delete them too",
                 field="force",
             )
-        paths = gc.referenced_by(s, used)
-        for cid in used:
-            repository.delete_comparison(s, cid)
+        paths = gc.delete_comparisons(s, used)
         sha = row.sha256
         s.delete(row)
     services.store.delete(sha, ".safetensors")

@@ -15,21 +15,23 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from cachetools import LRUCache
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import Query, Request, Response
 from sqlalchemy.orm import defer
 
 from analysis import Atlas
 from analysis.plot import render_atlas
-from app.http.api.deps import READ, ComparisonId, Svc, not_found
-from app.http.problems import PROBLEM_RESPONSES, ProblemError
+from app.http.api.deps import ComparisonId, Svc, api_router, not_finished
+from app.http.api.rows import row_or_404
+from app.http.problems import ProblemError
 from app.http.schemas import MatrixOut
+from app.http.security import READ
 from app.store import gc
 from app.store.cells import Cells
 from app.store.orm import Comparison
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/comparisons", tags=["comparisons"], responses=PROBLEM_RESPONSES)
+router = api_router("comparisons")
 MEDIA = {"png": "image/png", "svg": "image/svg+xml"}
 TABLE_MEDIA = {"csv": "text/csv; charset=utf-8", "parquet": "application/vnd.apache.parquet"}
 ATLAS_CACHE_SIZE = 16
@@ -90,15 +92,9 @@ def _finished(services: Svc, comparison_id: int, *, load_result: bool = True) ->
     """
     options = [] if load_result else [defer(Comparison.result)]
     with services.db.session(readonly=True) as s:
-        cmp = s.get(Comparison, comparison_id, options=options)
-        if cmp is None:
-            raise not_found("comparison", comparison_id)
+        cmp = row_or_404(s, Comparison, comparison_id, options=options)
         if (cmp.result if load_result else cmp.result_sha256) is None:
-            raise ProblemError(
-                409,
-                "not_finished",
-                f"comparison {comparison_id} is {cmp.job.status}; it has no result yet",
-            )
+            raise not_finished("comparison", comparison_id, cmp.job.status, "result")
         return cmp
 
 

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Response, status
+from fastapi import Path, Query, Response, status
 from sqlalchemy import select
 from sqlalchemy.orm import object_session
 
-from app.http.api.deps import READ, WRITE, Limit, Offset, StatusFilter, Svc, job_fields, not_found
-from app.http.problems import PROBLEM_RESPONSES, ProblemError
+from app.http.api.deps import Paging, StatusFilter, Svc, api_router, not_finished
+from app.http.api.rows import cancel_job_of, each, listing, row_or_404, view_of
+from app.http.api.views import job_fields
 from app.http.schemas import ID_MAX, Page, StudyIn, StudyOut
-from app.jobs.queue import request_cancel
+from app.http.security import READ, WRITE
 from app.jobs.studies import submit_study
 from app.store import repository
 from app.store.orm import Job, Study
 
 __all__ = ["router", "study_view"]
 
-router = APIRouter(prefix="/v1/studies", tags=["studies"], responses=PROBLEM_RESPONSES)
+router = api_router("studies")
 StudyId = Annotated[int, Path(ge=1, le=ID_MAX, description="Study id")]
 MEDIA = {"csv": "text/csv; charset=utf-8", "png": "image/png", "svg": "image/svg+xml"}
 
@@ -98,18 +99,14 @@ def study_view(study: Study, *, with_summary: bool = False) -> dict[str, Any]:
 
 def _detail(services: Svc, study_id: int) -> dict[str, Any]:
     """One study's view with its spec and its trainings' jobs, read in one session."""
-    with services.db.session(readonly=True) as s:
-        study = s.get(Study, study_id)
-        if study is None:
-            raise not_found("study", study_id)
-        return study_view(study, with_summary=True)
+    return view_of(
+        services, Study, study_id, lambda _s, study: study_view(study, with_summary=True)
+    )
 
 
 def _get(services: Svc, study_id: int) -> Study:
     with services.db.session(readonly=True) as s:
-        study = s.get(Study, study_id)
-        if study is None:
-            raise not_found("study", study_id)
+        study = row_or_404(s, Study, study_id)
         study.members  # noqa: B018 - load the members before the session closes
         return study
 
@@ -131,18 +128,14 @@ def create_study(services: Svc, body: StudyIn, response: Response) -> dict[str, 
 @router.get("", response_model=Page[StudyOut], **READ)
 def list_studies(
     services: Svc,
-    limit: Limit = 50,
-    offset: Offset = 0,
+    at: Paging,
     name: Annotated[str | None, Query(max_length=64, pattern=r"^[a-z0-9_.-]+$")] = None,
     status_: StatusFilter = None,
 ) -> dict[str, Any]:
     """Newest first."""
-    with services.db.session(readonly=True) as s:
-        items, total = repository.list_studies(
-            s, limit=limit, offset=offset, name=name, status=status_
-        )
-        views = [study_view(st) for st in items]
-    return {"items": views, "total": total, "limit": limit, "offset": offset}
+    return listing(
+        services, at, repository.list_studies, each(study_view), name=name, status=status_
+    )
 
 
 @router.get("/{study_id}", response_model=StudyOut, **READ)
@@ -155,22 +148,14 @@ def get_study(services: Svc, study_id: StudyId) -> dict[str, Any]:
 def cancel_study(services: Svc, study_id: StudyId) -> dict[str, Any]:
     """Cancel at once if queued; a running study stops after its current training (or at the
     comparison's next batch)."""
-    with services.db.session() as s:
-        study = s.get(Study, study_id)
-        if study is None:
-            raise not_found("study", study_id)
-        request_cancel(s, study.job_id)
+    cancel_job_of(services, Study, study_id)
     return _detail(services, study_id)
 
 
 def _finished(services: Svc, study_id: int) -> Study:
     study = _get(services, study_id)
     if study.summary is None or study.artifacts is None:
-        raise ProblemError(
-            409,
-            "not_finished",
-            f"study {study_id} is {study.job.status}; it has no results yet",
-        )
+        raise not_finished("study", study_id, study.job.status, "results")
     return study
 
 

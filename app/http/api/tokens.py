@@ -9,18 +9,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Response, status
+from fastapi import Path, Response, status
 from pydantic import BaseModel, Field, StringConstraints
 
-from app.http.api.deps import ADMIN, Limit, Offset, Svc, not_found
-from app.http.problems import PROBLEM_RESPONSES
+from app.http.api.deps import Paging, Svc, api_router, not_found
+from app.http.api.rows import each, listing
 from app.http.schemas import ID_MAX, NO_NUL, Page
+from app.http.security import ADMIN
 from app.store import tokens as token_store
 from app.store.orm import ApiToken
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=PROBLEM_RESPONSES)
+router = api_router("tokens")
 TokenId = Annotated[int, Path(ge=1, le=ID_MAX, description="Token id")]
 
 
@@ -50,11 +51,8 @@ def _out(row: ApiToken) -> dict[str, Any]:
 
 
 @router.get("", response_model=Page[TokenOut], **ADMIN)
-def list_tokens(services: Svc, limit: Limit = 50, offset: Offset = 0) -> dict[str, Any]:
-    with services.db.session(readonly=True) as s:
-        items, total = token_store.list_tokens(s, limit=limit, offset=offset)
-        views = [_out(t) for t in items]
-    return {"items": views, "total": total, "limit": limit, "offset": offset}
+def list_tokens(services: Svc, at: Paging) -> dict[str, Any]:
+    return listing(services, at, token_store.list_tokens, each(_out))
 
 
 @router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED, **ADMIN)

@@ -4,37 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Response, status
+from fastapi import Response, status
 
-from app.http.api.deps import (
-    READ,
-    WRITE,
-    Limit,
-    Offset,
-    StatusFilter,
-    Svc,
-    TrainingId,
-    not_found,
-    training_view,
-)
-from app.http.problems import PROBLEM_RESPONSES
+from app.http.api.deps import Paging, StatusFilter, Svc, TrainingId, api_router
+from app.http.api.rows import cancel_job_of, each, listing, view_of
+from app.http.api.views import training_view
 from app.http.schemas import Page, TrainingIn, TrainingOut
-from app.jobs.queue import request_cancel
+from app.http.security import READ, WRITE
 from app.jobs.submit import submit_training
 from app.store import repository
 from app.store.orm import Training
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/trainings", tags=["trainings"], responses=PROBLEM_RESPONSES)
+router = api_router("trainings")
 
 
 def _view(services: Svc, training_id: int) -> dict[str, Any]:
-    with services.db.session(readonly=True) as s:
-        tr = s.get(Training, training_id)
-        if tr is None:
-            raise not_found("training", training_id)
-        return training_view(tr)
+    return view_of(services, Training, training_id, lambda _s, tr: training_view(tr))
 
 
 @router.post("", response_model=TrainingOut, status_code=status.HTTP_202_ACCEPTED, **WRITE)
@@ -46,16 +33,8 @@ def create_training(services: Svc, body: TrainingIn, response: Response) -> dict
 
 
 @router.get("", response_model=Page[TrainingOut], **READ)
-def list_trainings(
-    services: Svc,
-    limit: Limit = 50,
-    offset: Offset = 0,
-    status_: StatusFilter = None,
-) -> dict[str, Any]:
-    with services.db.session(readonly=True) as s:
-        items, total = repository.list_trainings(s, limit=limit, offset=offset, status=status_)
-        views = [training_view(t) for t in items]
-    return {"items": views, "total": total, "limit": limit, "offset": offset}
+def list_trainings(services: Svc, at: Paging, status_: StatusFilter = None) -> dict[str, Any]:
+    return listing(services, at, repository.list_trainings, each(training_view), status=status_)
 
 
 @router.get("/{training_id}", response_model=TrainingOut, **READ)
@@ -66,9 +45,5 @@ def get_training(services: Svc, training_id: TrainingId) -> dict[str, Any]:
 @router.post("/{training_id}/cancel", response_model=TrainingOut, **WRITE)
 def cancel_training(services: Svc, training_id: TrainingId) -> dict[str, Any]:
     """Cancel a queued training now; a running one stops after its current training step."""
-    with services.db.session() as s:
-        tr = s.get(Training, training_id)
-        if tr is None:
-            raise not_found("training", training_id)
-        request_cancel(s, tr.job_id)
+    cancel_job_of(services, Training, training_id)
     return _view(services, training_id)

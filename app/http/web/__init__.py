@@ -14,6 +14,7 @@ from fastapi.staticfiles import StaticFiles
 
 from app.http.web import auth, catalog, comparisons, jobs, studies
 from app.http.web.auth import LoginRequired, login_page
+from app.http.web.rendering import PageNotFound, not_found_page
 from app.http.web.templating import STATIC_DIR
 
 __all__ = ["install_web"]
@@ -25,6 +26,10 @@ def install_web(app: FastAPI) -> None:
     @app.exception_handler(LoginRequired)
     async def _login(request: Request, exc: LoginRequired) -> Response:
         return login_page(request, next_path=exc.next_path, status=401)
+
+    @app.exception_handler(PageNotFound)
+    async def _missing(request: Request, exc: PageNotFound) -> Response:
+        return not_found_page(request, exc.auth, exc.what)
 
     for module in (comparisons, catalog, studies, jobs, auth):
         app.include_router(module.router)

@@ -4,27 +4,19 @@ from __future__ import annotations
 
 import hashlib
 from functools import cache
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from sqlalchemy.orm import Session
 
 import models
 from analysis.images import thumbnail
 from analysis.sources import image_files
-from app.http.api.deps import comparison_view
-from app.http.web.auth import AuthState, page_reader
-from app.http.web.common import (
-    PAGE_SIZE,
-    Pager,
-    as_int,
-    as_text,
-    is_id,
-    not_found_page,
-    render,
-    services_of,
-)
+from app.http.api.views import comparison_view
+from app.http.web.common import Auth, as_text, found, lookup, paged, services_of
+from app.http.web.rendering import render
 from app.http.web.samples import render_sample
 from app.store import repository
 from app.store.datasets import dataset_key
@@ -33,7 +25,6 @@ from app.store.orm import Dataset, Model
 __all__ = ["SAMPLES", "model_facts", "router", "sample_indices"]
 
 router = APIRouter(include_in_schema=False)
-Auth = Annotated[AuthState, Depends(page_reader)]
 SAMPLES = 12
 
 
@@ -77,16 +68,18 @@ def model_facts(row: Model) -> dict[str, Any]:
     }
 
 
+def _comparisons(s: Session, **where: Any) -> tuple[list[dict[str, Any]], int]:
+    """The newest 50 comparisons of a model or over a dataset (``where``), and how many in all."""
+    items, total = repository.list_comparisons(s, limit=50, offset=0, **where)
+    return [comparison_view(c) for c in items], total
+
+
 @router.get("/models")
 def models_page(
     request: Request, auth: Auth, q: str | None = None, page: str | None = None
 ) -> Response:
-    number = as_int(page, minimum=1) or 1
     query = as_text(q)
-    with services_of(request).db.session(readonly=True) as s:
-        rows, total = repository.list_models(
-            s, limit=PAGE_SIZE, offset=(number - 1) * PAGE_SIZE, q=query
-        )
+    rows, pager = paged(request, page, "/models", {"q": query}, repository.list_models, q=query)
     return render(
         request,
         "models.html",
@@ -94,20 +87,15 @@ def models_page(
         title="Models",
         rows=[(r, model_facts(r)) for r in rows],
         q=query or "",
-        pager=Pager(number, total, PAGE_SIZE, "/models", {"q": query}),
+        pager=pager,
     )
 
 
 @router.get("/models/{model_id}")
 def model_page(request: Request, auth: Auth, model_id: int) -> Response:
-    if not is_id(model_id):
-        return not_found_page(request, auth, f"Model {model_id}")
     with services_of(request).db.session(readonly=True) as s:
-        row = s.get(Model, model_id)
-        if row is None:
-            return not_found_page(request, auth, f"Model {model_id}")
-        items, total = repository.list_comparisons(s, limit=50, offset=0, model_id=model_id)
-        comparisons = [comparison_view(c) for c in items]
+        row = found(s, Model, model_id, auth)
+        comparisons, total = _comparisons(s, model_id=model_id)
         datasets = {d.id: d for d in repository.list_datasets(s, limit=500, offset=0)[0]}
     return render(
         request,
@@ -124,16 +112,14 @@ def model_page(request: Request, auth: Auth, model_id: int) -> Response:
 
 @router.get("/datasets")
 def datasets_page(request: Request, auth: Auth, page: str | None = None) -> Response:
-    number = as_int(page, minimum=1) or 1
-    with services_of(request).db.session(readonly=True) as s:
-        rows, total = repository.list_datasets(s, limit=PAGE_SIZE, offset=(number - 1) * PAGE_SIZE)
+    rows, pager = paged(request, page, "/datasets", {}, repository.list_datasets)
     return render(
         request,
         "datasets.html",
         auth,
         title="Datasets",
         rows=rows,
-        pager=Pager(number, total, PAGE_SIZE, "/datasets", {}),
+        pager=pager,
     )
 
 
@@ -161,14 +147,9 @@ def sample_indices(labels: np.ndarray | None, n: int, count: int = SAMPLES) -> l
 
 @router.get("/datasets/{dataset_id}")
 def dataset_page(request: Request, auth: Auth, dataset_id: int) -> Response:
-    if not is_id(dataset_id):
-        return not_found_page(request, auth, f"Dataset {dataset_id}")
     with services_of(request).db.session(readonly=True) as s:
-        row = s.get(Dataset, dataset_id)
-        if row is None:
-            return not_found_page(request, auth, f"Dataset {dataset_id}")
-        items, total = repository.list_comparisons(s, limit=50, offset=0, dataset_id=dataset_id)
-        comparisons = [comparison_view(c) for c in items]
+        row = found(s, Dataset, dataset_id, auth)
+        comparisons, total = _comparisons(s, dataset_id=dataset_id)
     data = _load(request, row)
     indices = sample_indices(data.y, len(data))
     classes = list(data.classes) if data.classes is not None else None
@@ -194,10 +175,8 @@ def dataset_page(request: Request, auth: Auth, dataset_id: int) -> Response:
 @router.get("/datasets/{dataset_id}/samples/{index}.png")
 def dataset_sample(request: Request, auth: Auth, dataset_id: int, index: int) -> Response:
     """One image of the dataset as PNG; immutable for a given dataset content hash."""
-    if not is_id(dataset_id):
-        return Response(status_code=404)
     with services_of(request).db.session(readonly=True) as s:
-        row = s.get(Dataset, dataset_id)
+        row = lookup(s, Dataset, dataset_id)
     if row is None:
         return Response(status_code=404)
     data = _load(request, row)

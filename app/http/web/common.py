@@ -1,40 +1,40 @@
-"""Helpers shared by the page modules: lenient query parsing, rendering, pagination."""
+"""Helpers shared by the page modules: the reader, lenient query parsing, rows, pagination.
+
+Rendering a page is :mod:`app.http.web.rendering`'s.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlencode
 
-from fastapi import Request
-from fastapi.responses import Response
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
 
 from app.http.schemas import ID_MAX
-from app.http.web.auth import AuthState
-from app.http.web.templating import templates
+from app.http.web.auth import AuthState, page_reader
+from app.http.web.rendering import PageNotFound
 from app.store.services import Services
 
 __all__ = [
     "PAGE_SIZE",
+    "Auth",
     "Pager",
     "as_int",
     "as_text",
+    "found",
     "is_id",
-    "not_found_page",
-    "render",
+    "lookup",
+    "paged",
     "services_of",
 ]
 
 PAGE_SIZE = 20
-
-# Pages are same-origin only: scripts, styles and images from this server, no framing.
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
-    "style-src 'self'; script-src 'self'; object-src 'none'; frame-ancestors 'none'; "
-    "base-uri 'none'; form-action 'self'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-}
+# Every page's reader: who is looking (a page needing a login sends them to it).
+Auth = Annotated[AuthState, Depends(page_reader)]
+Row = TypeVar("Row")
 
 
 def services_of(request: Request) -> Services:
@@ -64,21 +64,19 @@ def is_id(value: int) -> bool:
     return 1 <= value <= ID_MAX
 
 
-def render(
-    request: Request, template: str, auth: AuthState, status: int = 200, **context: Any
-) -> Response:
-    context.setdefault("title", "")
-    response = templates.TemplateResponse(
-        request, template, {"auth": auth, **context}, status_code=status
-    )
-    response.headers.update(SECURITY_HEADERS)
-    return response
+def lookup(session: Session, table: type[Row], ident: int) -> Row | None:
+    """The row ``ident`` of ``table``; None when there is none or ``ident`` cannot name one
+    (then the database is not asked)."""
+    return session.get(table, ident) if is_id(ident) else None
 
 
-def not_found_page(request: Request, auth: AuthState, what: str) -> Response:
-    return render(
-        request, "error.html", auth, 404, title="Not found", message=f"{what} does not exist."
-    )
+def found(session: Session, table: type[Row], ident: int, auth: AuthState) -> Row:
+    """The row ``ident`` of ``table``, or :class:`PageNotFound`: the not-found page, which
+    names it by its class ("Model 7 does not exist.")."""
+    row = lookup(session, table, ident)
+    if row is None:
+        raise PageNotFound(auth, f"{table.__name__} {ident}")
+    return row
 
 
 @dataclass(frozen=True)
@@ -120,3 +118,23 @@ class Pager:
     @property
     def next_url(self) -> str | None:
         return self.url(self.number + 1) if self.number < self.pages else None
+
+
+def paged(
+    request: Request,
+    page: str | None,
+    path: str,
+    filters: dict[str, Any],
+    lister: Callable[..., tuple[Sequence[Row], int]],
+    shown: Callable[[Session, Sequence[Row]], Sequence[Any]] = lambda _s, items: items,
+    **where: Any,
+) -> tuple[Sequence[Any], Pager]:
+    """Page ``?page=`` (1 when absent or malformed) of a listing page at ``path``:
+    ``lister(session, limit=, offset=, **where)`` (a repository listing) gives its rows and
+    the total, ``shown`` turns the rows into what the template shows while their session is
+    open; the pager's links keep ``filters``."""
+    number = as_int(page, minimum=1) or 1
+    with services_of(request).db.session(readonly=True) as s:
+        items, total = lister(s, limit=PAGE_SIZE, offset=(number - 1) * PAGE_SIZE, **where)
+        rows = shown(s, items)
+    return rows, Pager(number, total, PAGE_SIZE, path, filters)

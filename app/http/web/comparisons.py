@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Sequence
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
-from app.http.api.deps import comparison_view
-from app.http.web.auth import AuthState, page_reader
-from app.http.web.common import (
-    PAGE_SIZE,
-    Pager,
-    as_int,
-    as_text,
-    is_id,
-    not_found_page,
-    render,
-    services_of,
-)
+from app.http.api.views import comparison_view
+from app.http.web.common import Auth, as_int, as_text, found, paged, services_of
+from app.http.web.rendering import render
 from app.jobs.requests import ComparisonIn
 from app.store import repository
 from app.store.cells import QUANTITIES, Cells
@@ -28,7 +21,6 @@ from app.store.orm import JOB_STATES, Comparison, Dataset, JobState, Model
 __all__ = ["atlas_payload", "router"]
 
 router = APIRouter(include_in_schema=False)
-Auth = Annotated[AuthState, Depends(page_reader)]
 KERNEL_CHOICES = ("linear", "rbf")
 
 
@@ -56,21 +48,9 @@ def comparisons_page(
     state = JobState(status) if status in JOB_STATES else None
     kernel = as_text(kernel, 40)
     filters = {"model": model_id, "dataset": dataset_id, "status": state, "kernel": kernel}
-    number = as_int(page, minimum=1) or 1
     models, datasets, kernels = _catalog(request)
-    with services_of(request).db.session(readonly=True) as s:
-        items, total = repository.list_comparisons(
-            s,
-            limit=PAGE_SIZE,
-            offset=(number - 1) * PAGE_SIZE,
-            model_id=model_id,
-            dataset_id=dataset_id,
-            status=state,
-            kernel=kernel,
-        )
-        studies = repository.studies_of_comparisons(s, [c.id for c in items])
-        rows = [comparison_view(c) | {"study": studies.get(c.id)} for c in items]
-    pager = Pager(number, total, PAGE_SIZE, "/", filters)
+    where = {"model_id": model_id, "dataset_id": dataset_id, "status": state, "kernel": kernel}
+    rows, pager = paged(request, page, "/", filters, repository.list_comparisons, _rows, **where)
     return render(
         request,
         "comparisons.html",
@@ -84,6 +64,12 @@ def comparisons_page(
         kernels=kernels,
         statuses=JOB_STATES,
     )
+
+
+def _rows(s: Session, items: Sequence[Comparison]) -> list[dict[str, Any]]:
+    """The comparisons' views, each with the study it belongs to (if any)."""
+    studies = repository.studies_of_comparisons(s, [c.id for c in items])
+    return [comparison_view(c) | {"study": studies.get(c.id)} for c in items]
 
 
 @router.get("/comparisons/new")
@@ -147,12 +133,8 @@ def atlas_payload(result: dict[str, Any]) -> dict[str, Any]:
 @router.get("/comparisons/{comparison_id}")
 def comparison_page(request: Request, auth: Auth, comparison_id: int) -> Response:
     """The atlas: heatmaps of every model pair, or a live progress bar while it runs."""
-    if not is_id(comparison_id):
-        return not_found_page(request, auth, f"Comparison {comparison_id}")
     with services_of(request).db.session(readonly=True) as s:
-        cmp = s.get(Comparison, comparison_id)
-        if cmp is None:
-            return not_found_page(request, auth, f"Comparison {comparison_id}")
+        cmp = found(s, Comparison, comparison_id, auth)
         view = comparison_view(cmp)
         dataset = s.get(Dataset, cmp.dataset_id)
         result = cmp.result

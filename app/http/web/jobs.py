@@ -7,20 +7,21 @@ jobs that are nobody's part, and cancelling is the page's script calling
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Sequence
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from sqlalchemy.orm import Session
 
-from app.http.web.auth import AuthState, page_reader
-from app.http.web.common import PAGE_SIZE, Pager, as_int, as_text, render, services_of
+from app.http.web.common import Auth, as_text, paged, services_of
+from app.http.web.rendering import render
 from app.store import repository
 from app.store.orm import Job, JobState
 
 __all__ = ["router"]
 
 router = APIRouter(include_in_schema=False)
-Auth = Annotated[AuthState, Depends(page_reader)]
 
 # Where the page of what a job produces lives, by the collection job_subjects names.
 _SUBJECT_PAGES = {"comparisons": "/comparisons/{}", "studies": "/studies/{}"}
@@ -50,6 +51,20 @@ def _row(job: Job, subject: tuple[str, int] | None) -> dict[str, Any]:
     }
 
 
+def _rows(s: Session, items: Sequence[Job]) -> list[dict[str, Any]]:
+    """The jobs' rows, each with its parts (shards, a study's trainings) beneath it."""
+    children = repository.job_children(s, [j.id for j in items])
+    every = [*items, *(c for part in children.values() for c in part)]
+    subjects = repository.job_subjects(s, [j.id for j in every])
+    return [
+        {
+            **_row(job, subjects.get(job.id)),
+            "parts": [_row(c, subjects.get(c.id)) for c in children.get(job.id, [])],
+        }
+        for job in items
+    ]
+
+
 @router.get("/jobs")
 def jobs_page(
     request: Request,
@@ -58,29 +73,22 @@ def jobs_page(
     status: str | None = None,
     page: str | None = None,
 ) -> Response:
-    number = as_int(page, minimum=1) or 1
     kind_ = as_text(kind, 20)
     states = [s.value for s in JobState]
     status_ = JobState(status) if status in states else None
+    filters = {"kind": kind_, "status": status_}
+    rows, pager = paged(
+        request,
+        page,
+        "/jobs",
+        filters,
+        repository.list_jobs,
+        _rows,
+        kind=kind_,
+        status=status_,
+        roots=True,
+    )
     with services_of(request).db.session(readonly=True) as s:
-        items, total = repository.list_jobs(
-            s,
-            limit=PAGE_SIZE,
-            offset=(number - 1) * PAGE_SIZE,
-            kind=kind_,
-            status=status_,
-            roots=True,
-        )
-        children = repository.job_children(s, [j.id for j in items])
-        every = items + [c for part in children.values() for c in part]
-        subjects = repository.job_subjects(s, [j.id for j in every])
-        rows = [
-            {
-                **_row(job, subjects.get(job.id)),
-                "parts": [_row(c, subjects.get(c.id)) for c in children.get(job.id, [])],
-            }
-            for job in items
-        ]
         kinds = repository.job_kinds(s)
     return render(
         request,
@@ -93,5 +101,5 @@ def jobs_page(
         live_states=[state.value for state in JobState if state.live],
         kind=kind_ or "",
         state_filter=status_ or "",
-        pager=Pager(number, total, PAGE_SIZE, "/jobs", {"kind": kind_, "status": status_}),
+        pager=pager,
     )

@@ -6,39 +6,28 @@ comparison pages; a running study's page polls ``GET /v1/studies/{id}`` for its 
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 import models
 from analysis.studies import BUILTIN_STUDIES
+from app.http.api.rows import each
 from app.http.api.studies import study_view
-from app.http.web.auth import AuthState, page_reader
-from app.http.web.common import (
-    PAGE_SIZE,
-    Pager,
-    as_int,
-    is_id,
-    not_found_page,
-    render,
-    services_of,
-)
+from app.http.web.common import Auth, found, paged, services_of
+from app.http.web.rendering import render
 from app.store import repository
 from app.store.orm import Dataset, Study
 
 __all__ = ["option_fields", "router"]
 
 router = APIRouter(include_in_schema=False)
-Auth = Annotated[AuthState, Depends(page_reader)]
 
 
 @router.get("/studies")
 def studies_page(request: Request, auth: Auth, page: str | None = None) -> Response:
-    number = as_int(page, minimum=1) or 1
-    with services_of(request).db.session(readonly=True) as s:
-        items, total = repository.list_studies(s, limit=PAGE_SIZE, offset=(number - 1) * PAGE_SIZE)
-        rows = [study_view(st) for st in items]
+    rows, pager = paged(request, page, "/studies", {}, repository.list_studies, each(study_view))
     return render(
         request,
         "studies.html",
@@ -46,18 +35,14 @@ def studies_page(request: Request, auth: Auth, page: str | None = None) -> Respo
         title="Studies",
         rows=rows,
         builtins=BUILTIN_STUDIES,
-        pager=Pager(number, total, PAGE_SIZE, "/studies", {}),
+        pager=pager,
     )
 
 
 @router.get("/studies/{study_id}")
 def study_page(request: Request, auth: Auth, study_id: int) -> Response:
-    if not is_id(study_id):
-        return not_found_page(request, auth, f"Study {study_id}")
     with services_of(request).db.session(readonly=True) as s:
-        study = s.get(Study, study_id)
-        if study is None:
-            return not_found_page(request, auth, f"Study {study_id}")
+        study = found(s, Study, study_id, auth)
         view = study_view(study, with_summary=True)
         summary = study.summary
         dataset = s.get(Dataset, study.dataset_id)

@@ -189,16 +189,8 @@
     const width = Math.ceil(left + w + 8);
     const height = Math.ceil(top + h + colReach + fs + 10 + titleBand);
 
-    const svg = el("svg", {
-      xmlns: NS,
-      class: "heatmap",
-      width: width,
-      height: height,
-      viewBox: "0 0 " + width + " " + height,
-      role: "img",
-      "aria-label": "CKA between the layers of " + matrix.a + " (rows) and " + matrix.b + " (columns)",
-      "data-a": matrix.a,
-      "data-b": matrix.b,
+    const label = "CKA between the layers of " + matrix.a + " (rows) and " + matrix.b + " (columns)";
+    const svg = window.CkaSvg.chart("heatmap", width, height, label, matrix, {
       "data-rows": nr,
       "data-cols": nc,
       "font-size": fs,

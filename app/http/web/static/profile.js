@@ -13,7 +13,6 @@
 (function () {
   "use strict";
 
-  const NS = window.CkaSvg.NS;
   const el = window.CkaSvg.el;
   const defined = window.CkaSvg.defined;
 
@@ -63,17 +62,8 @@
     const ymin = Math.min(0, Math.min.apply(null, all.length ? all : [0]));
     const x = function (i) { return m.left + (nr > 1 ? (i / (nr - 1)) * (width - m.left - m.right) : 0); };
     const y = function (v) { return m.top + (1 - (v - ymin) / (1 - ymin)) * (height - m.top - m.bottom); };
-    const svg = el("svg", {
-      xmlns: NS,
-      class: "profile",
-      width: width,
-      height: height,
-      viewBox: "0 0 " + width + " " + height,
-      role: "img",
-      "aria-label": "CKA per layer of " + matrix.a + " against " + matrix.b,
-      "data-a": matrix.a,
-      "data-b": matrix.b,
-    });
+    const label = "CKA per layer of " + matrix.a + " against " + matrix.b;
+    const svg = window.CkaSvg.chart("profile", width, height, label, matrix);
     [ymin, 0.5, 1].forEach(function (t) {
       el("line", { class: "grid", x1: m.left, x2: width - m.right, y1: y(t), y2: y(t) }, svg);
       el("text", { class: "tick-label", x: m.left - 6, y: y(t), "text-anchor": "end", "dominant-baseline": "central" }, svg, t.toFixed(1));
