@@ -354,9 +354,7 @@ def _deflated(
     ]
     sizes = [int(n) for p in parts for n in np.asarray(p.sizes)]
     kern = CompareOptions.build(kernel=config["kernel"]).parsed_kernel
-    cross, own, share = whole_sample_sensitivity(
-        features, sizes, kern, config["estimator"], hsic
-    )
+    cross, own, share = whole_sample_sensitivity(features, sizes, kern, config["estimator"], hsic)
     return {"deflated_cross": cross, "deflated_self": own, "top_share": share}
 
 
