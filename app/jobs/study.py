@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select, update
@@ -37,13 +36,13 @@ from app.errors import ProblemError
 from app.jobs.control import JobControl
 from app.jobs.parking import Parked, progress_plan
 from app.jobs.queue import LostJob, enqueue, park
-from app.jobs.studies import comparison_body
+from app.jobs.studies import atlas_body
+from app.jobs.study_grams import store_atlas_grams
 from app.jobs.submit import submit_comparison
-from app.jobs.train import register_checkpoint
+from app.jobs.train import train_and_register
 from app.store import repository
 from app.store.orm import Comparison, Job, JobState, Model, Study, StudyMember
 from app.store.services import Services
-from models.errors import TrainingCancelled
 from models.training import train
 
 __all__ = ["run_study", "run_study_training"]
@@ -178,17 +177,27 @@ def _atlas(
     plan: studies.StudyPlan,
     trained: dict[str, Model],
 ) -> int:
-    """The id of the study's succeeded atlas; else find or queue it as a child, and park."""
+    """The id of the study's succeeded atlas; else find or queue it as a child, and park.
+
+    The atlas's id is kept in the parked job's ``detail`` (``atlas``), so the run after it
+    reads its state instead of submitting (and validating) the request again.
+    """
     n = len(plan.trainings)
-    model_ids = list(dict.fromkeys(trained[t.key].id for t in plan.trainings))
-    body = comparison_body(plan.cka, model_ids, study.dataset_id)
-    comparison_id, _ = submit_comparison(services, body, dispatch=False, parent_id=job.id)
+    comparison_id = (job.detail or {}).get("atlas")
+    if not isinstance(comparison_id, int):
+        model_ids = list(dict.fromkeys(trained[t.key].id for t in plan.trainings))
+        body = atlas_body(study, model_ids)
+        comparison_id, _ = submit_comparison(services, body, dispatch=False, parent_id=job.id)
     while True:
         with services.db.session() as s:
-            cmp = s.get(Comparison, comparison_id)
-            if cmp is None:
+            # the comparison's job, not the comparison: its result is large and not needed here
+            cmp_job = s.scalar(
+                select(Job)
+                .join(Comparison, Comparison.job_id == Job.id)
+                .where(Comparison.id == comparison_id)
+            )
+            if cmp_job is None:
                 raise analysis.AnalysisError(f"comparison {comparison_id} was deleted")
-            cmp_job = cmp.job
             if cmp_job.parent_id is None and cmp_job.status.live:
                 cmp_job.parent_id = job.id  # a live identical request: the study waits for it
             status, owner, error = cmp_job.status, cmp_job.parent_id, cmp_job.error
@@ -210,7 +219,7 @@ def _atlas(
         time.sleep(POLL_S)
     children = _children(services, job.id)
     trainings = sum(1 for c in children if c.kind == "training")
-    plan_detail = progress_plan(n + 1, n - trainings)
+    plan_detail = {**progress_plan(n + 1, n - trainings), "atlas": comparison_id}
     waiting = [c for c in children if c.id == cmp_job_id]
     _wait_for_children(services, job, control, waiting, plan_detail)
     raise AssertionError("unreachable")  # pragma: no cover - _wait_for_children raises
@@ -289,7 +298,9 @@ def run_study_training(services: Services, job: Job, control: JobControl) -> Non
     """A study's ``training`` child: train (or find by key) one model and record it.
 
     The training takes the job's cancel callback, so a cancelled or shut-down study stops
-    within one training step. The job's ``detail`` gets the worker, host and seconds.
+    within one training step. Then the model's Grams for the study's atlas are stored
+    (:mod:`app.jobs.study_grams`), so the atlas runs no model. The job's ``detail`` gets the
+    worker, host, seconds (all, and of the training alone) and what the Gram pass did.
     """
     d = dict(job.detail or {})
     if job.parent_id is None or "key" not in d:
@@ -297,37 +308,26 @@ def run_study_training(services: Services, job: Job, control: JobControl) -> Non
     began = time.perf_counter()
     model = _model_by_key(services, d["key"])
     if model is None:
-        with services.store.scratch() as tmp:
-            try:
-                with services.store.writing():  # a full or read-only store fails with a sentence
-                    path = Path(
-                        train(
-                            d["arch"],
-                            analysis.training_data(d["dataset"]),
-                            out_dir=Path(tmp),
-                            name="model",
-                            progress=False,
-                            on_step=control.on_batch,  # False once cancelled: stop between steps
-                            **d["kwargs"],
-                        )
-                    )
-            except TrainingCancelled as exc:
-                raise Cancelled(f"training {d['name']!r} was cancelled: {exc}") from None
-            if control.should_stop:
-                raise Cancelled(f"training {d['name']!r} was cancelled")
-            model, _ = register_checkpoint(
-                services,
-                path,
-                path.with_suffix(".json"),
-                name=d["name"],
-                source="study",
-                training_key=d["key"],
-            )
+        model = train_and_register(
+            services,
+            control,
+            train,  # looked up here, so a test's stand-in for this module's train is used
+            f"training {d['name']!r}",
+            d["arch"],
+            analysis.training_data(d["dataset"]),
+            name="model",
+            register={"name": d["name"], "source": "study", "training_key": d["key"]},
+            **d["kwargs"],
+        )
+    trained_s = time.perf_counter() - began
+    grams = store_atlas_grams(services, int(d["study_id"]), model.id, control)
     detail = {
         **d,
         "worker": control.worker_id,
         "host": socket.gethostname(),
         "seconds": round(time.perf_counter() - began, 3),
+        "training_seconds": round(trained_s, 3),
+        "grams": grams,
         "attempts": job.attempts,
         "model_id": model.id,
     }
