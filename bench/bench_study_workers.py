@@ -28,6 +28,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from analysis import studies
 from app.http.main import create_app
 from app.jobs.celery_process import celery_workers, own_store, worker_logs
 
@@ -141,6 +142,9 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=15.0, help="seconds to let workers start")
     ap.add_argument("--logs", type=Path, help="keep the workers' logs (level info) here")
     args = ap.parse_args()
+    # The app's process plans the study at the POST: its first plan imports the datasets'
+    # loader, which only the first run would wait for. Do it before any clock.
+    studies.plan(args.study, seeds=args.seeds, quick=args.quick)
     rows = [run(w, args) for w in args.workers]
     base = rows[0]["wall"]  # the first worker count (1 by default) is the reference
     print(f"\n{args.study}, {args.seeds} seeds, quick={args.quick}: {rows[0]['models']} trainings")

@@ -65,9 +65,14 @@ def _set_stage(services: Services, study_id: int, stage: str) -> None:
         s.execute(update(Study).where(Study.id == study_id).values(stage=stage))
 
 
-def _model_by_key(services: Services, key: str) -> Model | None:
+def _models_by_key(services: Services, keys: list[str]) -> dict[str, Model]:
+    """The model of each training key that has one (the oldest, if several), in one query."""
+    found: dict[str, Model] = {}
     with services.db.session(readonly=True) as s:
-        return s.scalar(select(Model).where(Model.training_key == key).order_by(Model.id).limit(1))
+        stmt = select(Model).where(Model.training_key.in_(sorted(set(keys)))).order_by(Model.id)
+        for model in s.scalars(stmt):
+            found.setdefault(str(model.training_key), model)
+    return found
 
 
 def _record_member(session: Session, study_id: int, key: str, model_id: int, reused: bool) -> None:
@@ -143,7 +148,8 @@ def _trainings(
     children = _children(services, job.id)
     _check(children, n)
     trained = [c for c in children if c.kind == "training"]
-    found = {t.key: _model_by_key(services, t.key) for t in plan.trainings}
+    by_key = _models_by_key(services, [t.key for t in plan.trainings])
+    found = {t.key: by_key.get(t.key) for t in plan.trainings}
     if not trained:  # the first run: reuse what exists, queue the rest
         with services.db.session() as s:
             for t in plan.trainings:
@@ -306,7 +312,7 @@ def run_study_training(services: Services, job: Job, control: JobControl) -> Non
     if job.parent_id is None or "key" not in d:
         raise LostJob(f"job {job.id} is not a training of a study")
     began = time.perf_counter()
-    model = _model_by_key(services, d["key"])
+    model = _models_by_key(services, [d["key"]]).get(d["key"])
     if model is None:
         model = train_and_register(
             services,
