@@ -6,10 +6,12 @@ done and takes the next step, then parks (:mod:`app.jobs.parking`) until they ha
 1. ``trainings``: a training whose key (arch, options, seed, dataset, recipe) already has a
    model is reused; every other one becomes a child job of kind ``training``
    (:func:`run_study_training`), which any free worker runs (the embedded pool's threads or
-   the Celery workers, one training per worker at a time). The study parks while they run.
+   the Celery workers, one training per worker at a time). Each also stores its model's
+   Grams for the atlas (:mod:`app.jobs.study_grams`), so that part of the atlas is shared by
+   the workers too. The study parks while they run.
 2. ``comparison``: once they have all succeeded, the atlas over every model of the study is
    found (by its request hash) or queued as a child job — sharded when ``CKA_SHARD_BATCHES``
-   says so — and the study parks again.
+   says so — and the study parks again, its atlas's id in its ``detail``.
 3. ``summary``: :func:`analysis.studies.summarize` writes summary.json, results.csv and the
    plots to the artifact store; ``done``.
 

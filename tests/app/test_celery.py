@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,14 +25,7 @@ from app.store.services import Services
 from app.store.settings import Settings
 from tests.app.fault_tools import CIFAR, upload_dataset
 from tests.app.study_tools import TINY
-from tests.helpers import (
-    assert_same_numbers,
-    digits_id,
-    make_settings,
-    register,
-    stored_result,
-    wait,
-)
+from tests.helpers import assert_same_numbers, digits_id, register, stored_result, wait
 
 
 @pytest.fixture
@@ -98,6 +92,30 @@ def _node(worker_id: str) -> str:
     return worker_id.split(":")[0]  # "celery-w1:host:pid:uuid" -> "celery-w1"
 
 
+def _amid_on_w1(job: dict[str, Any]) -> bool:
+    """A job (as /v1/jobs lists it) that worker w1 is running, neither at its start nor end."""
+    mine = job["status"] == "running" and _node(job["worker"]) == "celery-w1"
+    return mine and 0 < job["progress"] < 1
+
+
+def _kill_w1_amid(
+    find: Callable[[], dict[str, Any] | None],
+    workers: dict[str, subprocess.Popen[bytes]],
+    what: str,
+    timeout: float = 120,
+) -> dict[str, Any]:
+    """Poll ``find`` until it gives a job w1 runs, then SIGKILL w1 mid-way; that job."""
+    deadline = time.monotonic() + timeout
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        victim = find()
+        time.sleep(0.02)
+    assert victim is not None, f"w1 never ran {what}"
+    os.killpg(workers["w1"].pid, signal.SIGKILL)
+    workers["w1"].wait(timeout=30)
+    return victim
+
+
 def _reference(zoo: dict[str, Path], data_path: Path, **options: Any) -> dict[str, Any]:
     """What ``analysis.compare`` gives in this process, in one piece, with no Gram store, on
     one thread like the workers (float32 Grams depend on how a product is split)."""
@@ -141,17 +159,11 @@ def test_two_workers_share_a_sharded_comparison_and_survive_a_kill(
             # re-runs it, ends the last shard and combines them
             four = client.post("/v1/comparisons", json=body | {"batch_size": 20, "shards": 4})
             cid = four.json()["id"]
-            deadline = time.monotonic() + 120
-            victim = None
-            while victim is None and time.monotonic() < deadline:
-                for shard in _shards_of(client, services, cid):
-                    mine = shard["status"] == "running" and _node(shard["worker"]) == "celery-w1"
-                    if mine and 0 < shard["progress"] < 1:
-                        victim = shard
-                time.sleep(0.02)
-            assert victim is not None, "w1 never ran a shard"
-            os.killpg(workers["w1"].pid, signal.SIGKILL)
-            workers["w1"].wait(timeout=30)
+            victim = _kill_w1_amid(
+                lambda: next(filter(_amid_on_w1, _shards_of(client, services, cid)), None),
+                workers,
+                "a shard",
+            )
             killed = wait(client, four.headers["location"], timeout=300, alive=workers["w2"])
         logs = worker_logs(tmp_path, workers)
         assert killed["status"] == "succeeded", (killed, logs["w2"][-3000:])
@@ -198,12 +210,19 @@ def _one_worker_sha256s(tmp_path: Path) -> dict[str, str]:
         torch.set_num_threads(threads)
 
 
-def _one_worker_summary(tmp_path: Path) -> dict[str, Any]:
+def _one_worker_summary(settings: Settings, tmp_path: Path) -> dict[str, Any]:
     """TINY run as a study by the embedded worker (one thread, like each Celery worker) of
-    an app of its own, on a store of its own: its summary."""
+    an app of its own, without a broker, on a store of its own: its summary."""
     import torch
 
-    solo = make_settings(f"sqlite:///{tmp_path / 'solo.db'}", tmp_path / "solo")
+    solo = settings.model_copy(
+        update={
+            "database_url": f"sqlite:///{tmp_path / 'solo.db'}",
+            "data_dir": tmp_path / "solo",
+            "broker_url": None,
+            "worker_threads": 1,
+        }
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -237,23 +256,18 @@ def test_two_workers_share_a_study_and_survive_a_kill(
             with services.db.session(readonly=True) as s:
                 job_id = s.get(Study, study["id"]).job_id  # type: ignore[union-attr]
             children = {"parent_id": job_id, "kind": "training", "limit": 50}
-            deadline = time.monotonic() + 300
-            victim = None
-            while victim is None and time.monotonic() < deadline:
+
+            def second_on_w1() -> dict[str, Any] | None:
+                """A training w1 runs after it finished another."""
                 items = client.get("/v1/jobs", params=children).json()["items"]
                 w1_done = [
                     j
                     for j in items
                     if j["status"] == "succeeded" and _node(j["detail"]["worker"]) == "celery-w1"
                 ]
-                for j in items:
-                    mine = j["status"] == "running" and _node(j["worker"]) == "celery-w1"
-                    if w1_done and mine and 0 < j["progress"] < 1:
-                        victim = j
-                time.sleep(0.02)
-            assert victim is not None, "w1 never ran two trainings"
-            os.killpg(workers["w1"].pid, signal.SIGKILL)
-            workers["w1"].wait(timeout=30)
+                return next(filter(_amid_on_w1, items), None) if w1_done else None
+
+            victim = _kill_w1_amid(second_on_w1, workers, "two trainings", timeout=300)
             done = wait(client, r.headers["location"], timeout=600, alive=workers["w2"])
         logs = worker_logs(tmp_path, workers)
         assert done["status"] == "succeeded", (done, logs["w2"][-3000:])
@@ -280,5 +294,5 @@ def test_two_workers_share_a_study_and_survive_a_kill(
         assert "celery-w1" in page and "celery-w2" in page  # each training's worker
     assert shas == _one_worker_sha256s(tmp_path)
     # the same numbers to 1e-12; the ids are each store's own
-    expected = _one_worker_summary(tmp_path)
+    expected = _one_worker_summary(settings, tmp_path)
     assert_same_numbers(expected, summary, tol=1e-12, ignore=("model_ids", "comparison_id"))
