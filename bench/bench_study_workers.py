@@ -5,13 +5,14 @@ Everything goes through the product: a throwaway store (SQLite file and artifact
 per worker count, so nothing is reused; the REST app (which only enqueues when a broker is
 set); Redis; and real ``cka-atlas worker --name`` processes with one thread each. The study is
 the built-in ``sparsity`` with ``--seeds`` seeds and its quick recipe (``--quick``, as
-``cka-atlas study run sparsity --quick --seeds 2``). Wall time is from the POST until the
-study reads succeeded; each training's seconds are its job's own (``/v1/jobs?parent_id=``:
-the training, then the pass that stores its model's Grams for the atlas), the atlas's from its
-job's start and end. Last, the phases of each run from the job rows' timestamps: what does not
-split over workers (delivery, planning, hand-offs, the atlas, the summary, the client's poll)
-and the trainings' span, with the time the workers stood idle in it. ``--logs DIR`` keeps the
-workers' logs (level info, one JSON object a line, timestamped).
+``cka-atlas study run sparsity --quick --seeds 2``). Before any clock the study is posted once
+to an app without workers (:func:`warm_up`), and each run's app answers one request. Wall time
+is from the POST until the study reads succeeded; each training's seconds are its job's own
+(``/v1/jobs?parent_id=``: the training, then the pass that stores its model's Grams for the
+atlas), the atlas's from its job's start and end. Last, the phases of each run from the job
+rows' timestamps: what does not split over workers (delivery, planning, hand-offs, the atlas,
+the summary, the client's poll) and the trainings' span, with the time the workers stood idle
+in it. ``--logs DIR`` keeps the workers' logs (level info, one JSON object a line, timestamped).
 
     .venv/bin/python bench/bench_study_workers.py                # Redis at 127.0.0.1:6379/15
     .venv/bin/python bench/bench_study_workers.py --redis redis://host:6379/3 --seeds 3
