@@ -19,13 +19,8 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-import uuid
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -40,7 +35,7 @@ from timm.models import save_for_hf
 from analysis.hsic import hsic_from_grams
 from analysis.kernels import gram, parse_kernel
 from app.http.main import create_app
-from app.store.settings import Settings
+from app.jobs.celery_process import celery_workers, own_store
 
 MODELS = ("mixer_s16_224", "resmlp_12_224")
 
@@ -72,41 +67,12 @@ def hub_zip(name: str, root: Path) -> bytes:
     return buf.getvalue()
 
 
-def start_worker(settings: Settings, name: str, log: Path) -> subprocess.Popen[bytes]:
-    env = os.environ | {
-        "CKA_DATABASE_URL": settings.resolved_database_url,
-        "CKA_DATA_DIR": str(settings.data_dir),
-        "CKA_BROKER_URL": str(settings.broker_url),
-        "CKA_CELERY_QUEUE": settings.celery_queue,
-        "CKA_DEVICE": "cpu",
-        "CKA_LOG_LEVEL": "warning",
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-    }
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "worker", "--name", name],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
 def run(
     workers: int, shards: int, args: argparse.Namespace, zips: dict[str, bytes], photos: bytes
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-shards-") as tmp:
         root = Path(tmp)
-        settings = Settings(
-            database_url=f"sqlite:///{root / 'cka.db'}",
-            data_dir=root / "data",
-            broker_url=args.redis,
-            celery_queue=f"bench-{uuid.uuid4().hex[:8]}",
-            device="cpu",
-            api_tokens="",
-            worker_threads=0,
-        )
+        settings = own_store(root, args.redis)
         with TestClient(create_app(settings), base_url="http://localhost") as client:
             ids = []
             for name, blob in zips.items():
@@ -116,10 +82,7 @@ def run(
             r = client.post("/v1/datasets", files={"file": ("photos.zip", photos)})
             r.raise_for_status()
             body = {"model_ids": ids, "dataset_id": r.json()["id"], "batch_size": args.batch}
-            procs = [
-                start_worker(settings, f"bench{i}", root / f"w{i}.log") for i in range(workers)
-            ]
-            try:
+            with celery_workers(settings, root, [f"bench{i}" for i in range(workers)]):
                 time.sleep(args.settle)  # workers import torch and connect before the clock
                 began = time.perf_counter()
                 r = client.post("/v1/comparisons", json=body | {"shards": shards})
@@ -132,10 +95,6 @@ def run(
                 ):
                     time.sleep(0.1)
                 wall = time.perf_counter() - began
-            finally:
-                for p in procs:
-                    os.killpg(p.pid, signal.SIGTERM)
-                    p.wait(timeout=60)
         if state["status"] != "succeeded":
             raise SystemExit(f"the comparison ended {state['status']}: {state.get('error')}")
         parts = state["diagnostics"].get("shards", [])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
@@ -44,7 +45,7 @@ from app.store.datasets import dataset_key
 from app.store.orm import Comparison, Dataset, Job, Model
 from app.store.services import Services
 
-__all__ = ["code_version", "run_comparison"]
+__all__ = ["code_version", "run_comparison", "run_engine"]
 
 
 def code_version() -> str:
@@ -99,7 +100,8 @@ def _compare(
     ceiling = plan_seed_ceiling(idents, layers, siblings) if "seed_ceiling" in baselines else None
     cache = StoreGramCache(services.store)
     common = engine_options(params, services.device)
-    calibration = {k: common.pop(k) for k in ("permutations", "null", "sensitivity") if k in common}
+    for k in ("permutations", "null", "sensitivity"):
+        common.pop(k, None)
     plain = common | {"null": "none"}  # a baseline is a reference value, not a test
     stored: dict[str, Any] = {}
     # The members are loaded unless their shards ran them and no baseline needs them.
@@ -110,17 +112,7 @@ def _compare(
         if gathered is not None:
             atlas = analysis.combine(gathered[0])
         else:
-            atlas = analysis.compare(
-                nets,
-                data,
-                layers=layers,
-                bootstrap=params["bootstrap"],
-                gram_cache=cache,
-                model_keys=shas,
-                on_batch=control.on_batch,
-                **common,
-                **calibration,
-            )
+            atlas = run_engine(services, params, nets, shas, data, cache, control.on_batch)
         if "random_init" in baselines:
             stored["random_init"] = random_init_baseline(
                 nets,
@@ -183,6 +175,34 @@ def _compare(
     control.commit(write)
     if gathered is not None:
         shards.discard(services, cmp.id)
+
+
+def run_engine(
+    services: Services,
+    params: dict[str, Any],
+    nets: dict[str, Any],
+    shas: dict[str, str],
+    data: Any,
+    cache: StoreGramCache,
+    on_batch: Callable[[int, int], bool],
+) -> analysis.Atlas:
+    """:func:`analysis.compare` of ``nets`` (labels of the comparison, a subset or all) as
+    the stored ``params`` ask, through the store's Gram cache.
+
+    The one call of the engine for an unsharded comparison, and for a study's training that
+    stores its model's Grams for the study's atlas (:mod:`app.jobs.study_grams`): the same
+    options give the same cache keys, so the atlas finds them.
+    """
+    return analysis.compare(
+        nets,
+        data,
+        layers={label: params["resolved_layers"][label] for label in nets},
+        bootstrap=params["bootstrap"],
+        gram_cache=cache,
+        model_keys={label: shas[label] for label in nets},
+        on_batch=on_batch,
+        **engine_options(params, services.device),
+    )
 
 
 def _draws(params: dict[str, Any]) -> dict[str, Any]:

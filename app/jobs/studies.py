@@ -30,7 +30,7 @@ from app.store.datasets import builtin_dataset
 from app.store.orm import Study, StudyMember
 from app.store.services import Services
 
-__all__ = ["MAX_TRAININGS", "comparison_body", "plan_study", "submit_study"]
+__all__ = ["MAX_TRAININGS", "atlas_body", "comparison_body", "plan_study", "submit_study"]
 
 # The datasets a study may name: the built-in ones (load_dataset specs).
 BUILTIN_DATASETS = tuple(spec for _name, spec, _split in SERVICE_DATASETS)
@@ -81,6 +81,12 @@ def comparison_body(cka: dict[str, Any], model_ids: list[int], dataset_id: int) 
         {**cka, "model_ids": model_ids[:MAX_MODELS] or [1], "dataset_id": dataset_id}
     )
     return body.model_copy(update={"model_ids": list(model_ids)})
+
+
+def atlas_body(study: Study, model_ids: list[int]) -> ComparisonIn:
+    """The comparison of ``model_ids`` that a study's atlas is: its spec's ``cka`` options
+    (as :func:`analysis.studies.plan` keeps them) over its dataset."""
+    return comparison_body(dict(study.spec.get("cka") or {}), model_ids, study.dataset_id)
 
 
 def plan_study(body: StudyIn, *, local: bool = False) -> studies.StudyPlan:

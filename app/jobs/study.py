@@ -6,10 +6,12 @@ done and takes the next step, then parks (:mod:`app.jobs.parking`) until they ha
 1. ``trainings``: a training whose key (arch, options, seed, dataset, recipe) already has a
    model is reused; every other one becomes a child job of kind ``training``
    (:func:`run_study_training`), which any free worker runs (the embedded pool's threads or
-   the Celery workers, one training per worker at a time). The study parks while they run.
+   the Celery workers, one training per worker at a time). Each also stores its model's
+   Grams for the atlas (:mod:`app.jobs.study_grams`), so that part of the atlas is shared by
+   the workers too. The study parks while they run.
 2. ``comparison``: once they have all succeeded, the atlas over every model of the study is
    found (by its request hash) or queued as a child job — sharded when ``CKA_SHARD_BATCHES``
-   says so — and the study parks again.
+   says so — and the study parks again, its atlas's id in its ``detail``.
 3. ``summary``: :func:`analysis.studies.summarize` writes summary.json, results.csv and the
    plots to the artifact store; ``done``.
 
@@ -25,7 +27,6 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select, update
@@ -37,13 +38,13 @@ from app.errors import ProblemError
 from app.jobs.control import JobControl
 from app.jobs.parking import Parked, progress_plan
 from app.jobs.queue import LostJob, enqueue, park
-from app.jobs.studies import comparison_body
+from app.jobs.studies import atlas_body
+from app.jobs.study_grams import store_atlas_grams
 from app.jobs.submit import submit_comparison
-from app.jobs.train import register_checkpoint
+from app.jobs.train import train_and_register
 from app.store import repository
 from app.store.orm import Comparison, Job, JobState, Model, Study, StudyMember
 from app.store.services import Services
-from models.errors import TrainingCancelled
 from models.training import train
 
 __all__ = ["run_study", "run_study_training"]
@@ -66,9 +67,14 @@ def _set_stage(services: Services, study_id: int, stage: str) -> None:
         s.execute(update(Study).where(Study.id == study_id).values(stage=stage))
 
 
-def _model_by_key(services: Services, key: str) -> Model | None:
+def _models_by_key(services: Services, keys: list[str]) -> dict[str, Model]:
+    """The model of each training key that has one (the oldest, if several), in one query."""
+    found: dict[str, Model] = {}
     with services.db.session(readonly=True) as s:
-        return s.scalar(select(Model).where(Model.training_key == key).order_by(Model.id).limit(1))
+        stmt = select(Model).where(Model.training_key.in_(sorted(set(keys)))).order_by(Model.id)
+        for model in s.scalars(stmt):
+            found.setdefault(str(model.training_key), model)
+    return found
 
 
 def _record_member(session: Session, study_id: int, key: str, model_id: int, reused: bool) -> None:
@@ -144,7 +150,8 @@ def _trainings(
     children = _children(services, job.id)
     _check(children, n)
     trained = [c for c in children if c.kind == "training"]
-    found = {t.key: _model_by_key(services, t.key) for t in plan.trainings}
+    by_key = _models_by_key(services, [t.key for t in plan.trainings])
+    found = {t.key: by_key.get(t.key) for t in plan.trainings}
     if not trained:  # the first run: reuse what exists, queue the rest
         with services.db.session() as s:
             for t in plan.trainings:
@@ -178,17 +185,27 @@ def _atlas(
     plan: studies.StudyPlan,
     trained: dict[str, Model],
 ) -> int:
-    """The id of the study's succeeded atlas; else find or queue it as a child, and park."""
+    """The id of the study's succeeded atlas; else find or queue it as a child, and park.
+
+    The atlas's id is kept in the parked job's ``detail`` (``atlas``), so the run after it
+    reads its state instead of submitting (and validating) the request again.
+    """
     n = len(plan.trainings)
-    model_ids = list(dict.fromkeys(trained[t.key].id for t in plan.trainings))
-    body = comparison_body(plan.cka, model_ids, study.dataset_id)
-    comparison_id, _ = submit_comparison(services, body, dispatch=False, parent_id=job.id)
+    comparison_id = (job.detail or {}).get("atlas")
+    if not isinstance(comparison_id, int):
+        model_ids = list(dict.fromkeys(trained[t.key].id for t in plan.trainings))
+        body = atlas_body(study, model_ids)
+        comparison_id, _ = submit_comparison(services, body, dispatch=False, parent_id=job.id)
     while True:
         with services.db.session() as s:
-            cmp = s.get(Comparison, comparison_id)
-            if cmp is None:
+            # the comparison's job, not the comparison: its result is large and not needed here
+            cmp_job = s.scalar(
+                select(Job)
+                .join(Comparison, Comparison.job_id == Job.id)
+                .where(Comparison.id == comparison_id)
+            )
+            if cmp_job is None:
                 raise analysis.AnalysisError(f"comparison {comparison_id} was deleted")
-            cmp_job = cmp.job
             if cmp_job.parent_id is None and cmp_job.status.live:
                 cmp_job.parent_id = job.id  # a live identical request: the study waits for it
             status, owner, error = cmp_job.status, cmp_job.parent_id, cmp_job.error
@@ -210,7 +227,7 @@ def _atlas(
         time.sleep(POLL_S)
     children = _children(services, job.id)
     trainings = sum(1 for c in children if c.kind == "training")
-    plan_detail = progress_plan(n + 1, n - trainings)
+    plan_detail = {**progress_plan(n + 1, n - trainings), "atlas": comparison_id}
     waiting = [c for c in children if c.id == cmp_job_id]
     _wait_for_children(services, job, control, waiting, plan_detail)
     raise AssertionError("unreachable")  # pragma: no cover - _wait_for_children raises
@@ -289,45 +306,36 @@ def run_study_training(services: Services, job: Job, control: JobControl) -> Non
     """A study's ``training`` child: train (or find by key) one model and record it.
 
     The training takes the job's cancel callback, so a cancelled or shut-down study stops
-    within one training step. The job's ``detail`` gets the worker, host and seconds.
+    within one training step. Then the model's Grams for the study's atlas are stored
+    (:mod:`app.jobs.study_grams`), so the atlas runs no model. The job's ``detail`` gets the
+    worker, host, seconds (all, and of the training alone) and what the Gram pass did.
     """
     d = dict(job.detail or {})
     if job.parent_id is None or "key" not in d:
         raise LostJob(f"job {job.id} is not a training of a study")
     began = time.perf_counter()
-    model = _model_by_key(services, d["key"])
+    model = _models_by_key(services, [d["key"]]).get(d["key"])
     if model is None:
-        with services.store.scratch() as tmp:
-            try:
-                with services.store.writing():  # a full or read-only store fails with a sentence
-                    path = Path(
-                        train(
-                            d["arch"],
-                            analysis.training_data(d["dataset"]),
-                            out_dir=Path(tmp),
-                            name="model",
-                            progress=False,
-                            on_step=control.on_batch,  # False once cancelled: stop between steps
-                            **d["kwargs"],
-                        )
-                    )
-            except TrainingCancelled as exc:
-                raise Cancelled(f"training {d['name']!r} was cancelled: {exc}") from None
-            if control.should_stop:
-                raise Cancelled(f"training {d['name']!r} was cancelled")
-            model, _ = register_checkpoint(
-                services,
-                path,
-                path.with_suffix(".json"),
-                name=d["name"],
-                source="study",
-                training_key=d["key"],
-            )
+        model = train_and_register(
+            services,
+            control,
+            train,  # looked up here, so a test's stand-in for this module's train is used
+            f"training {d['name']!r}",
+            d["arch"],
+            analysis.training_data(d["dataset"]),
+            name="model",
+            register={"name": d["name"], "source": "study", "training_key": d["key"]},
+            **d["kwargs"],
+        )
+    trained_s = time.perf_counter() - began
+    grams = store_atlas_grams(services, int(d["study_id"]), model.id, control)
     detail = {
         **d,
         "worker": control.worker_id,
         "host": socket.gethostname(),
         "seconds": round(time.perf_counter() - began, 3),
+        "training_seconds": round(trained_s, 3),
+        "grams": grams,
         "attempts": job.attempts,
         "model_id": model.id,
     }

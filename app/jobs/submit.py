@@ -81,11 +81,15 @@ def check_model_budget(
     training: bool,
     field: str,
 ) -> None:
-    """422 when the model would need more memory than CKA_MAX_MODEL_BYTES (models.check_budget)."""
+    """422 when the model would need more memory than CKA_MAX_MODEL_BYTES (models.check_budget).
+
+    A budget is a matter of shapes, which no seed changes: the seed is left out, so the sizes
+    of a configuration (kept per process by ``models.check_budget``) serve all its seeds.
+    """
     try:
         models.check_budget(
             arch,
-            config,
+            {k: v for k, v in config.items() if k != "seed"},
             batch_size=batch_size,
             max_bytes=services.settings.max_model_bytes,
             training=training,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from app.store.values import clean_name
 from models.errors import TrainingCancelled
 from models.training import train
 
-__all__ = ["SERVICE_SOURCES", "register_checkpoint", "run_training"]
+__all__ = ["SERVICE_SOURCES", "register_checkpoint", "run_training", "train_and_register"]
 
 # Model sources whose checkpoints the service wrote itself (trainings, studies, the demo zoo).
 SERVICE_SOURCES = frozenset({"training", "study", "zoo"})
@@ -95,38 +96,22 @@ def run_training(services: Services, job: Job, control: JobControl) -> None:
     p = tr.params
     # The full validated options; the seed is train()'s own argument.
     options = {k: v for k, v in (p.get("config") or {}).items() if k != "seed"}
-    with services.store.scratch() as tmp:
-        try:
-            with services.store.writing():  # a full or read-only store fails with a sentence
-                path = Path(
-                    train(
-                        tr.arch,
-                        data,
-                        epochs=p["epochs"],
-                        seed=p["seed"],
-                        out_dir=Path(tmp),
-                        batch_size=p["batch_size"],
-                        lr=p["lr"],
-                        progress=False,
-                        name=p.get("name") or tr.arch,
-                        weight_decay=p.get("weight_decay"),
-                        on_step=control.on_batch,  # False once cancelled: stop between steps
-                        **options,
-                    )
-                )
-        except TrainingCancelled as exc:
-            # Nothing was written but the scratch directory, which is removed on the way out.
-            raise Cancelled(f"training {tr.id} was cancelled: {exc}") from None
-        if control.should_stop:
-            raise Cancelled(f"training {tr.id} was cancelled")
-        model, _ = register_checkpoint(
-            services,
-            path,
-            path.with_suffix(".json"),
-            name=p.get("name"),
-            source="training",
-            training_key=tr.training_key,
-        )
+    model = train_and_register(
+        services,
+        control,
+        train,
+        f"training {tr.id}",
+        tr.arch,
+        data,
+        epochs=p["epochs"],
+        seed=p["seed"],
+        batch_size=p["batch_size"],
+        lr=p["lr"],
+        name=p.get("name") or tr.arch,
+        weight_decay=p.get("weight_decay"),
+        register={"name": p.get("name"), "source": "training", "training_key": tr.training_key},
+        **options,
+    )
 
     def write(s: Session) -> None:
         row = s.get(Training, tr.id)
@@ -135,3 +120,43 @@ def run_training(services: Services, job: Job, control: JobControl) -> None:
         row.model_id = model.id
 
     control.commit(write)
+
+
+def train_and_register(
+    services: Services,
+    control: JobControl,
+    trainer: Callable[..., Any],
+    what: str,
+    arch: str,
+    data: Any,
+    *,
+    register: dict[str, Any],
+    **kwargs: Any,
+) -> Model:
+    """Train with ``trainer`` (:func:`models.training.train`, or a test's stand-in) in the
+    store's scratch space and register the checkpoint (``register``: name, source and
+    training key of :func:`register_checkpoint`); its model row.
+
+    The training stops between steps once the job is cancelled, shut down or out of time
+    (:class:`analysis.Cancelled` naming ``what``); nothing is registered then.
+    """
+    with services.store.scratch() as tmp:
+        try:
+            with services.store.writing():  # a full or read-only store fails with a sentence
+                path = Path(
+                    trainer(
+                        arch,
+                        data,
+                        out_dir=Path(tmp),
+                        progress=False,
+                        on_step=control.on_batch,  # False once cancelled: stop between steps
+                        **kwargs,
+                    )
+                )
+        except TrainingCancelled as exc:
+            # Nothing was written but the scratch directory, which is removed on the way out.
+            raise Cancelled(f"{what} was cancelled: {exc}") from None
+        if control.should_stop:
+            raise Cancelled(f"{what} was cancelled")
+        model, _ = register_checkpoint(services, path, path.with_suffix(".json"), **register)
+    return model

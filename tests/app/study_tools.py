@@ -17,6 +17,18 @@ import torch
 import models
 from models.errors import TrainingCancelled
 
+# A small study: the Mixer reference and two SW-MLP densities, two seeds each (6 trainings),
+# one epoch on its quick recipe.
+TINY = {
+    "name": "tiny",
+    "dataset": "digits",
+    "seeds": 2,
+    "quick": {"epochs": 1},
+    "reference": {"name": "mixer", "arch": "mixer_digits"},
+    "arms": [{"name": "sw", "arch": "sw_mlp_digits", "grid": {"density": [0.125, "matched"]}}],
+    "cka": {"batch_size": 150},
+}
+
 
 def fake_accuracy(arch: str, options: dict[str, Any], seed: int) -> float:
     """The test accuracy the fake reports: distinct per arch, density and seed."""

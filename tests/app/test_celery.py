@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -19,11 +18,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from app.http.main import create_app
+from app.jobs.celery_process import celery_workers, worker_logs
 from app.jobs.queue import claim
 from app.store.orm import Comparison, Job, Model, Study, utcnow
 from app.store.services import Services
 from app.store.settings import Settings
 from tests.app.fault_tools import CIFAR, upload_dataset
+from tests.app.study_tools import TINY
 from tests.helpers import assert_same_numbers, digits_id, register, stored_result, wait
 
 
@@ -42,28 +43,9 @@ def broker_settings(settings: Settings, redis_url: str) -> Iterator[Settings]:
     client.close()
 
 
-def _worker(
-    settings: Settings, log: Path, name: str | None = None, stale_after_s: float = 30
-) -> subprocess.Popen[bytes]:
-    """``cka-atlas worker [--name NAME]`` in its own process group, output to ``log``."""
-    env = os.environ | {
-        "CKA_DATABASE_URL": settings.resolved_database_url,
-        "CKA_DATA_DIR": str(settings.data_dir),
-        "CKA_BROKER_URL": str(settings.broker_url),
-        "CKA_CELERY_QUEUE": settings.celery_queue,
-        "CKA_DEVICE": "cpu",
-        "CKA_HEARTBEAT_S": "0.2",
-        "CKA_STALE_AFTER_S": str(stale_after_s),
-        "OMP_NUM_THREADS": "1",
-    }
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "worker", *(["--name", name] if name else [])],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+def _killable(settings: Settings) -> Settings:
+    """Workers that re-queue a killed worker's job after 4 s without heartbeat."""
+    return settings.model_copy(update={"stale_after_s": 4})
 
 
 def test_celery_worker_runs_queued_and_stale_jobs(
@@ -87,14 +69,11 @@ def test_celery_worker_runs_queued_and_stale_jobs(
                 .where(Job.id == dead.id)
                 .values(heartbeat_at=utcnow() - timedelta(hours=1))
             )
-        proc = _worker(broker_settings, tmp_path / "worker.log")
-        try:
-            first = wait(client, queued.headers["location"], timeout=180, alive=proc)
-            second = wait(client, stale.headers["location"], timeout=180, alive=proc)
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=60)
-        log = (tmp_path / "worker.log").read_text(errors="replace")
+        worker_settings = broker_settings.model_copy(update={"stale_after_s": 30})
+        with celery_workers(worker_settings, tmp_path, [None]) as procs:
+            first = wait(client, queued.headers["location"], timeout=180, alive=procs["worker"])
+            second = wait(client, stale.headers["location"], timeout=180, alive=procs["worker"])
+        log = worker_logs(tmp_path, procs)["worker"]
         assert first["status"] == "succeeded", (first, log)
         assert second["status"] == "succeeded", (second, log)
         assert first["provenance"]["worker"].startswith("celery:")
@@ -111,6 +90,30 @@ def _shards_of(client: TestClient, services: Services, comparison_id: int) -> li
 
 def _node(worker_id: str) -> str:
     return worker_id.split(":")[0]  # "celery-w1:host:pid:uuid" -> "celery-w1"
+
+
+def _amid_on_w1(job: dict[str, Any]) -> bool:
+    """A job (as /v1/jobs lists it) that worker w1 is running, neither at its start nor end."""
+    mine = job["status"] == "running" and _node(job["worker"]) == "celery-w1"
+    return mine and 0 < job["progress"] < 1
+
+
+def _kill_w1_amid(
+    find: Callable[[], dict[str, Any] | None],
+    workers: dict[str, subprocess.Popen[bytes]],
+    what: str,
+    timeout: float = 120,
+) -> dict[str, Any]:
+    """Poll ``find`` until it gives a job w1 runs, then SIGKILL w1 mid-way; that job."""
+    deadline = time.monotonic() + timeout
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        victim = find()
+        time.sleep(0.02)
+    assert victim is not None, f"w1 never ran {what}"
+    os.killpg(workers["w1"].pid, signal.SIGKILL)
+    workers["w1"].wait(timeout=30)
+    return victim
 
 
 def _reference(zoo: dict[str, Path], data_path: Path, **options: Any) -> dict[str, Any]:
@@ -143,11 +146,7 @@ def test_two_workers_share_a_sharded_comparison_and_survive_a_kill(
         ids = register(client, cifar_zoo, *CIFAR)
         ds = upload_dataset(client, slow_data)  # 600 random 32x32 images
         body = {"model_ids": ids, "dataset_id": ds, **calibration}
-        workers = {
-            name: _worker(settings, tmp_path / f"{name}.log", name=name, stale_after_s=4)
-            for name in ("w1", "w2")
-        }
-        try:
+        with celery_workers(_killable(settings), tmp_path, ("w1", "w2")) as workers:
             two = client.post("/v1/comparisons", json=body | {"batch_size": 25, "shards": 2})
             done = wait(client, two.headers["location"], timeout=300)
             assert done["status"] == "succeeded", done
@@ -160,24 +159,13 @@ def test_two_workers_share_a_sharded_comparison_and_survive_a_kill(
             # re-runs it, ends the last shard and combines them
             four = client.post("/v1/comparisons", json=body | {"batch_size": 20, "shards": 4})
             cid = four.json()["id"]
-            deadline = time.monotonic() + 120
-            victim = None
-            while victim is None and time.monotonic() < deadline:
-                for shard in _shards_of(client, services, cid):
-                    mine = shard["status"] == "running" and _node(shard["worker"]) == "celery-w1"
-                    if mine and 0 < shard["progress"] < 1:
-                        victim = shard
-                time.sleep(0.02)
-            assert victim is not None, "w1 never ran a shard"
-            os.killpg(workers["w1"].pid, signal.SIGKILL)
-            workers["w1"].wait(timeout=30)
+            victim = _kill_w1_amid(
+                lambda: next(filter(_amid_on_w1, _shards_of(client, services, cid)), None),
+                workers,
+                "a shard",
+            )
             killed = wait(client, four.headers["location"], timeout=300, alive=workers["w2"])
-        finally:
-            for proc in workers.values():
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait(timeout=60)
-        logs = {n: (tmp_path / f"{n}.log").read_text(errors="replace") for n in workers}
+        logs = worker_logs(tmp_path, workers)
         assert killed["status"] == "succeeded", (killed, logs["w2"][-3000:])
         redone = _shards_of(client, services, cid)[victim["shard"]]
         assert redone["attempts"] == 2 and _node(redone["detail"]["worker"]) == "celery-w2"
@@ -196,20 +184,8 @@ def test_two_workers_share_a_sharded_comparison_and_survive_a_kill(
             assert_same_numbers(expected, stored, ignore=("gram_cache", "forward_passes"))
 
 
-# A small study: the Mixer reference and two SW-MLP densities, two seeds each (6 trainings).
-STUDY = {
-    "name": "tiny",
-    "dataset": "digits",
-    "seeds": 2,
-    "quick": {"epochs": 1},
-    "reference": {"name": "mixer", "arch": "mixer_digits"},
-    "arms": [{"name": "sw", "arch": "sw_mlp_digits", "grid": {"density": [0.125, "matched"]}}],
-    "cka": {"batch_size": 150},
-}
-
-
 def _one_worker_sha256s(tmp_path: Path) -> dict[str, str]:
-    """Every training of STUDY run one after another in this process, on one thread as the
+    """Every training of TINY run one after another in this process, on one thread as the
     workers are: the weights' sha256 by training key."""
     import hashlib
 
@@ -218,7 +194,7 @@ def _one_worker_sha256s(tmp_path: Path) -> dict[str, str]:
     from analysis import studies, training_data
     from models.training import train
 
-    plan = studies.plan(STUDY, quick=True)
+    plan = studies.plan(TINY, quick=True)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -234,50 +210,66 @@ def _one_worker_sha256s(tmp_path: Path) -> dict[str, str]:
         torch.set_num_threads(threads)
 
 
+def _one_worker_summary(settings: Settings, tmp_path: Path) -> dict[str, Any]:
+    """TINY run as a study by the embedded worker (one thread, like each Celery worker) of
+    an app of its own, without a broker, on a store of its own: its summary."""
+    import torch
+
+    solo = settings.model_copy(
+        update={
+            "database_url": f"sqlite:///{tmp_path / 'solo.db'}",
+            "data_dir": tmp_path / "solo",
+            "broker_url": None,
+            "worker_threads": 1,
+        }
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with TestClient(create_app(solo)) as client:
+            r = client.post("/v1/studies", json={"spec": TINY, "quick": True})
+            done = wait(client, r.headers["location"], timeout=600)
+            assert done["status"] == "succeeded", done
+            services: Services = client.app.state.services  # type: ignore[attr-defined]
+            with services.db.session(readonly=True) as s:
+                row = s.get(Study, r.json()["id"])
+                assert row is not None and row.summary is not None
+                return dict(row.summary)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_two_workers_share_a_study_and_survive_a_kill(
     broker_settings: Settings, tmp_path: Path
 ) -> None:
     """Two ``cka-atlas worker --name`` processes run a study's trainings; w1 is SIGKILLed in
     the middle of one after it finished another: w2 re-runs it and the study ends once, with
-    the checkpoints one worker gives."""
+    the checkpoints and the summary one worker gives. Each training stored its model's Grams
+    for the atlas, which runs no model."""
     settings = broker_settings
     with TestClient(create_app(settings)) as client:
         services: Services = client.app.state.services  # type: ignore[attr-defined]
-        workers = {
-            name: _worker(settings, tmp_path / f"{name}.log", name=name, stale_after_s=4)
-            for name in ("w1", "w2")
-        }
-        try:
-            r = client.post("/v1/studies", json={"spec": STUDY, "quick": True})
+        with celery_workers(_killable(settings), tmp_path, ("w1", "w2")) as workers:
+            r = client.post("/v1/studies", json={"spec": TINY, "quick": True})
             assert r.status_code == 202, r.text
             study = r.json()
             with services.db.session(readonly=True) as s:
                 job_id = s.get(Study, study["id"]).job_id  # type: ignore[union-attr]
             children = {"parent_id": job_id, "kind": "training", "limit": 50}
-            deadline = time.monotonic() + 300
-            victim = None
-            while victim is None and time.monotonic() < deadline:
+
+            def second_on_w1() -> dict[str, Any] | None:
+                """A training w1 runs after it finished another."""
                 items = client.get("/v1/jobs", params=children).json()["items"]
                 w1_done = [
                     j
                     for j in items
                     if j["status"] == "succeeded" and _node(j["detail"]["worker"]) == "celery-w1"
                 ]
-                for j in items:
-                    mine = j["status"] == "running" and _node(j["worker"]) == "celery-w1"
-                    if w1_done and mine and 0 < j["progress"] < 1:
-                        victim = j
-                time.sleep(0.02)
-            assert victim is not None, "w1 never ran two trainings"
-            os.killpg(workers["w1"].pid, signal.SIGKILL)
-            workers["w1"].wait(timeout=30)
+                return next(filter(_amid_on_w1, items), None) if w1_done else None
+
+            victim = _kill_w1_amid(second_on_w1, workers, "two trainings", timeout=300)
             done = wait(client, r.headers["location"], timeout=600, alive=workers["w2"])
-        finally:
-            for proc in workers.values():
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait(timeout=60)
-        logs = {n: (tmp_path / f"{n}.log").read_text(errors="replace") for n in workers}
+        logs = worker_logs(tmp_path, workers)
         assert done["status"] == "succeeded", (done, logs["w2"][-3000:])
         trainings = client.get("/v1/jobs", params=children).json()["items"]
         assert len(trainings) == 6 and all(j["status"] == "succeeded" for j in trainings)
@@ -291,6 +283,16 @@ def test_two_workers_share_a_study_and_survive_a_kill(
             models = {m.training_key: s.get(Model, m.model_id) for m in row.members}
             shas = {key: m.sha256 for key, m in models.items() if m is not None}
             assert s.query(Model).count() == 6  # the killed training registered nothing twice
+            summary = dict(row.summary)
+            atlas = s.get(Comparison, row.comparison_id)
+            assert atlas is not None and atlas.diagnostics is not None
+            batches = -(-450 // 150)  # digits' test images in batches of 150
+            assert set(atlas.diagnostics["forward_passes"].values()) == {0}
+            assert atlas.diagnostics["gram_cache"]["hits"] == 6 * batches
+            assert atlas.diagnostics["gram_cache"]["misses"] == 0
         page = client.get(f"/studies/{study['id']}").text
         assert "celery-w1" in page and "celery-w2" in page  # each training's worker
     assert shas == _one_worker_sha256s(tmp_path)
+    # the same numbers to 1e-12; the ids are each store's own
+    expected = _one_worker_summary(settings, tmp_path)
+    assert_same_numbers(expected, summary, tol=1e-12, ignore=("model_ids", "comparison_id"))

@@ -32,21 +32,12 @@ from app.store.services import Services
 from app.store.settings import Settings
 from models.errors import TrainingCancelled
 from tests.app.payloads import assert_problem
-from tests.app.study_tools import FakeTrainer, fake_accuracy
+from tests.app.study_tools import TINY, FakeTrainer, fake_accuracy
 from tests.helpers import digits_id, register, wait
 
 # mixer_digits: S = 16 tokens of C = 32 channels, γ = 2.
 S, C, GAMMA = 16, 32, 2.0
 MATCHED = (1 / S + 1 / C) / 2  # 3/64
-TINY = {
-    "name": "tiny",
-    "dataset": "digits",
-    "seeds": 2,
-    "quick": {"epochs": 1},
-    "reference": {"name": "mixer", "arch": "mixer_digits"},
-    "arms": [{"name": "sw", "arch": "sw_mlp_digits", "grid": {"density": [0.125, "matched"]}}],
-    "cka": {"batch_size": 150},
-}
 
 
 @pytest.fixture
