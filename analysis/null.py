@@ -98,17 +98,19 @@ def _falling(n: int, m: int) -> float:
     return float(np.prod(np.arange(n, n - m, -1, dtype=np.float64)))
 
 
-def u_centre(g: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+def u_centre(
+    g: torch.Tensor, dtype: torch.dtype | None = None, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """U-centred copies of Grams ``g`` (L, n, n): zero diagonal, every row summing to 0.
 
     ``Ã_ij = K_ij - r_i/(n-2) - r_j/(n-2) + s/((n-1)(n-2))`` for i ≠ j, with r the row sums and
     s the total of K with its diagonal zeroed (Székely & Rizzo 2014); written as
     ``K_ij - u_i - u_j`` with ``u = r/(n-2) - s/(2(n-1)(n-2))``, two passes in place. Any centring
-    of K gives the same Ã. The copy, and the row sums, are in ``dtype`` (default: ``g``'s).
-    Needs n ≥ 3.
+    of K gives the same Ã. The copy, and the row sums, are in ``dtype`` (default: ``g``'s), or
+    in ``out`` (a buffer of g's shape, reused). Needs n ≥ 3.
     """
     n = g.shape[-1]
-    k = g.to(dtype or g.dtype, copy=True)
+    k = g.to(dtype or g.dtype, copy=True) if out is None else out.copy_(g)
     k.diagonal(dim1=-2, dim2=-1).zero_()
     r = k.sum(-1)
     u = r / (n - 2) - (r.sum(-1, keepdim=True) / (2 * (n - 1) * (n - 2)))
@@ -119,7 +121,10 @@ def u_centre(g: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
 
 
 def layer_invariants(
-    centred: torch.Tensor, estimator: str, dtype: torch.dtype = torch.float64
+    centred: torch.Tensor,
+    estimator: str,
+    dtype: torch.dtype = torch.float64,
+    work: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The per-layer numbers of one batch (float64, (L, 8), columns as :data:`_NAMES`).
 
@@ -129,14 +134,16 @@ def layer_invariants(
     w, v) are zero for the unbiased estimator. ``dtype``: the precision of the U-centred copy,
     its products and their sums over n² entries; the engine passes its Grams' (float32: a
     relative error of ~1e-6 in the moments, far below the permutation noise they replace, and
-    no float64 copy of the stack).
+    no float64 copy of the stack). ``work``: two buffers of ``centred``'s shape in ``dtype``
+    for the copy and its square, reused from batch to batch (fresh ones of a few MB each cost
+    the kernel's page zeroing every time: about as much as the sums themselves).
     """
     n_layers, n, _ = centred.shape
     out = torch.zeros(n_layers, len(_NAMES), dtype=torch.float64, device=centred.device)
     if n >= 4:
-        a = u_centre(centred, dtype)
+        a = u_centre(centred, dtype, None if work is None else work[0])
         flat = a.view(n_layers, n * n)
-        sq = a * a
+        sq = a * a if work is None else torch.mul(a, a, out=work[1])
         out[:, 0] = torch.linalg.vecdot(flat, flat)
         out[:, 1] = torch.linalg.vecdot(sq.view(n_layers, n * n), flat)
         row_sq = sq.sum(2, dtype=torch.float64) if estimator == "biased" else None  # for w
@@ -231,10 +238,15 @@ class AnalyticNull:
     ) -> None:
         self.estimator, self.dtype = estimator, dtype
         self.sums = np.zeros((3, total_layers, total_layers))
+        self._work: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def invariants(self, centred: torch.Tensor) -> np.ndarray:
         """:func:`layer_invariants` (L, 8) of one batch's double-centred Grams (L, n, n)."""
-        return layer_invariants(centred, self.estimator, self.dtype).cpu().numpy()
+        work = self._work
+        if work is None or work[0].shape != centred.shape or work[0].device != centred.device:
+            made = torch.empty(2, *centred.shape, dtype=self.dtype, device=centred.device)
+            work = self._work = (made[0], made[1])
+        return layer_invariants(centred, self.estimator, self.dtype, work).cpu().numpy()
 
     def add(self, centred: torch.Tensor) -> None:
         """One batch, given its double-centred Grams (L, n, n) (see :func:`layer_invariants`)."""
