@@ -23,6 +23,9 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -98,10 +101,34 @@ def warm_up(args: argparse.Namespace) -> None:
             client.post("/v1/studies", json=_body(args)).raise_for_status()
 
 
+@contextmanager
+def database(server: str | None) -> Iterator[str | None]:
+    """A fresh, empty PostgreSQL database on ``server`` (a URL), dropped afterwards; None
+    (the SQLite file of :func:`own_store`) without a server."""
+    if server is None:
+        yield None
+        return
+    from sqlalchemy import create_engine, make_url, text
+
+    name = f"bench_study_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield make_url(server).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
 def run(workers: int, args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="bench-study-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-study-") as tmp,
+        database(args.postgres) as url,
+    ):
         root = Path(tmp)
-        settings = own_store(root, args.redis)
+        settings = own_store(root, args.redis, url)
         if args.logs:
             settings = settings.model_copy(update={"log_level": "info"})
         names = [f"bench{i}" for i in range(workers)]
@@ -159,6 +186,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--settle", type=float, default=15.0, help="seconds to let workers start")
     ap.add_argument("--logs", type=Path, help="keep the workers' logs (level info) here")
+    ap.add_argument(
+        "--postgres",
+        metavar="URL",
+        help="a PostgreSQL server (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test): each "
+        "run gets a fresh database there instead of a SQLite file, as on a GPU host",
+    )
     args = ap.parse_args()
     warm_up(args)
     rows = [run(w, args) for w in args.workers]

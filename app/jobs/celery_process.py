@@ -39,11 +39,12 @@ def worker_env(settings: Settings) -> dict[str, str]:
     }
 
 
-def own_store(root: Path, broker_url: str) -> Settings:
-    """Settings of a throwaway store under ``root`` (SQLite file and artifacts) whose app only
-    enqueues, on a queue of its own at ``broker_url``: nothing is shared with another run."""
+def own_store(root: Path, broker_url: str, database_url: str | None = None) -> Settings:
+    """Settings of a throwaway store under ``root`` (SQLite file, unless ``database_url`` names
+    another database, and artifacts) whose app only enqueues, on a queue of its own at
+    ``broker_url``: nothing is shared with another run."""
     return Settings(
-        database_url=f"sqlite:///{root / 'cka.db'}",
+        database_url=database_url or f"sqlite:///{root / 'cka.db'}",
         data_dir=root / "data",
         broker_url=broker_url,
         celery_queue=f"bench-{uuid.uuid4().hex[:8]}",
