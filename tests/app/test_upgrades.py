@@ -35,7 +35,7 @@ from app.http.main import create_app
 from app.store.db import Database, current_revision, head_revision, upgrade
 from app.store.services import Services
 from app.store.tokens import create_token
-from tests.app.study_tools import FakeTrainer
+from tests.app.study_tools import TINY, FakeTrainer
 from tests.helpers import digits_id, make_settings, register, wait
 
 # The released schemas in the order they were released (the chain 0001 → 0003 → 0004 →
@@ -55,15 +55,8 @@ TABLES = (
     "studies",
     "study_members",
 )
-STUDY = {
-    "name": "upgrade",
-    "dataset": "digits",
-    "seeds": 1,
-    "quick": {"epochs": 1},
-    "reference": {"name": "mixer", "arch": "mixer_digits"},
-    "arms": [{"name": "rp", "arch": "rp_mixer_digits"}],
-    "cka": {"batch_size": 150},
-}
+# the tiny study with one seed and the RP-Mixer as its only arm
+STUDY = {**TINY, "name": "upgrade", "seeds": 1, "arms": [{"name": "rp", "arch": "rp_mixer_digits"}]}
 DATA = Path(__file__).parent / "upgrade_data"
 
 
