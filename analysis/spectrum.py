@@ -203,18 +203,18 @@ def _carried(
     """HSIC of every layer's projection Gram zzᵀ against every layer's linear Gram of one
     batch (``xs`` (n, d_j), ``zs`` (n,)), and of each zzᵀ with itself.
 
-    ‖X_jᵀz_i‖² is one product per layer j in the features' precision (z centred, so X_j
-    needs no centring copy); the centred row norms come from ‖x - m‖² = ‖x‖² - 2x·m + ‖m‖².
+    ‖X_jᵀz_i‖² is one product per layer j of its centred features, in their precision (a
+    shift of z changes no HSIC, so z is centred too); its row norms are summed in float64.
     """
     z = torch.stack(zs)
-    z = z - z.mean(1, keepdim=True)  # a shift of z changes no HSIC; centred, it meets raw X
+    z = z - z.mean(1, keepdim=True)
     kz = z.square()
     ff = torch.empty(len(zs), len(xs), dtype=torch.float64, device=z.device)
     kx = torch.empty(len(xs), z.shape[1], dtype=torch.float64, device=z.device)
     for j, x in enumerate(xs):
-        ff[:, j] = (x.mT @ z.T.to(x.dtype)).to(torch.float64).square().sum(0)
-        m = x.mean(0)
-        kx[j] = (x.square().sum(1) - 2 * (x @ m) + m.square().sum()).to(torch.float64)
+        xc = x - x.mean(0)
+        ff[:, j] = (xc.mT @ z.T.to(x.dtype)).to(torch.float64).square().sum(0)
+        kx[j] = xc.square_().sum(1, dtype=torch.float64)
     own = hsic_from_linear_products((z @ z.T).square(), kz, kz, estimator).diagonal()
     return hsic_from_linear_products(ff, kz, kx, estimator), own
 
@@ -246,14 +246,14 @@ def whole_sample_sensitivity(
     own = torch.zeros(n_layers, dtype=torch.float64)
     start = 0
     for n in sizes:
-        xs = [f[start : start + n] for f in features]
+        batch = slice(start, start + n)
+        start += n
+        xs = [f[batch] for f in features]
         if kern.name == "linear":
-            c, o = _carried(xs, [z[start : start + n] for z in zs], estimator)
+            c, o = _carried(xs, [z[batch] for z in zs], estimator)
             carried += c.cpu()
             own_z += o.cpu()
-            start += n
             continue
-        start += n
         grams = torch.stack([gram(x, kern) for x in xs])
         deflated = torch.stack(
             [
