@@ -369,9 +369,9 @@ def _finish_calibration(
         return
     count = max(int(spectra["batches"]), 1)
     atlas.layer_effective_dim = spectra["pr"] / count
-    atlas.layer_top_share = spectra["share"] / count
+    # with the sensitivity, the whole sample's top share (the batches recorded none)
+    atlas.layer_top_share = spectra["top_share"] if sensitivity else spectra["share"] / count
     if sensitivity:
-        atlas.layer_top_share = spectra["top_share"]
         drop = cka_from_hsic(
             spectra["deflated_cross"], spectra["deflated_self"], np.diag(atlas.hsic)
         )
