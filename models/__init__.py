@@ -66,6 +66,7 @@ from models.options import (
     STRUCTURE_KEYS,
     model_structure,
     option_schema,
+    shape_config,
     structure,
     validate_config,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "register_family",
     "rp_mixer",
     "save",
+    "shape_config",
     "sidecar_path",
     "structure",
     "sw_mlp",

@@ -28,7 +28,7 @@ from models.connections import input_spec
 from models.errors import ConfigError
 from models.factory import create
 from models.families import family_of
-from models.options import validate_config
+from models.options import shape_config, validate_config
 
 __all__ = ["Budget", "check_budget", "estimate"]
 
@@ -111,7 +111,7 @@ def estimate(arch: str, config: Mapping[str, Any] | None = None, *, batch_size: 
     if batch_size < 1:
         raise ConfigError(f"a batch size must be at least 1, not {batch_size}")
     full = validate_config(arch, config) if family_of(arch) is not None else dict(config or {})
-    return _estimate(arch, json.dumps(full, sort_keys=True), batch_size)
+    return _estimate(arch, json.dumps(shape_config(full), sort_keys=True), batch_size)
 
 
 def _gib(n: int) -> str:

@@ -33,7 +33,14 @@ from models.factory import create
 from models.families import family_of, list_presets
 from models.schema import check_options, describe_options
 
-__all__ = ["STRUCTURE_KEYS", "model_structure", "option_schema", "structure", "validate_config"]
+__all__ = [
+    "STRUCTURE_KEYS",
+    "model_structure",
+    "option_schema",
+    "shape_config",
+    "structure",
+    "validate_config",
+]
 
 # The keys of :func:`structure`, in the order the service shows them.
 STRUCTURE_KEYS = ("family", "omega", "effective_width", "density", "S", "C", "gamma")
@@ -79,6 +86,16 @@ def option_schema(arch: str) -> list[dict[str, Any]]:
     return describe_options(family, _defaults(arch))
 
 
+def shape_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` without its seed: what decides a model's layers and shapes.
+
+    A seed draws weights (and an SW-MLP's masks, an RP-Mixer's permutations), never a shape,
+    so what is cached per shape (a structure, a budget, a weightless skeleton) is kept under
+    this and serves every seed of a configuration.
+    """
+    return {k: v for k, v in config.items() if k != "seed"}
+
+
 def _defaults(arch: str) -> dict[str, Any]:
     owner = family_of(arch)
     assert owner is not None  # callers checked that arch is a preset
@@ -101,7 +118,7 @@ def structure(arch: str, config: Mapping[str, Any] | None = None) -> dict[str, A
     γt ≠ γc, the γ with Ω = γ·S·C·(S + C)/2).
     """
     full = validate_config(arch, config)
-    return dict(_structure(arch, json.dumps(full, sort_keys=True)))
+    return dict(_structure(arch, json.dumps(shape_config(full), sort_keys=True)))
 
 
 @lru_cache(maxsize=1024)

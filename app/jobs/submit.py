@@ -54,17 +54,19 @@ MAX_TOTAL_LAYERS = 1024
 
 
 def _skeleton_key(arch: str, config: dict[str, Any]) -> str:
-    return json.dumps([arch, config], sort_keys=True, default=str)
+    return json.dumps([arch, models.shape_config(config)], sort_keys=True, default=str)
 
 
-@cached(LRUCache(maxsize=32), key=_skeleton_key, lock=threading.Lock())
+@cached(LRUCache(maxsize=64), key=_skeleton_key, lock=threading.Lock())
 def skeleton(arch: str, config: dict[str, Any]) -> Any:
-    """A weightless instance of an architecture (meta device), for layer names and shapes."""
+    """A weightless instance of an architecture (meta device), for layer names and shapes;
+    one per shape (:func:`models.shape_config`), whatever the seed."""
+    shapes = models.shape_config(config)
     try:
         with torch.device("meta"):
-            net = models.create(arch, **config)
+            net = models.create(arch, **shapes)
     except (NotImplementedError, RuntimeError):
-        net = models.create(arch, **config)
+        net = models.create(arch, **shapes)
     return net.eval()
 
 
@@ -83,13 +85,14 @@ def check_model_budget(
 ) -> None:
     """422 when the model would need more memory than CKA_MAX_MODEL_BYTES (models.check_budget).
 
-    A budget is a matter of shapes, which no seed changes: the seed is left out, so the sizes
-    of a configuration (kept per process by ``models.check_budget``) serve all its seeds.
+    A budget is a matter of shapes, which no seed changes: the sizes of a configuration (kept
+    per process by ``models.check_budget``, under :func:`models.shape_config`) serve all its
+    seeds.
     """
     try:
         models.check_budget(
             arch,
-            {k: v for k, v in config.items() if k != "seed"},
+            config,
             batch_size=batch_size,
             max_bytes=services.settings.max_model_bytes,
             training=training,
