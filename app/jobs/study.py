@@ -5,10 +5,10 @@ done and takes the next step, then parks (:mod:`app.jobs.parking`) until they ha
 
 1. ``trainings``: a training whose key (arch, options, seed, dataset, recipe) already has a
    model is reused; every other one becomes a child job of kind ``training``
-   (:func:`run_study_training`), which any free worker runs (the embedded pool's threads or
-   the Celery workers, one training per worker at a time). Each also stores its model's
-   Grams for the atlas (:mod:`app.jobs.study_grams`), so that part of the atlas is shared by
-   the workers too. The study parks while they run.
+   (:func:`run_study_training`), queued longest first, which any free worker runs (the
+   embedded pool's threads or the Celery workers, one training per worker at a time). Each
+   also stores its model's Grams for the atlas (:mod:`app.jobs.study_grams`), so that part
+   of the atlas is shared by the workers too. The study parks while they run.
 2. ``comparison``: once they have all succeeded, the atlas over every model of the study is
    found (by its request hash) or queued as a child job — sharded when ``CKA_SHARD_BATCHES``
    says so — and the study parks again, its atlas's id in its ``detail``.
@@ -142,6 +142,23 @@ def _queue_trainings(
             )
 
 
+def _work(t: studies.Training) -> float:
+    """A training's rough cost, to queue the longest ones first: per layer the connections it
+    computes (Ω, or Ω / p for a sparse layer, which runs as a dense masked one), times layers
+    and epochs; 0 where Ω is not defined (a timm architecture).
+
+    With W workers a study ends when its last training does; queued longest first (the
+    longest-processing-time rule), the short ones fill in at the end and the workers finish
+    together instead of one running a long training while the others stand idle. It is read
+    from the plan (no model is built).
+    """
+    omega, density = t.structure.get("omega"), t.structure.get("density")
+    if not omega:
+        return 0.0
+    dense = float(omega) / float(density or 1.0)
+    return dense * int(t.config.get("num_blocks") or 1) * int(t.recipe.get("epochs") or 1)
+
+
 def _trainings(
     services: Services, study: Study, job: Job, control: JobControl, plan: studies.StudyPlan
 ) -> dict[str, Model]:
@@ -159,6 +176,7 @@ def _trainings(
                 if model is not None:
                     _record_member(s, study.id, t.key, model.id, reused=True)
         missing = [(k, t) for k, t in enumerate(plan.trainings) if found[t.key] is None]
+        missing.sort(key=lambda item: -_work(item[1]))  # stable: a tie keeps the plan's order
         if missing:
             log.info("study %s: %d of %d trainings to run", study.id, len(missing), n)
             _queue_trainings(services, study, job, missing, n)

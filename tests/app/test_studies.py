@@ -247,7 +247,9 @@ def test_study_trainings_are_jobs_cancel_cascades_and_a_new_run_resumes(
             children = list(s.scalars(select(Job).where(Job.parent_id == job_id).order_by(Job.id)))
             assert [c.kind for c in children] == ["training"] * 6
             assert [c.status for c in children] == [JobState.SUCCEEDED] * 2 + [JobState.QUEUED] * 4
-            assert [c.detail["position"] for c in children] == list(range(6))
+            # queued longest first: the four SW-MLPs (4.2 M weights, dense under their masks),
+            # then the two Mixers (22 k), each in the plan's order
+            assert [c.detail["position"] for c in children] == [2, 3, 4, 5, 0, 1]
             assert children[0].detail["worker"] == "w1" and children[0].detail["seconds"] >= 0
             assert sum(m.model_id is not None for m in st.members) == 2
             # progress: trainings done of n, the atlas being the (n + 1)-th part
@@ -271,7 +273,8 @@ def test_study_trainings_are_jobs_cancel_cascades_and_a_new_run_resumes(
         with services.db.session(readonly=True) as s:
             st = s.get(Study, again_id)
             assert st is not None and st.job.status == JobState.SUCCEEDED, st.job.error
-            assert [m.reused for m in st.members] == [True, True, False, False, False, False]
+            # the two trained first (positions 2 and 3, the first SW-MLP point) are reused
+            assert [m.reused for m in st.members] == [False, False, True, True, False, False]
             assert st.job.progress == 1.0 and st.stage == "done"
             kinds = s.scalars(select(Job.kind).where(Job.parent_id == st.job_id)).all()
             assert sorted(kinds) == ["comparison"] + ["training"] * 4  # the atlas is a child too
