@@ -41,7 +41,7 @@ sentence, or a :class:`models.ConfigError` naming the offending option.
 from __future__ import annotations
 
 from analysis.studies.plan import KEY_VERSION, Entry, StudyPlan, Training, plan, training_key
-from analysis.studies.plots import PLOT_KINDS, render_plot
+from analysis.studies.plots import PLOT_KINDS, render_plot, render_plots
 from analysis.studies.results import TABLE_COLUMNS, StudyResult, summarize
 from analysis.studies.spec import (
     BUILTIN_STUDIES,
@@ -75,6 +75,7 @@ __all__ = [
     "load_spec",
     "plan",
     "render_plot",
+    "render_plots",
     "summarize",
     "t_interval",
     "training_key",

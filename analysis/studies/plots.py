@@ -30,7 +30,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from analysis.plot import plain_text
 
-__all__ = ["PLOT_KINDS", "render_plot"]
+__all__ = ["PLOT_KINDS", "render_plot", "render_plots"]
 
 PLOT_KINDS = ("cka_vs_density", "accuracy_vs_width")
 _METADATA: dict[str, dict[str, Any]] = {
@@ -160,10 +160,18 @@ def _differences_plot(ax: Axes, summary: dict[str, Any]) -> None:
     ax.grid(True, axis="x", alpha=0.3)
 
 
-def render_plot(summary: dict[str, Any], fmt: str = "png", *, dpi: int = 100) -> bytes:
-    """The study's plot (its ``plot`` kind) as PNG or SVG bytes."""
-    if fmt not in _METADATA:
-        raise ValueError(f"study plots are 'png' or 'svg', not {fmt!r}")
+def render_plots(
+    summary: dict[str, Any], formats: tuple[str, ...] = ("png", "svg"), *, dpi: int = 100
+) -> dict[str, bytes]:
+    """The study's plot (its ``plot`` kind) in each of ``formats`` ('png', 'svg'), drawn once.
+
+    The constrained layout is computed once, before any file is written, and then kept, so
+    every format has the same layout whichever others are asked for: the bytes of one format
+    do not depend on the rest of ``formats``.
+    """
+    for fmt in formats:
+        if fmt not in _METADATA:
+            raise ValueError(f"study plots are 'png' or 'svg', not {fmt!r}")
     kind = summary.get("plot", "cka_vs_density")
     if kind not in PLOT_KINDS:
         raise ValueError(f"unknown study plot {kind!r}; use one of {PLOT_KINDS}")
@@ -186,7 +194,17 @@ def render_plot(summary: dict[str, Any], fmt: str = "png", *, dpi: int = 100) ->
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     plain_text(fig)
-    buf = io.BytesIO()
-    with rc_context({"svg.hashsalt": "cka-atlas"}):
-        fig.savefig(buf, format=fmt, metadata=_METADATA[fmt])
-    return buf.getvalue()
+    fig.draw_without_rendering()  # the layout, once
+    fig.set_layout_engine("none")
+    out = {}
+    for fmt in formats:
+        buf = io.BytesIO()
+        with rc_context({"svg.hashsalt": "cka-atlas"}):
+            fig.savefig(buf, format=fmt, metadata=_METADATA[fmt])
+        out[fmt] = buf.getvalue()
+    return out
+
+
+def render_plot(summary: dict[str, Any], fmt: str = "png", *, dpi: int = 100) -> bytes:
+    """The study's plot (its ``plot`` kind) as PNG or SVG bytes (:func:`render_plots`)."""
+    return render_plots(summary, (fmt,), dpi=dpi)[fmt]

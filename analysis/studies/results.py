@@ -18,7 +18,7 @@ import pandas as pd
 
 from analysis.studies.differences import ArmTable, study_differences
 from analysis.studies.plan import Entry, StudyPlan
-from analysis.studies.plots import render_plot
+from analysis.studies.plots import render_plots
 from analysis.studies.spec import StudyError
 from analysis.studies.summary import (
     AtlasLike,
@@ -274,5 +274,5 @@ def summarize(
         raise StudyError("no reference model has finished, so there is nothing to compare with")
     summary = summary_dict(plan, recs, atlas)
     table = results_table(plan, recs, atlas)
-    plots = {fmt: render_plot(summary, fmt) for fmt in ("png", "svg")}
+    plots = render_plots(summary, ("png", "svg"))
     return StudyResult(summary=summary, table=table, plots=plots)
