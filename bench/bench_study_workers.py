@@ -7,7 +7,10 @@ set); Redis; and real ``cka-atlas worker --name`` processes with one thread each
 the built-in ``sparsity`` with ``--seeds`` seeds and its quick recipe (``--quick``, as
 ``cka-atlas study run sparsity --quick --seeds 2``). Before any clock the study is posted once
 to an app without workers (:func:`warm_up`), and each run's app answers one request. Wall time
-is from the POST until the study reads succeeded; each training's seconds are its job's own
+is from the POST until the study's job finished, as its row records it; the client polls once
+a second (``--poll``), and what it adds is shown apart ("seen by the client"): on two cores a
+client polling five times a second took a CPU-second per run from the workers it was timing.
+Each training's seconds are its job's own
 (``/v1/jobs?parent_id=``: the training, then the pass that stores its model's Grams for the
 atlas), the atlas's from its job's start and end. Last, the phases of each run from the job
 rows' timestamps: what does not split over workers (delivery, planning, hand-offs, the atlas,
@@ -16,11 +19,13 @@ in it. ``--logs DIR`` keeps the workers' logs (level info, one JSON object a lin
 
     .venv/bin/python bench/bench_study_workers.py                # Redis at 127.0.0.1:6379/15
     .venv/bin/python bench/bench_study_workers.py --redis redis://host:6379/3 --seeds 3
+    .venv/bin/python bench/bench_study_workers.py --repeat 3     # 1, 2, 1, 2, 1, 2 workers
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 import uuid
@@ -145,8 +150,8 @@ def run(workers: int, args: argparse.Namespace) -> dict[str, Any]:
             r.raise_for_status()
             url = r.headers["location"]
             while (state := client.get(url).json())["status"] in ("queued", "running"):
-                time.sleep(0.2)
-            wall = time.perf_counter() - began
+                time.sleep(args.poll)
+            seen = time.perf_counter() - began
             children = client.get(
                 "/v1/jobs", params={"parent_id": state["job_id"], "limit": 500}
             ).json()["items"]
@@ -160,9 +165,10 @@ def run(workers: int, args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"the study ended {state['status']}: {state.get('error')}")
         trainings = [c for c in children if c["kind"] == "training"]
         atlas = [c for c in children if c["kind"] == "comparison"]
+        end = phases.pop("_end")
         return {
             "workers": workers,
-            "wall": wall,
+            "wall": end,
             "trainings": [
                 (
                     c["detail"]["worker"].split(":")[0],
@@ -173,7 +179,7 @@ def run(workers: int, args: argparse.Namespace) -> dict[str, Any]:
             ],
             "atlas": _seconds(atlas[0]) if atlas else float("nan"),
             "models": len(state["models"]),
-            "phases": phases | {"seen by the client": wall - phases.pop("_end")},
+            "phases": phases | {"seen by the client": seen - end},
         }
 
 
@@ -192,9 +198,25 @@ def main() -> None:
         help="a PostgreSQL server (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test): each "
         "run gets a fresh database there instead of a SQLite file, as on a GPU host",
     )
+    ap.add_argument("--poll", type=float, default=1.0, help="seconds between the client's polls")
+    ap.add_argument("--repeat", type=int, default=1, help="run the worker counts this many times")
     args = ap.parse_args()
     warm_up(args)
-    rows = [run(w, args) for w in args.workers]
+    speedups: dict[int, list[float]] = {}
+    for _ in range(args.repeat):
+        rows = [run(w, args) for w in args.workers]
+        report(args, rows)
+        for r in rows[1:]:
+            speedups.setdefault(r["workers"], []).append(rows[0]["wall"] / r["wall"])
+    if args.repeat > 1:
+        for workers, values in speedups.items():
+            listed = ", ".join(f"{v:.2f}" for v in values)
+            middle = statistics.median(values)
+            print(f"\nspeed-up of {workers} workers: {listed}; median {middle:.2f}")
+
+
+def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    """One pass over the worker counts: the table, the trainings per worker, the phases."""
     base = rows[0]["wall"]  # the first worker count (1 by default) is the reference
     print(f"\n{args.study}, {args.seeds} seeds, quick={args.quick}: {rows[0]['models']} trainings")
     print(
