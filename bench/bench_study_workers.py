@@ -221,9 +221,9 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     print(f"\n{args.study}, {args.seeds} seeds, quick={args.quick}: {rows[0]['models']} trainings")
     print(
         "| workers | wall (s) | speed-up | efficiency | training s (mean, min–max) "
-        "| Grams for the atlas s (sum) | atlas s |"
+        "| Grams for the atlas s (sum) | atlas s | seen by the client (s) |"
     )
-    print("|---:|---:|---:|---:|---|---:|---:|")
+    print("|---:|---:|---:|---:|---|---:|---:|---:|")
     for r in rows:
         speed = base / r["wall"] * rows[0]["workers"]
         secs = [s for _, s, _ in r["trainings"]]
@@ -231,7 +231,8 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
         grams = sum(g for *_, g in r["trainings"])
         print(
             f"| {r['workers']} | {r['wall']:.1f} | {speed:.2f} | "
-            f"{speed / r['workers']:.0%} | {spread} | {grams:.1f} | {r['atlas']:.1f} |"
+            f"{speed / r['workers']:.0%} | {spread} | {grams:.1f} | {r['atlas']:.1f} | "
+            f"{r['wall'] + r['phases']['seen by the client']:.1f} |"
         )
     for r in rows:
         per: dict[str, int] = {}
