@@ -205,3 +205,14 @@ def test_stored_matrix_equals_the_library(client: TestClient, zoo: dict[str, Pat
     expected = atlas.matrix(*names)
     assert expected.shape == got.shape and expected.size >= 4
     np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+
+
+def test_one_skeleton_serves_every_seed_of_a_configuration() -> None:
+    """Layer names and shapes are resolved on a weightless skeleton kept per configuration
+    (its seed left out), so a worker that met one seed does not build another."""
+    from app.jobs.submit import skeleton
+
+    one = skeleton("sw_mlp_digits", {"density": 0.25, "seed": 1})
+    assert skeleton("sw_mlp_digits", {"density": 0.25, "seed": 2}) is one
+    assert skeleton("sw_mlp_digits", {"density": 0.5, "seed": 1}) is not one
+    assert next(iter(one.parameters())).device.type == "meta"

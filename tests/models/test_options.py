@@ -141,3 +141,21 @@ def test_grid_rejects_what_it_cannot_build() -> None:
         models.fixed_omega_grid("mixer_digits", 24576, widths=[512])
     with pytest.raises(models.ConfigError, match="no fixed-Ω grid"):
         models.fixed_omega_grid("mlp_digits", 24576, widths=[512])
+
+
+@pytest.mark.parametrize(
+    ("arch", "options"),
+    [("sw_mlp_digits", {"density": 0.25}), ("rp_mixer_digits", {}), ("mixer_digits", {})],
+)
+def test_a_seed_changes_weights_never_shapes(arch: str, options: dict[str, float]) -> None:
+    """What :func:`models.shape_config` leaves out, so that the shape caches (structure, budget,
+    skeleton) kept under it serve every seed: built for real, three seeds give the same
+    parameter and buffer names and shapes, and different weights."""
+    nets = [models.create(arch, seed=seed, **options) for seed in (0, 1, 7)]
+    shapes = {tuple((k, tuple(v.shape)) for k, v in net.state_dict().items()) for net in nets}
+    assert len(shapes) == 1
+    first, second = (next(iter(net.parameters())) for net in nets[:2])
+    assert not bool((first == second).all())
+    assert models.shape_config({**options, "seed": 3}) == options
+    structures = [models.structure(arch, {**options, "seed": s}) for s in (0, 1, 7)]
+    assert structures[0] == structures[1] == structures[2]
