@@ -11,14 +11,28 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from analysis import AnalysisError
-from models import ModelError
-
 __all__ = ["SERVICE_MODULES", "main"]
 
 # Each of these modules in app.cli exposes ``register(subparsers)``, which adds its parsers and sets
 # ``func`` on them; importing lazily keeps ``cka-atlas --help`` fast.
 COMMAND_MODULES = ("train", "compare", "export", "hub", "study", "service", "tokens", "gc")
+# The commands each module adds. A command line that names one builds that module's parsers
+# alone: the parsers of `train` and `compare` list the presets and the comparison options, which
+# imports torch and timm (seconds), and `cka-atlas db current` or `token list` need neither.
+COMMANDS = {
+    "train": "train",
+    "zoo": "train",
+    "compare": "compare",
+    "export": "export",
+    "import": "hub",
+    "study": "study",
+    "serve": "service",
+    "worker": "service",
+    "demo": "service",
+    "db": "service",
+    "token": "tokens",
+    "gc": "gc",
+}
 
 # What the `service` extra of pyproject.toml installs, by import name: a command that needs one
 # of them where only the libraries are installed says which extra to install (no traceback).
@@ -46,6 +60,21 @@ SERVICE_MODULES = frozenset(
 )
 
 
+def _one_sentence(exc: BaseException) -> bool:
+    """Whether ``exc`` is told as one sentence: a missing file, or an input error of the
+    libraries (:class:`models.errors.InputError`, which every ``ModelError`` and
+    ``AnalysisError`` is).
+
+    Looked up in ``sys.modules``: such an error can only come from a loaded library, and a
+    command that needs none (``db``, ``token``, ``study list``, ``--help``) does not import
+    torch for the check.
+    """
+    if isinstance(exc, FileNotFoundError):
+        return True
+    errors = sys.modules.get("models.errors")
+    return errors is not None and isinstance(exc, errors.InputError)
+
+
 def _needs_service(exc: ModuleNotFoundError) -> bool:
     return (exc.name or "").split(".")[0] in SERVICE_MODULES
 
@@ -57,13 +86,16 @@ def _unavailable(exc: ModuleNotFoundError) -> Callable[[argparse.Namespace], int
     return run
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``cka-atlas`` parser: every command's, or where ``argv`` starts with a command (as
+    ``main`` passes it) only the parsers of the module that adds it (:data:`COMMANDS`)."""
     parser = argparse.ArgumentParser(
         prog="cka-atlas",
         description="Layer-by-layer CKA between neural networks: train, compare, serve.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
+    named = COMMANDS.get(argv[0]) if argv else None
+    for name in COMMAND_MODULES if named is None else (named,):
         try:
             module = importlib.import_module(f"app.cli.{name}")
             module.register(subparsers)
@@ -84,13 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ModelError, AnalysisError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except ModuleNotFoundError as exc:
         if not _needs_service(exc):
             raise
@@ -99,6 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f'installed (no module {exc.name!r}); install it with pip install "cka-atlas[service]"',
             file=sys.stderr,
         )
+        return 2
+    except Exception as exc:
+        if not _one_sentence(exc):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -26,8 +26,6 @@ from typing import Any, BinaryIO
 import numpy as np
 from safetensors import SafetensorError
 
-from analysis import DirectoryGramCache
-
 __all__ = ["SUFFIXES", "ArtifactStore", "StoreError", "StoreGramCache", "TooLarge"]
 
 log = logging.getLogger(__name__)
@@ -231,6 +229,9 @@ class StoreGramCache:
 
     def __init__(self, store: ArtifactStore) -> None:
         self.store = store
+        # imported here: the store's other users (``cka-atlas gc``, ``db``) need no torch
+        from analysis.gram_cache import DirectoryGramCache
+
         self._inner = DirectoryGramCache(store.grams)
         self.touched: set[str] = set()
 
