@@ -25,7 +25,14 @@ from app.store.services import Services
 from app.store.settings import Settings
 from tests.app.fault_tools import CIFAR, upload_dataset
 from tests.app.study_tools import TINY
-from tests.helpers import assert_same_numbers, digits_id, register, stored_result, wait
+from tests.helpers import (
+    assert_same_numbers,
+    digits_id,
+    make_settings,
+    register,
+    stored_result,
+    wait,
+)
 
 
 @pytest.fixture
@@ -210,19 +217,12 @@ def _one_worker_sha256s(tmp_path: Path) -> dict[str, str]:
         torch.set_num_threads(threads)
 
 
-def _one_worker_summary(settings: Settings, tmp_path: Path) -> dict[str, Any]:
+def _one_worker_summary(tmp_path: Path) -> dict[str, Any]:
     """TINY run as a study by the embedded worker (one thread, like each Celery worker) of
     an app of its own, without a broker, on a store of its own: its summary."""
     import torch
 
-    solo = settings.model_copy(
-        update={
-            "database_url": f"sqlite:///{tmp_path / 'solo.db'}",
-            "data_dir": tmp_path / "solo",
-            "broker_url": None,
-            "worker_threads": 1,
-        }
-    )
+    solo = make_settings(f"sqlite:///{tmp_path / 'solo.db'}", tmp_path / "solo")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -239,8 +239,16 @@ def _one_worker_summary(settings: Settings, tmp_path: Path) -> dict[str, Any]:
         torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module")
+def one_worker_tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], Any]:
+    """TINY on one worker, once for every database the study test runs on (neither depends
+    on it): the checkpoints' sha256 by training key, and the study's summary."""
+    root = tmp_path_factory.mktemp("one-worker")
+    return _one_worker_sha256s(root), _one_worker_summary(root)
+
+
 def test_two_workers_share_a_study_and_survive_a_kill(
-    broker_settings: Settings, tmp_path: Path
+    broker_settings: Settings, tmp_path: Path, one_worker_tiny: tuple[dict[str, str], Any]
 ) -> None:
     """Two ``cka-atlas worker --name`` processes run a study's trainings; w1 is SIGKILLed in
     the middle of one after it finished another: w2 re-runs it and the study ends once, with
@@ -292,7 +300,7 @@ def test_two_workers_share_a_study_and_survive_a_kill(
             assert atlas.diagnostics["gram_cache"]["misses"] == 0
         page = client.get(f"/studies/{study['id']}").text
         assert "celery-w1" in page and "celery-w2" in page  # each training's worker
-    assert shas == _one_worker_sha256s(tmp_path)
+    expected_shas, expected = one_worker_tiny
+    assert shas == expected_shas
     # the same numbers to 1e-12; the ids are each store's own
-    expected = _one_worker_summary(settings, tmp_path)
     assert_same_numbers(expected, summary, tol=1e-12, ignore=("model_ids", "comparison_id"))
