@@ -207,7 +207,7 @@ def main() -> None:
         rows = [run(w, args) for w in args.workers]
         report(args, rows)
         for r in rows[1:]:
-            speedups.setdefault(r["workers"], []).append(rows[0]["wall"] / r["wall"])
+            speedups.setdefault(r["workers"], []).append(speed_up(rows[0], r))
     if args.repeat > 1:
         for workers, values in speedups.items():
             listed = ", ".join(f"{v:.2f}" for v in values)
@@ -215,9 +215,13 @@ def main() -> None:
             print(f"\nspeed-up of {workers} workers: {listed}; median {middle:.2f}")
 
 
+def speed_up(first: dict[str, Any], row: dict[str, Any]) -> float:
+    """``row``'s speed-up over the run of the first worker count (1 by default), in workers."""
+    return float(first["wall"] / row["wall"] * first["workers"])
+
+
 def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     """One pass over the worker counts: the table, the trainings per worker, the phases."""
-    base = rows[0]["wall"]  # the first worker count (1 by default) is the reference
     print(f"\n{args.study}, {args.seeds} seeds, quick={args.quick}: {rows[0]['models']} trainings")
     print(
         "| workers | wall (s) | speed-up | efficiency | training s (mean, min–max) "
@@ -225,7 +229,7 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     )
     print("|---:|---:|---:|---:|---|---:|---:|---:|")
     for r in rows:
-        speed = base / r["wall"] * rows[0]["workers"]
+        speed = speed_up(rows[0], r)
         secs = [s for _, s, _ in r["trainings"]]
         spread = f"{sum(secs) / len(secs):.1f} ({min(secs):.1f}–{max(secs):.1f})"
         grams = sum(g for *_, g in r["trainings"])
