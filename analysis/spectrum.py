@@ -12,8 +12,8 @@ kernel they are the variances (times n) of the batch's principal components.
 * **Sensitivity** (opt-in, :func:`whole_sample_sensitivity`): CKA after removing one side's
   top principal direction *of the whole sample*, the same direction at any batch size. The run
   keeps every selected layer's features (n × d floats per layer, as ``full`` mode does); w is
-  the top right singular vector of the whole sample's centred features (an eigenvector of
-  XᵀX, by block Krylov for wide layers, by a dense eigensolver for narrow ones), in float64.
+  the top right singular vector of the whole sample's centred features, in float64, found
+  from the smaller of their two Grams (XXᵀ or XᵀX, :func:`top_directions`).
   Removing it (X ↦ X(I - wwᵀ)) changes each batch's linear Gram by a rank-one update,
   ``K - zzᵀ`` with z = Xw (a constant shift of z changes no HSIC), whose HSIC with every
   other Gram is one product per layer; for the rbf kernel the deflated features' Grams are
@@ -27,6 +27,8 @@ and any direction of that cluster is as good an answer.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -45,12 +47,22 @@ __all__ = [
 
 BLOCK = 4
 ITERATIONS = 24
-# The whole-sample top direction (_top_direction): vectors added to the Krylov basis per step,
-# steps before the dense eigensolver takes over, and the residual that stops it. A residual
-# of RESIDUAL·λ_1 puts w within an angle RESIDUAL·λ_1/(λ_1 - λ_2) of the exact eigenvector:
-# 1e-7 where λ_2 = 0.99 λ_1, below what moves a CKA value in its sixth decimal (10x tighter
-# stalls at float64's floor on trained layers: ~1e-10). Trained digits layers (λ_2/λ_1 up to
-# 0.99, λ_9/λ_1 0.1-0.25) converge in 6 steps of 8 vectors.
+# The whole-sample top direction (top_directions) is an eigenvector of the smaller of the two
+# Grams of a layer's centred features X (n × d): A = XXᵀ (n × n) when n ≤ d, else XᵀX (d × d),
+# m × m with m = min(n, d), both in float64. Up to FORM_LIMIT, A is formed: m² · max(n, d)
+# multiply-adds in one product, which runs 3-6x faster per multiply-add here than the thin products
+# of applying A without forming it (about 2 · KRYLOV_BLOCK · steps · m · max(n, d) ≈ 100 m ·
+# max(n, d)), so forming costs less up to m ≈ 500. Past it, A is applied as X(Xᵀ·) or Xᵀ(X·).
+FORM_LIMIT = 512
+# The float64 copy of X is made CHUNK elements at a time (16 MB), so a wide layer (a 224-pixel
+# Mixer's blocks hold 10⁵ features per sample) never needs n·d float64 at once.
+CHUNK = 1 << 21
+# Block Krylov on A: vectors added to the basis per step, steps before the dense eigensolver
+# takes over, and the residual that stops it. A residual of RESIDUAL·λ_1 puts the direction
+# within an angle RESIDUAL·λ_1/(λ_1 - λ_2) of the exact eigenvector: 1e-7 where λ_2 = 0.99 λ_1,
+# below what moves a CKA value in its sixth decimal (10x tighter stalls at float64's floor on
+# trained layers: ~1e-10). Trained digits layers (λ_2/λ_1 up to 0.99, λ_9/λ_1 0.05-0.4)
+# converge in 4-6 steps of 8 vectors.
 KRYLOV_BLOCK = 8
 KRYLOV_STEPS = 10
 RESIDUAL = 1e-9
@@ -109,65 +121,118 @@ def layer_spectra(
     return pr, share
 
 
-def _dense_top(xc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(w (G, d), λ_1 (G,)) of XᵀX for a stack of centred features ``xc`` (G, n, d), from one
-    eigendecomposition each of the smaller of XᵀX and XXᵀ."""
-    n, d = xc.shape[1:]
-    if d <= n:
-        vals, vecs = torch.linalg.eigh(xc.mT @ xc)
-        return vecs[..., -1], vals[:, -1]
-    vals, vecs = torch.linalg.eigh(xc @ xc.mT)
-    w = (xc.mT @ vecs[..., -1:]).squeeze(2)
-    return w / torch.linalg.vector_norm(w, dim=1, keepdim=True).clamp(min=1e-300), vals[:, -1]
+class _CentredSlabs:
+    """A layer's centred features as S (m × D): X if n ≤ d, else Xᵀ, so that A = SSᵀ is the
+    smaller Gram; float64 slabs of S's columns, :data:`CHUNK` elements at a time, copied into
+    one buffer (a fresh allocation per slab costs the kernel's page zeroing), or kept whole
+    where S fits in one slab.
 
-
-def _top_direction(xc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(w (G, d), λ_1 (G,)) of C = XᵀX for a stack of centred features ``xc`` (G, n, d) of one
-    shape, float64.
-
-    Block Krylov with Rayleigh-Ritz, all G layers in the same batched products: the basis
-    grows by C times its newest block, so after k steps it holds every polynomial of degree
-    < k in C applied to the start, and the top Ritz pair converges at a rate set by the gap
-    between λ_1 and the first eigenvalue past the block, not by λ_2/λ_1 (trained layers reach
-    0.99). Stops once every layer has ‖Cw - λw‖ ≤ :data:`RESIDUAL`·λ; the dense eigensolver
-    answers layers too narrow for a basis, or unconverged after :data:`KRYLOV_STEPS` steps,
-    so the answer is always the exact top direction to rounding.
+    The mean is taken in the features' precision: an error δ in it adds n·δδᵀ to XᵀX (the
+    cross terms vanish, Xᵀ1 = 0) and a constant to every projection, which changes no HSIC.
     """
-    n_layers, n, d = xc.shape
+
+    def __init__(self, x: torch.Tensor) -> None:
+        n, d = x.shape
+        self.x, self.samples_short = x, n <= d
+        self.mean = x.mean(0).to(torch.float64)
+        self.m, self.long = (n, d) if self.samples_short else (d, n)
+        self.step = max(1, CHUNK // self.m)
+        self.buffer = x.new_empty(self.m * min(self.step, self.long), dtype=torch.float64)
+        self.whole = next(iter(self._slabs()))[1] if self.step >= self.long else None
+
+    def _slabs(self) -> Iterator[tuple[slice, torch.Tensor]]:
+        for start in range(0, self.long, self.step):
+            part = slice(start, min(start + self.step, self.long))
+            width = part.stop - part.start
+            if self.samples_short:  # columns of S are features: centre each
+                slab = self.buffer[: self.m * width].view(self.m, width)
+                slab.copy_(self.x[:, part]).sub_(self.mean[part])
+                yield part, slab
+            else:  # columns of S are samples
+                rows = self.buffer[: self.m * width].view(width, self.m)
+                rows.copy_(self.x[part]).sub_(self.mean)
+                yield part, rows.T
+
+    def __iter__(self) -> Iterator[tuple[slice, torch.Tensor]]:
+        if self.whole is not None:
+            return iter([(slice(0, self.long), self.whole)])
+        return self._slabs()
+
+    def gram(self) -> torch.Tensor:
+        """A = SSᵀ (m × m)."""
+        a = self.x.new_zeros(self.m, self.m, dtype=torch.float64)
+        for _, s in self:
+            a.addmm_(s, s.T)
+        return a
+
+    def apply(self, v: torch.Tensor) -> torch.Tensor:
+        """A v = S (Sᵀ v) without forming A."""
+        out = torch.zeros_like(v)
+        for _, s in self:
+            out.addmm_(s, s.T @ v)
+        return out
+
+    def transpose_times(self, u: torch.Tensor) -> torch.Tensor:
+        """Sᵀ u (D,)."""
+        out = u.new_empty(self.long)
+        for part, s in self:
+            out[part] = s.T @ u
+        return out
+
+
+def _krylov_top(
+    apply: Callable[[torch.Tensor], torch.Tensor], m: int, device: torch.device
+) -> tuple[float, torch.Tensor] | None:
+    """(λ_1, unit u_1) of a symmetric positive semi-definite m × m operator, or None when
+    :data:`KRYLOV_STEPS` steps leave the residual above :data:`RESIDUAL`·λ_1.
+
+    Block Krylov with Rayleigh-Ritz: the basis grows by A times its newest block, so after k
+    steps it holds every polynomial of degree < k in A applied to the start, and the top Ritz
+    pair converges at a rate set by the gap between λ_1 and the first eigenvalue past the block,
+    not by λ_2/λ_1 (trained layers reach 0.99).
+    """
     k = KRYLOV_BLOCK
-    if min(n, d) <= k * KRYLOV_STEPS:
-        return _dense_top(xc)
     gen = torch.Generator(device="cpu").manual_seed(0)
-    start = torch.randn(n, k, generator=gen, dtype=xc.dtype).to(xc.device)
-    # basis (orthonormal) and image = C · basis fill their first m columns; small = basisᵀ C
-    # basis grows by the new block's column (C is symmetric, so its row is the transpose)
-    xt = xc.mT
-    basis = xc.new_empty(n_layers, d, k * KRYLOV_STEPS)
-    image, small = torch.empty_like(basis), xc.new_empty(n_layers, basis.shape[2], basis.shape[2])
-    basis[..., :k] = torch.linalg.qr(xt @ start)[0]  # a start in the row space of X
-    m = 0
-    while True:
-        image[..., m : m + k] = xt @ (xc @ basis[..., m : m + k])
-        col = basis[..., : m + k].mT @ image[..., m : m + k]
-        small[:, : m + k, m : m + k] = col
-        small[:, m : m + k, : m + k] = col.mT
-        m += k
-        vals, vecs = torch.linalg.eigh((small[:, :m, :m] + small[:, :m, :m].mT) / 2)
-        lam, top = vals[:, -1], vecs[..., -1:]
-        w = (basis[..., :m] @ top).squeeze(2)
-        residual = (image[..., :m] @ top).squeeze(2) - lam[:, None] * w
-        done = (torch.linalg.vector_norm(residual, dim=1) <= RESIDUAL * lam) | (lam <= 0)
-        if bool(done.all()) or m == basis.shape[2]:
+    basis = torch.empty(m, k * KRYLOV_STEPS, dtype=torch.float64, device=device)
+    image, small = torch.empty_like(basis), basis.new_empty(basis.shape[1], basis.shape[1])
+    start = torch.randn(m, k, generator=gen, dtype=torch.float64).to(device)
+    basis[:, :k] = torch.linalg.qr(start)[0]
+    m_used = 0
+    while m_used < basis.shape[1]:
+        block = slice(m_used, m_used + k)
+        image[:, block] = apply(basis[:, block])
+        col = basis[:, : block.stop].T @ image[:, block]  # A is symmetric: its row is the transpose
+        small[: block.stop, block], small[block, : block.stop] = col, col.T
+        m_used = block.stop
+        vals, vecs = torch.linalg.eigh((small[:m_used, :m_used] + small[:m_used, :m_used].T) / 2)
+        lam, top = float(vals[-1]), vecs[:, -1]
+        u = basis[:, :m_used] @ top
+        if lam <= 0:  # a constant layer: nothing to remove
+            return 0.0, u
+        if float(torch.linalg.vector_norm(image[:, :m_used] @ top - lam * u)) <= RESIDUAL * lam:
+            return lam, u
+        if m_used == basis.shape[1]:
             break
-        grown, old = image[..., m - k : m], basis[..., :m]
-        grown = grown - old @ (old.mT @ grown)
-        grown = grown - old @ (old.mT @ grown)  # twice: the basis stays orthonormal
-        basis[..., m : m + k] = torch.linalg.qr(grown)[0]
-    lam = lam.clamp(min=0)  # ≤ 0: a constant layer, no direction to remove
-    rest = torch.nonzero(~done).squeeze(1)
-    if len(rest):
-        w[rest], lam[rest] = _dense_top(xc[rest])
-    return w / torch.linalg.vector_norm(w, dim=1, keepdim=True).clamp(min=1e-300), lam
+        grown, old = image[:, block], basis[:, :m_used]
+        grown = grown - old @ (old.T @ grown)
+        grown = grown - old @ (old.T @ grown)  # twice: the basis stays orthonormal
+        basis[:, m_used : m_used + k] = torch.linalg.qr(grown)[0]
+    return None
+
+
+def _top_eigenpair(slabs: _CentredSlabs) -> tuple[float, torch.Tensor, float]:
+    """(λ_1, unit u_1, tr A) of the layer's smaller Gram A: by block Krylov on A formed up to
+    :data:`FORM_LIMIT`, applied without forming past it; by the dense eigensolver where A is
+    too small for a basis or the Krylov steps leave it unconverged, so the answer is always
+    the exact top pair to rounding."""
+    a = slabs.gram() if slabs.m <= FORM_LIMIT else None
+    total = float(a.trace()) if a is not None else sum(float(s.square().sum()) for _, s in slabs)
+    if slabs.m > KRYLOV_BLOCK * KRYLOV_STEPS:
+        found = _krylov_top(slabs.apply if a is None else a.__matmul__, slabs.m, slabs.x.device)
+        if found is not None:
+            return *found, total
+    vals, vecs = torch.linalg.eigh(slabs.gram() if a is None else a)
+    return max(float(vals[-1]), 0.0), vecs[:, -1], total
 
 
 def top_directions(
@@ -175,25 +240,30 @@ def top_directions(
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], np.ndarray]:
     """Each layer's top principal direction over all its samples (n, d_i) as a unit float64
     (d_i,), the centred samples' projections on it (n,), and the share of the layer's variance
-    it carries (λ_1 / tr XᵀX; NaN for a constant layer). Layers of one width are solved
-    together."""
-    ws: list[torch.Tensor] = [torch.empty(0)] * len(features)
-    zs, shares = list(ws), np.full(len(features), np.nan)
-    groups: dict[tuple[int, ...], list[int]] = {}
+    it carries (λ_1 / tr XᵀX; NaN for a constant layer).
+
+    With S the centred features arranged so that A = SSᵀ is the smaller Gram, the top
+    eigenvector u of A gives the other side as Sᵀu: if A = XXᵀ, u is the projections' direction
+    (z = √λ_1 u) and w = Xᵀu/√λ_1; if A = XᵀX, w = u and z = Xw.
+    """
+    ws: list[torch.Tensor] = []
+    zs: list[torch.Tensor] = []
+    shares = np.full(len(features), np.nan)
     for i, x in enumerate(features):
-        groups.setdefault(tuple(x.shape), []).append(i)
-    for members in groups.values():
-        first = features[members[0]]
-        xc = torch.empty(len(members), *first.shape, dtype=torch.float64, device=first.device)
-        for k, i in enumerate(members):
-            xc[k].copy_(features[i])
-        xc -= xc.mean(1, keepdim=True)
-        w, lam = _top_direction(xc)
-        z = (xc @ w[..., None]).squeeze(2)
-        total = xc.square().sum((1, 2))
-        for k, i in enumerate(members):
-            ws[i], zs[i] = w[k], z[k]
-            shares[i] = float(lam[k] / total[k]) if total[k] > 0 else float("nan")
+        slabs = _CentredSlabs(x)
+        lam, u, total = _top_eigenpair(slabs)
+        other = slabs.transpose_times(u)
+        if slabs.samples_short:
+            root = max(lam, 1e-300) ** 0.5
+            w, z = other / root, u * root
+        else:
+            w, z = u, other
+        if lam > 0:
+            shares[i] = lam / total
+        else:
+            z = torch.zeros_like(z)
+        ws.append(w / torch.linalg.vector_norm(w).clamp(min=1e-300))
+        zs.append(z)
     return ws, zs, shares
 
 
@@ -203,18 +273,23 @@ def _carried(
     """HSIC of every layer's projection Gram zzᵀ against every layer's linear Gram of one
     batch (``xs`` (n, d_j), ``zs`` (n,)), and of each zzᵀ with itself.
 
-    ‖X_jᵀz_i‖² is one product per layer j of its centred features, in their precision (a
-    shift of z changes no HSIC, so z is centred too); its row norms are summed in float64.
+    ‖X_jᵀz_i‖² is one product per layer j of its centred features (a shift of z changes no
+    HSIC, so z is centred too), in float64: the deflated self-HSIC is a difference of terms
+    that nearly cancel where the direction carries most of a layer, and float32 products of
+    a batch's rows are only good to ~1e-6 relative, which reached 3e-6 in a deflated CKA.
     """
     z = torch.stack(zs)
     z = z - z.mean(1, keepdim=True)
     kz = z.square()
     ff = torch.empty(len(zs), len(xs), dtype=torch.float64, device=z.device)
     kx = torch.empty(len(xs), z.shape[1], dtype=torch.float64, device=z.device)
+    scratch = z.new_empty(max(x.numel() for x in xs))  # one allocation for every layer
     for j, x in enumerate(xs):
-        xc = x - x.mean(0)
-        ff[:, j] = (xc.mT @ z.T.to(x.dtype)).to(torch.float64).square().sum(0)
-        kx[j] = xc.square_().sum(1, dtype=torch.float64)
+        xc = scratch[: x.numel()].view(x.shape).copy_(x)
+        xc -= xc.mean(0)
+        carried = xc.mT @ z.T
+        ff[:, j] = torch.linalg.vecdot(carried, carried, dim=0)
+        kx[j] = torch.linalg.vecdot(xc, xc)
     own = hsic_from_linear_products((z @ z.T).square(), kz, kz, estimator).diagonal()
     return hsic_from_linear_products(ff, kz, kx, estimator), own
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import models
-from analysis import AnalysisError, cka_test, random_init_twin
+from analysis import AnalysisError, cka_test, random_init_twin, spectrum
 from analysis.calibration import accumulate_null, summarise_null
 from analysis.hsic import centred_rows
 from analysis.kernels import parse_kernel
@@ -141,11 +141,23 @@ def test_layer_spectra_of_known_spectra() -> None:
     assert share[1].item() == pytest.approx(sv[0] / sv.sum(), rel=1e-4)
 
 
-@pytest.mark.parametrize("shape", [(300, 200), (120, 400)])
-def test_top_directions_of_wide_layers_match_the_svd(shape: tuple[int, int]) -> None:
+@pytest.mark.parametrize(
+    ("shape", "chunk"),
+    [
+        ((300, 200), spectrum.CHUNK),  # XᵀX formed, the float64 copy whole
+        ((120, 400), 4096),  # XXᵀ formed from slabs of 34 features
+        ((600, 700), spectrum.CHUNK),  # past FORM_LIMIT: XXᵀ applied as X(Xᵀ·)
+        ((700, 600), 4096),  # XᵀX applied as Xᵀ(X·), slabs of 6 samples
+    ],
+)
+def test_top_directions_of_wide_layers_match_the_svd(
+    shape: tuple[int, int], chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Layers wide enough for the Krylov path, the top two variances 1 % apart (trained layers
-    come this close), three of one width solved together, a narrow one and a constant one
-    beside them: each direction is the SVD's to 1e-9 and carries the SVD's share."""
+    come this close), by each route to the smaller Gram, a narrow and a constant layer beside
+    them: each direction is the SVD's to 1e-9 and carries the SVD's share."""
+    monkeypatch.setattr(spectrum, "CHUNK", chunk)
+    assert (min(shape) > spectrum.FORM_LIMIT) == (min(shape) == 600)
     rng = np.random.default_rng(5)
     n, d = shape
     layers = []
