@@ -349,13 +349,19 @@ def _deflated(
     parts = [p for p in parts if len(np.asarray(p.sizes))]  # a range may have kept no batch
     width = len(parts[0].features or []) if parts else 0
     features = [
-        torch.from_numpy(np.concatenate([np.asarray((p.features or [])[k]) for p in parts]))
+        torch.from_numpy(_joined([np.asarray((p.features or [])[k]) for p in parts]))
         for k in range(width)
     ]
     sizes = [int(n) for p in parts for n in np.asarray(p.sizes)]
     kern = CompareOptions.build(kernel=config["kernel"]).parsed_kernel
     cross, own, share = whole_sample_sensitivity(features, sizes, kern, config["estimator"], hsic)
     return {"deflated_cross": cross, "deflated_self": own, "top_share": share}
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """The arrays one after the other; one alone as it is (a layer's kept features can run to
+    gigabytes, and ``compare`` is one partial)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def _finish_calibration(

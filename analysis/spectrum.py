@@ -199,8 +199,9 @@ def _krylov_top(
     count, m = shape
     k = KRYLOV_BLOCK
     gen = torch.Generator(device="cpu").manual_seed(0)
-    basis = torch.empty(count, m, k * KRYLOV_STEPS, dtype=torch.float64, device=device)
-    image, small = torch.empty_like(basis), basis.new_empty(count, *basis.shape[2:] * 2)
+    size = k * KRYLOV_STEPS
+    basis = torch.empty(count, m, size, dtype=torch.float64, device=device)
+    image, small = torch.empty_like(basis), basis.new_empty(count, size, size)
     start = torch.randn(m, k, generator=gen, dtype=torch.float64).to(device)
     basis[..., :k] = torch.linalg.qr(start)[0]
     used = 0
@@ -215,7 +216,7 @@ def _krylov_top(
         u = (basis[..., :used] @ top).squeeze(2)
         residual = (image[..., :used] @ top).squeeze(2) - lam[:, None] * u
         done = (torch.linalg.vector_norm(residual, dim=1) <= RESIDUAL * lam) | (lam <= 0)
-        if bool(done.all()) or used == basis.shape[2]:
+        if bool(done.all()) or used == size:
             return lam.clamp(min=0), u, done  # λ ≤ 0: a constant layer, nothing to remove
         grown, old = image[..., block], basis[..., :used]
         grown = grown - old @ (old.mT @ grown)
@@ -235,7 +236,6 @@ def _top_eigenpairs(layers: list[_CentredSlabs]) -> tuple[torch.Tensor, torch.Te
         formed = layers[0].x.new_empty(len(layers), m, m, dtype=torch.float64)
         for layer, out in zip(layers, formed, strict=True):
             layer.gram(out)
-    if formed is not None:
         totals = formed.diagonal(dim1=1, dim2=2).sum(1).tolist()
     else:
         totals = [sum(float(s.square().sum()) for _, s in layer) for layer in layers]
