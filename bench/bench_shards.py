@@ -18,53 +18,21 @@ model, the Gram products and the HSIC matrix of a batch, measured in this proces
 from __future__ import annotations
 
 import argparse
-import io
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import timm
 import torch
 from fastapi.testclient import TestClient
-from PIL import Image
-from timm.models import save_for_hf
+from workloads import TIMM_PAIR as MODELS
+from workloads import hub_zip, photos_zip
 
 from analysis.hsic import hsic_from_grams
 from analysis.kernels import gram, parse_kernel
 from app.http.main import create_app
 from app.jobs.celery_process import celery_workers, own_store
-
-MODELS = ("mixer_s16_224", "resmlp_12_224")
-
-
-def photos_zip(n: int, seed: int = 0) -> bytes:
-    """An ImageFolder zip of ``n`` random RGB photos of mixed sizes, in two classes."""
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for i in range(n):
-            w, h = int(rng.integers(160, 320)), int(rng.integers(160, 320))
-            pixels = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
-            out = io.BytesIO()
-            Image.fromarray(pixels, "RGB").save(out, "JPEG", quality=90)
-            zf.writestr(f"photos/{'ab'[i % 2]}/{i:04d}.jpg", out.getvalue())
-    return buf.getvalue()
-
-
-def hub_zip(name: str, root: Path) -> bytes:
-    """A random-init ``name`` written by timm's save_for_hf, zipped."""
-    torch.manual_seed(0)
-    model = timm.create_model(name, pretrained=False, num_classes=10).eval()
-    folder = root / name
-    save_for_hf(model, folder, safe_serialization=True)
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for p in sorted(folder.rglob("*")):
-            zf.write(p, f"{name}/{p.relative_to(folder).as_posix()}")
-    return buf.getvalue()
 
 
 def run(

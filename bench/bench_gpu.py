@@ -1,0 +1,159 @@
+"""The GPU path: imported 224-pixel timm models on CUDA in bf16 and fp32, and a cell's company.
+
+The workload is the shard benchmark's pair (``mixer_s16_224``, ``resmlp_12_224``, random-init,
+10 classes), each written by timm's ``save_for_hf``, zipped, and read back through
+:mod:`models.hub` as a user's upload is (so each model reads the images through its own
+pipeline, from its data config), with its default layers (8 × 12 blocks + stems), over an
+ImageFolder zip of ``--images`` random photos of mixed sizes.
+
+1. Time per 1000 images and peak GPU memory (``torch.cuda.max_memory_allocated``) of the
+   atlas at batch ``--batch``, bf16 autocast and fp32: from the photos (decoded, resized and
+   cropped per model on the CPU, as a comparison of an upload runs) and from images already
+   decoded to 224 × 224 tensors (the GPU's own share). Best of ``--repeats`` after an untimed
+   warm-up run of each.
+2. Agreement: every cell over the first ``--check`` photos on the GPU (fp32 and bf16)
+   against the same cells computed on the CPU in fp32.
+3. A cell's company (issue 24) where forwards are cheap: the plain atlas against image-level
+   intervals with the whole-sample sensitivity (``bootstrap=1, sensitivity=True``), over
+   ``--company`` tensors in batches of 32 (``bench_company.py --timm``'s setting), and the
+   whole-sample step alone. Then the deflated CKA of that run against the CPU's, with the
+   features kept on the GPU and spilled to the host (``KEEP_SHARE = 0``).
+
+    python bench/bench_gpu.py                  # on a machine with CUDA
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from workloads import TIMM_PAIR, hub_zip, photos_zip
+
+import analysis
+import analysis.partial
+import analysis.streaming
+from models.hub import load_hub, read_hub
+
+CUDA = "cuda:0"
+
+whole_sample: list[float] = []  # seconds in the whole-sample step of the run being timed
+_whole_sample_sensitivity = analysis.partial.whole_sample_sensitivity
+
+
+def _timed_step(*args: Any) -> Any:
+    start = time.perf_counter()
+    try:
+        return _whole_sample_sensitivity(*args)
+    finally:
+        whole_sample.append(time.perf_counter() - start)
+
+
+analysis.partial.whole_sample_sensitivity = _timed_step  # type: ignore[assignment]
+
+
+def imported_pair(root: Path) -> dict[str, nn.Module]:
+    """The pair as an upload becomes it: zip → models.hub → a model with its own pipeline."""
+    nets = {}
+    for name in TIMM_PAIR:
+        archive = root / f"{name}.zip"
+        archive.write_bytes(hub_zip(name, root / "written"))
+        scratch = root / f"scratch-{name}"
+        scratch.mkdir()
+        model, _ = load_hub(read_hub(archive, scratch))
+        nets[name] = model.eval()
+    return nets
+
+
+def timed(nets: dict[str, nn.Module], data: Any, repeats: int, **options: Any) -> tuple[float, int]:
+    """Best wall time of ``repeats`` runs after a warm-up, and the peak GPU memory of one."""
+    analysis.compare(nets, data, device=CUDA, **options)
+    best = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        analysis.compare(nets, data, device=CUDA, **options)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best, torch.cuda.max_memory_allocated()
+
+
+def cells(atlas: analysis.Atlas) -> np.ndarray:
+    return np.concatenate([atlas.matrix(a, b).ravel() for a, b in atlas.pairs()])
+
+
+def deflated(atlas: analysis.Atlas) -> np.ndarray:
+    """Every cell's CKA with either side's whole-sample top direction removed."""
+    return np.concatenate([np.ravel(atlas.without_top_pc(a, b)) for a, b in atlas.pairs()])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--check", type=int, default=256)
+    ap.add_argument("--company", type=int, default=256)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_gpu.py needs a CUDA device; none is visible to torch.")
+    device = torch.cuda.get_device_name(0)
+    print(f"torch {torch.__version__}, {device}, {torch.get_num_threads()} CPU threads")
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+        root = Path(tmp)
+        nets = imported_pair(root)
+        (root / "photos.zip").write_bytes(photos_zip(args.images))
+        photos = analysis.load_dataset(root / "photos.zip")
+        tensors = torch.rand(args.images, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+
+        print(f"\n{', '.join(TIMM_PAIR)}: {args.images} images, batch {args.batch}")
+        print("\n| input | dtype | s per 1000 images | peak GPU memory |\n|---|---|---|---|")
+        for label, data in (("photos, decoded per model", photos), ("224 px tensors", tensors)):
+            for dtype in ("bf16", "fp32"):
+                seconds, peak = timed(nets, data, args.repeats, batch_size=args.batch, dtype=dtype)
+                per_1000 = seconds / args.images * 1000
+                print(f"| {label} | {dtype} | {per_1000:.2f} | {peak / 2**30:.2f} GiB |")
+
+        sample = root / "check.zip"
+        with (
+            zipfile.ZipFile(io.BytesIO(photos_zip(args.images))) as whole,
+            zipfile.ZipFile(sample, "w") as part,
+        ):
+            for member in sorted(whole.namelist())[: args.check]:
+                part.writestr(member, whole.read(member))
+        check = analysis.load_dataset(sample)
+        common = {"batch_size": min(args.batch, args.check)}
+        cpu = cells(analysis.compare(nets, check, device="cpu", **common))
+        print(f"\nagreement with the CPU in fp32 over {args.check} photos ({cpu.size} cells):")
+        for dtype in ("fp32", "bf16"):
+            gpu = cells(analysis.compare(nets, check, device=CUDA, dtype=dtype, **common))
+            print(f"  GPU {dtype}: max |ΔCKA| {np.nanmax(np.abs(gpu - cpu)):.1e}")
+
+        data = tensors[: args.company]
+        print(f"\na cell's company on the GPU: {args.company} tensors, batches of 32")
+        print("\n| run | seconds | × plain |\n|---|---|---|")
+        plain, _ = timed(nets, data, args.repeats, batch_size=32)
+        whole_sample.clear()
+        both, _ = timed(nets, data, args.repeats, batch_size=32, bootstrap=1, sensitivity=True)
+        print(f"| plain atlas | {plain:.2f} | 1.00 |\n| both | {both:.2f} | {both / plain:.2f} |")
+        print(f"\nthe whole-sample step alone (best): {min(whole_sample):.2f} s")
+
+        sens = {"batch_size": 32, "sensitivity": True}
+        cpu = deflated(analysis.compare(nets, data, device="cpu", **sens))
+        print(f"\ndeflated CKA against the CPU's ({cpu.size} values):")
+        for where, share in (("kept on the GPU", 1 / 3), ("spilled to the host", 0.0)):
+            analysis.streaming.KEEP_SHARE = share
+            gpu = deflated(analysis.compare(nets, data, device=CUDA, **sens))
+            print(f"  {where}: max |Δ| {np.nanmax(np.abs(gpu - cpu)):.1e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Workloads the benchmarks share, built with the libraries only (no service stack).
+
+The 224-pixel timm pair (``mixer_s16_224``, ``resmlp_12_224``, random-init, 10 classes) as
+timm's ``save_for_hf`` writes it, and an ImageFolder of random photos of mixed sizes, each
+zipped as a user would upload them.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import timm
+import torch
+from PIL import Image
+from timm.models import save_for_hf
+
+TIMM_PAIR = ("mixer_s16_224", "resmlp_12_224")
+
+
+def photos_zip(n: int, seed: int = 0) -> bytes:
+    """An ImageFolder zip of ``n`` random RGB photos of mixed sizes, in two classes."""
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for i in range(n):
+            w, h = int(rng.integers(160, 320)), int(rng.integers(160, 320))
+            pixels = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+            out = io.BytesIO()
+            Image.fromarray(pixels, "RGB").save(out, "JPEG", quality=90)
+            zf.writestr(f"photos/{'ab'[i % 2]}/{i:04d}.jpg", out.getvalue())
+    return buf.getvalue()
+
+
+def hub_zip(name: str, root: Path) -> bytes:
+    """A random-init ``name`` written by timm's save_for_hf, zipped."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, num_classes=10).eval()
+    folder = root / name
+    save_for_hf(model, folder, safe_serialization=True)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for p in sorted(folder.rglob("*")):
+            zf.write(p, f"{name}/{p.relative_to(folder).as_posix()}")
+    return buf.getvalue()
