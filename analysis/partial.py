@@ -203,7 +203,7 @@ def run_partial(
         counters=run.counters(),
         null_moments=None if run.analytic is None else run.analytic.sums,
         moments=None if run.moments is None else run.moments.state(),
-        features=None if feats is None else [f.numpy() for f in feats],
+        features=feats,
         sizes=None if feats is None else np.array(run.feature_sizes(), dtype=np.int64),
     )
 
@@ -348,20 +348,18 @@ def _deflated(
         raise AnalysisError("some partials have no features for the sensitivity")
     parts = [p for p in parts if len(np.asarray(p.sizes))]  # a range may have kept no batch
     width = len(parts[0].features or []) if parts else 0
-    features = [
-        torch.from_numpy(_joined([np.asarray((p.features or [])[k]) for p in parts]))
-        for k in range(width)
-    ]
+    features = [_joined([(p.features or [])[k] for p in parts]) for k in range(width)]
     sizes = [int(n) for p in parts for n in np.asarray(p.sizes)]
     kern = CompareOptions.build(kernel=config["kernel"]).parsed_kernel
     cross, own, share = whole_sample_sensitivity(features, sizes, kern, config["estimator"], hsic)
     return {"deflated_cross": cross, "deflated_self": own, "top_share": share}
 
 
-def _joined(arrays: list[np.ndarray]) -> np.ndarray:
-    """The arrays one after the other; one alone as it is (a layer's kept features can run to
-    gigabytes, and ``compare`` is one partial)."""
-    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The parts one after the other, on the host; one alone as it is, on its device (a layer's
+    kept features can run to gigabytes, and ``compare`` is one partial, whose features a CUDA
+    run keeps on the GPU)."""
+    return parts[0] if len(parts) == 1 else torch.cat([p.cpu() for p in parts])
 
 
 def _finish_calibration(

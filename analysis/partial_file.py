@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
@@ -43,7 +44,8 @@ class Partial:
     counters: dict[str, Any]  # StreamingRun.counters(), dropped batches by global index
     null_moments: np.ndarray | None = None  # (3, L, L) summed cumulants, analytic null
     moments: dict[str, np.ndarray] | None = None  # ImageMoments.state(), image-level intervals
-    features: list[np.ndarray] | None = None  # per layer (n, d), kept batches, with sensitivity
+    # per layer (n, d), kept batches, with sensitivity; on the GPU where a CUDA run kept them
+    features: list[torch.Tensor] | None = None
     sizes: np.ndarray | None = None  # samples of each kept batch, in order, with sensitivity
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -59,8 +61,8 @@ class Partial:
             arrays[f"spectra.{key}"] = value
         for key, value in (self.moments or {}).items():
             arrays[f"moments.{key}"] = value
-        for k, value in enumerate(self.features or []):
-            arrays[f"features.{k}"] = value
+        for k, kept in enumerate(self.features or []):
+            arrays[f"features.{k}"] = kept.cpu().numpy()
         if self.sizes is not None:
             arrays["sizes"] = self.sizes
         meta = {
@@ -116,6 +118,6 @@ class Partial:
             moments={k: arrays[f"moments.{k}"] for k in MOMENTS} if meta["moments"] else None,
             features=None
             if meta["features"] is None
-            else [arrays[f"features.{k}"] for k in range(int(meta["features"]))],
+            else [torch.from_numpy(arrays[f"features.{k}"]) for k in range(int(meta["features"]))],
             sizes=arrays.get("sizes"),
         )

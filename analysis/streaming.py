@@ -55,6 +55,12 @@ __all__ = ["RunSettings", "StreamingRun", "diagnostics", "full_hsic"]
 
 Rows = tuple[torch.Tensor, torch.Tensor]
 
+# With the sensitivity, a CUDA run keeps every layer's features on the GPU, where the
+# whole-sample step then runs, while they take at most this share of the memory free when the
+# first batch is kept: that step joins each layer's batches (one more copy) and later batches
+# need room for their forward passes. Past it, the kept batches move to the host.
+KEEP_SHARE = 1 / 3
+
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -157,6 +163,8 @@ class StreamingRun:
         self.features: list[list[torch.Tensor]] | None = None
         if options.sensitivity:
             self.features = [[] for _ in range(total)]
+        self.keep_device = self.dev if self.dev.type == "cuda" else torch.device("cpu")
+        self.keep_room: int | None = None  # bytes left for kept features on the GPU
         self.inputs: dict[str, Callable[[Any], torch.Tensor]] = dict(inputs or {})
 
     @property
@@ -179,10 +187,24 @@ class StreamingRun:
         return [int(f.shape[0]) for f in (self.features or [[]])[0]]
 
     def kept_features(self) -> list[torch.Tensor] | None:
-        """With sensitivity: each layer's features over the kept batches, in batch order."""
+        """With sensitivity: each layer's features over the kept batches, in batch order, on the
+        GPU where a CUDA run's fitted there (:meth:`_keep`), else on the host."""
         if self.features is None:
             return None
         return [torch.cat(f) if f else torch.zeros(0, 0) for f in self.features]
+
+    def _keep(self, layer: int, f: torch.Tensor) -> None:
+        """Keep one batch's features (b, d) of one layer for the whole-sample step, on the GPU
+        while they fit (:data:`KEEP_SHARE`), else on the host."""
+        assert self.features is not None
+        if self.keep_device.type == "cuda":
+            if self.keep_room is None:
+                self.keep_room = int(torch.cuda.mem_get_info(self.keep_device)[0] * KEEP_SHARE)
+            self.keep_room -= f.nbytes
+            if self.keep_room < 0:
+                self.keep_device = torch.device("cpu")
+                self.features = [[t.cpu() for t in kept] for kept in self.features]
+        self.features[layer].append(f.to(self.keep_device))
 
     def _per_model(self, raw: Any) -> Callable[[str], torch.Tensor]:
         """Model name -> its input for this raw batch, on the device; one per distinct pipeline."""
@@ -212,7 +234,7 @@ class StreamingRun:
         for j, f in enumerate(self._features(m, x)):
             gram(f, self.kern, out=out[j])
             if self.features is not None:
-                self.features[self.slices[m].start + j].append(f.reshape(b, -1).cpu())
+                self._keep(self.slices[m].start + j, f.reshape(b, -1))
         return out
 
     def _loop(self, window: range | None) -> Iterator[tuple[int, int, Any]]:
@@ -347,7 +369,7 @@ class StreamingRun:
                     self.misses += 1
                     cache.put(gkeys[m], grams.cpu().numpy())
                     for j, f in enumerate(self._last_features(m)):
-                        cache.put(gram_key(features=gkeys[m], layer=j), f.numpy())
+                        cache.put(gram_key(features=gkeys[m], layer=j), f.cpu().numpy())
                 stacks[m] = grams
                 rows[m] = centred_rows(grams, self.estimator)
         if self.analytic is not None:
@@ -395,7 +417,7 @@ class StreamingRun:
             return False
         for j, f in enumerate(found):
             assert f is not None
-            self.features[self.slices[m].start + j].append(torch.from_numpy(f).to(self.gdtype))
+            self._keep(self.slices[m].start + j, torch.from_numpy(f).to(self.gdtype))
         return True
 
     def _block(self, ra: Rows, rb: Rows, same: bool) -> torch.Tensor:
