@@ -223,12 +223,14 @@ def _krylov_top(
         basis[..., used : used + k] = torch.linalg.qr(grown)[0]
 
 
-def _top_eigenpairs(layers: list[_CentredSlabs]) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
-    """(λ_1 (G,), unit u_1 (G, m), tr A per layer) of the smaller Grams A of layers whose A
-    has one size m: formed and solved together up to :data:`FORM_LIMIT`, one layer applied
-    without forming past it. Block Krylov where m leaves room for a basis; the dense
-    eigensolver where it does not, or answers layers the Krylov steps leave unconverged, so
-    the answer is always the exact top pair to rounding."""
+def _top_eigenpairs(
+    layers: list[_CentredSlabs],
+) -> tuple[torch.Tensor, torch.Tensor, list[float], torch.Tensor | None]:
+    """(λ_1 (G,), unit u_1 (G, m), tr A per layer, the formed A (G, m, m) or None) of the
+    smaller Grams A of layers whose A has one size m: formed and solved together up to
+    :data:`FORM_LIMIT`, one layer applied without forming past it. Block Krylov where m
+    leaves room for a basis; the dense eigensolver where it does not, or answers layers the
+    Krylov steps leave unconverged, so the answer is always the exact top pair to rounding."""
     m, device = layers[0].m, layers[0].x.device
     formed = None
     if m <= FORM_LIMIT:
@@ -245,10 +247,16 @@ def _top_eigenpairs(layers: list[_CentredSlabs]) -> tuple[torch.Tensor, torch.Te
     else:
         lam = torch.zeros(len(layers), dtype=torch.float64, device=device)
         u, done = lam.new_empty(len(layers), m), torch.zeros(len(layers), dtype=torch.bool)
-    for g in torch.nonzero(~done).flatten().tolist():
-        vals, vecs = torch.linalg.eigh(layers[g].gram() if formed is None else formed[g])
-        lam[g], u[g] = vals[-1].clamp(min=0), vecs[:, -1]
-    return lam, u, totals
+    left = torch.nonzero(~done).flatten().tolist()
+    if left:  # one batched call (past FORM_LIMIT a group is one layer)
+        vals, vecs = torch.linalg.eigh(layers[0].gram()[None] if formed is None else formed[left])
+        lam[left], u[left] = vals[:, -1].clamp(min=0), vecs[..., -1]
+    return lam, u, totals, formed
+
+
+# Layers whose whole-sample Gram XXᵀ was formed (n ≤ d, n ≤ FORM_LIMIT): their indices and
+# those Grams (G, n, n), float64, from the centred features.
+FormedGrams = list[tuple[list[int], torch.Tensor]]
 
 
 def top_directions(
@@ -262,52 +270,85 @@ def top_directions(
     eigenvector u of A gives the other side as Sᵀu: if A = XXᵀ, u is the projections' direction
     (z = √λ_1 u) and w = Xᵀu/√λ_1; if A = XᵀX, w = u and z = Xw.
     """
+    ws, zs, shares, _ = _top_directions(features)
+    return ws, zs, shares
+
+
+def _top_directions(
+    features: list[torch.Tensor], directions: bool = True
+) -> tuple[list[torch.Tensor], list[torch.Tensor], np.ndarray, FormedGrams]:
+    """:func:`top_directions`, and the whole-sample Grams XXᵀ it formed on the way. Without
+    ``directions`` a layer whose Gram was XXᵀ gets no w (an empty tensor): its projections
+    z come from u alone, and w would cost another pass over its features."""
     ws: list[torch.Tensor] = [torch.empty(0)] * len(features)
     zs, shares = list(ws), np.full(len(features), np.nan)
     groups: dict[int, list[int]] = {}
+    formed: FormedGrams = []
     for i, x in enumerate(features):
         m = min(x.shape)
         groups.setdefault(m if m <= FORM_LIMIT else -1 - i, []).append(i)  # formed: by size
     for members in groups.values():
         layers = [_CentredSlabs(features[i]) for i in members]
-        lams, us, totals = _top_eigenpairs(layers)
+        lams, us, totals, grams = _top_eigenpairs(layers)
+        short = [k for k, layer in enumerate(layers) if layer.samples_short]
+        if grams is not None and short:
+            formed.append(([members[k] for k in short], grams[short]))
         for i, layer, lam, u, total in zip(members, layers, lams.tolist(), us, totals, strict=True):
-            other = layer.transpose_times(u)
             if layer.samples_short:
-                w, z = other / max(lam, 1e-300) ** 0.5, u * lam**0.5
+                z = u * lam**0.5
+                w = layer.transpose_times(u) if directions else None
             else:
-                w, z = u, other
+                w, z = u, layer.transpose_times(u)
             if lam > 0:
                 shares[i] = lam / total
             else:
                 z = torch.zeros_like(z)
-            ws[i], zs[i] = w / torch.linalg.vector_norm(w).clamp(min=1e-300), z
-    return ws, zs, shares
+            zs[i] = z
+            if w is not None:
+                ws[i] = w / torch.linalg.vector_norm(w).clamp(min=1e-300)
+    return ws, zs, shares, formed
 
 
 def _carried(
-    xs: list[torch.Tensor], zs: list[torch.Tensor], estimator: str
+    xs: list[torch.Tensor],
+    zs: list[torch.Tensor],
+    estimator: str,
+    formed: FormedGrams,
+    batch: slice,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """HSIC of every layer's projection Gram zzᵀ against every layer's linear Gram of one
-    batch (``xs`` (n, d_j), ``zs`` (n,)), and of each zzᵀ with itself.
+    batch (``xs`` (n, d_j) and ``zs`` (n,): the samples ``batch`` of the whole), and of each
+    zzᵀ with itself.
 
-    ‖X_jᵀz_i‖² is one product per layer j of its centred features (a shift of z changes no
-    HSIC, so z is centred too), in float64: the deflated self-HSIC is a difference of terms
-    that nearly cancel where the direction carries most of a layer, and float32 products of
-    a batch's rows are only good to ~1e-6 relative, which reached 3e-6 in a deflated CKA.
+    A shift of z changes no HSIC, so z is centred, and then ‖X_jᵀz_i‖² is z_iᵀGz_i for G the
+    batch's block of layer j's whole-sample Gram XXᵀ, and the batch-centred rows' squared norms
+    are diag(HGH) (a common shift of X's rows changes neither): where :func:`_top_directions`
+    formed that Gram, every layer's term is one batched product with no pass over the
+    features. Elsewhere it is one product per layer of its centred features, in float64: the
+    deflated self-HSIC is a difference of terms that nearly cancel where the direction carries
+    most of a layer, and float32 products of a batch's rows are only good to ~1e-6 relative,
+    which reached 3e-6 in a deflated CKA.
     """
     z = torch.stack(zs)
     z = z - z.mean(1, keepdim=True)
     kz = z.square()
     ff = torch.empty(len(zs), len(xs), dtype=torch.float64, device=z.device)
     kx = torch.empty(len(xs), z.shape[1], dtype=torch.float64, device=z.device)
-    scratch = z.new_empty(max(x.numel() for x in xs))  # one allocation for every layer
-    for j, x in enumerate(xs):
-        xc = scratch[: x.numel()].view(x.shape).copy_(x)
-        xc -= xc.mean(0)
-        carried = z @ xc  # (L, d_j); as xcᵀzᵀ it takes MKL 6x longer
-        ff[:, j] = torch.linalg.vecdot(carried, carried)
-        kx[j] = torch.linalg.vecdot(xc, xc)
+    rest = set(range(len(xs)))
+    for members, grams in formed:
+        g = grams[:, batch, batch]
+        ff[:, members] = torch.linalg.vecdot(z @ g, z).T
+        means = g.mean(2)
+        kx[members] = g.diagonal(dim1=1, dim2=2) - 2 * means + means.mean(1, keepdim=True)
+        rest -= set(members)
+    if rest:
+        scratch = z.new_empty(max(xs[j].numel() for j in rest))  # one allocation for all
+        for j in sorted(rest):
+            xc = scratch[: xs[j].numel()].view(xs[j].shape).copy_(xs[j])
+            xc -= xc.mean(0)
+            carried = z @ xc  # (L, d_j); as xcᵀzᵀ it takes MKL 6x longer
+            ff[:, j] = torch.linalg.vecdot(carried, carried)
+            kx[j] = torch.linalg.vecdot(xc, xc)
     own = hsic_from_linear_products((z @ z.T).square(), kz, kz, estimator).diagonal()
     return hsic_from_linear_products(ff, kz, kx, estimator), own
 
@@ -331,7 +372,7 @@ def whole_sample_sensitivity(
     direction carries is computed (:func:`_carried`), and no Gram is formed again. For other
     kernels the deflated features' Grams are formed and met with the intact ones.
     """
-    ws, zs, shares = top_directions(features)
+    ws, zs, shares, formed = _top_directions(features, directions=kern.name != "linear")
     n_layers = len(features)
     carried = torch.zeros(n_layers, n_layers, dtype=torch.float64)
     own_z = torch.zeros(n_layers, dtype=torch.float64)
@@ -343,7 +384,7 @@ def whole_sample_sensitivity(
         start += n
         xs = [f[batch] for f in features]
         if kern.name == "linear":
-            c, o = _carried(xs, [z[batch] for z in zs], estimator)
+            c, o = _carried(xs, [z[batch] for z in zs], estimator, formed, batch)
             carried += c.cpu()
             own_z += o.cpu()
             continue
