@@ -51,7 +51,6 @@ def run(
             r.raise_for_status()
             body = {"model_ids": ids, "dataset_id": r.json()["id"], "batch_size": args.batch}
             with celery_workers(settings, root, [f"bench{i}" for i in range(workers)]):
-                time.sleep(args.settle)  # workers import torch and connect before the clock
                 began = time.perf_counter()
                 r = client.post("/v1/comparisons", json=body | {"shards": shards})
                 r.raise_for_status()
@@ -105,7 +104,6 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--settle", type=float, default=15.0, help="seconds to let workers start")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         zips = {name: hub_zip(name, Path(tmp)) for name in MODELS}

@@ -141,7 +141,6 @@ def run(workers: int, args: argparse.Namespace) -> dict[str, Any]:
             TestClient(create_app(settings), base_url="http://localhost") as client,
             celery_workers(settings, root, names) as procs,
         ):
-            time.sleep(args.settle)  # workers import torch and connect before the clock
             client.get("/v1/studies").raise_for_status()  # an app's first answer is slower
             posted = datetime.now(UTC)
             began = time.perf_counter()
@@ -190,7 +189,6 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--quick", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--settle", type=float, default=15.0, help="seconds to let workers start")
     ap.add_argument("--logs", type=Path, help="keep the workers' logs (level info) here")
     ap.add_argument(
         "--postgres",

@@ -3,7 +3,8 @@
 For what runs Celery workers next to an in-process app that only enqueues (the benches that
 measure workers, the tests that kill one): :func:`worker_env` passes a :class:`Settings` to a
 worker process through the environment, :func:`celery_workers` starts named workers, one
-thread each, in process groups of their own, and stops those still running on the way out.
+thread each, in process groups of their own, hands them over once every one consumes the
+queue, and stops those still running on the way out.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from app.jobs.celery_app import make_celery
 from app.store.settings import Settings
 
 __all__ = ["celery_workers", "own_store", "worker_env", "worker_logs"]
@@ -61,11 +64,13 @@ def _log(log_dir: Path, name: str) -> Path:
 
 @contextmanager
 def celery_workers(
-    settings: Settings, log_dir: Path, names: Sequence[str | None]
+    settings: Settings, log_dir: Path, names: Sequence[str | None], ready_s: float = 180
 ) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
     """``cka-atlas worker [--name NAME]`` per name (None: unnamed, listed as ``worker``), each
-    writing ``log_dir/<name>.log``; every one still running is stopped (SIGTERM to its group)
-    when the block ends."""
+    writing ``log_dir/<name>.log``, handed over once every one consumes the settings' queue
+    (jobs sent while one still imports torch would all go to the others); every one still
+    running is stopped (SIGTERM to its group) when the block ends. A worker that exits or is
+    not consuming within ``ready_s`` seconds is a :class:`RuntimeError` naming it."""
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name in names:
@@ -78,12 +83,36 @@ def celery_workers(
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
+        _wait_consuming(settings, log_dir, procs, ready_s)
         yield procs
     finally:
         for proc in procs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=60)
+
+
+def _wait_consuming(
+    settings: Settings, log_dir: Path, procs: dict[str, subprocess.Popen[bytes]], ready_s: float
+) -> None:
+    control = make_celery(settings).control
+    deadline = time.monotonic() + ready_s
+    while True:
+        for name, proc in procs.items():
+            if proc.poll() is not None:
+                tail = _log(log_dir, name).read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"worker {name} exited with {proc.returncode}: {tail}")
+        queues = control.inspect(timeout=1).active_queues() or {}
+        consuming = sum(
+            any(q["name"] == settings.celery_queue for q in qs) for qs in queues.values()
+        )
+        if consuming >= len(procs):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{consuming} of {len(procs)} workers consumed {settings.celery_queue} "
+                f"within {ready_s:.0f} s (logs in {log_dir})"
+            )
 
 
 def worker_logs(log_dir: Path, procs: dict[str, subprocess.Popen[bytes]]) -> dict[str, str]:
