@@ -44,6 +44,7 @@ from analysis.hsic import (
     undefined_reasons,
 )
 from analysis.intervals import ImageMoments
+from analysis.kept import KeptFeatures
 from analysis.kernels import Kernel, gram
 from analysis.layers import LayerReader, resolve_layers
 from analysis.null import AnalyticNull
@@ -54,12 +55,6 @@ from analysis.spectrum import SpectrumAccumulator
 __all__ = ["RunSettings", "StreamingRun", "diagnostics", "full_hsic"]
 
 Rows = tuple[torch.Tensor, torch.Tensor]
-
-# With the sensitivity, a CUDA run keeps every layer's features on the GPU, where the
-# whole-sample step then runs, while they take at most this share of the memory free when the
-# first batch is kept: that step joins each layer's batches (one more copy) and later batches
-# need room for their forward passes. Past it, the kept batches move to the host.
-KEEP_SHARE = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -160,11 +155,9 @@ class StreamingRun:
             self.moments = ImageMoments(total, device)
         # sensitivity: every layer's features of every kept batch, for the whole-sample top
         # direction (analysis.spectrum.whole_sample_sensitivity)
-        self.features: list[list[torch.Tensor]] | None = None
+        self.features: KeptFeatures | None = None
         if options.sensitivity:
-            self.features = [[] for _ in range(total)]
-        self.keep_device = self.dev if self.dev.type == "cuda" else torch.device("cpu")
-        self.keep_room: int | None = None  # bytes left for kept features on the GPU
+            self.features = KeptFeatures(total, None, self.dev)  # planned batches: in _loop
         self.inputs: dict[str, Callable[[Any], torch.Tensor]] = dict(inputs or {})
 
     @property
@@ -184,27 +177,12 @@ class StreamingRun:
 
     def feature_sizes(self) -> list[int]:
         """With sensitivity: the samples of each kept batch, in order."""
-        return [int(f.shape[0]) for f in (self.features or [[]])[0]]
+        return [] if self.features is None else list(self.features.sizes)
 
     def kept_features(self) -> list[torch.Tensor] | None:
         """With sensitivity: each layer's features over the kept batches, in batch order, on the
-        GPU where a CUDA run's fitted there (:meth:`_keep`), else on the host."""
-        if self.features is None:
-            return None
-        return [torch.cat(f) if f else torch.zeros(0, 0) for f in self.features]
-
-    def _keep(self, layer: int, f: torch.Tensor) -> None:
-        """Keep one batch's features (b, d) of one layer for the whole-sample step, on the GPU
-        while they fit (:data:`KEEP_SHARE`), else on the host."""
-        assert self.features is not None
-        if self.keep_device.type == "cuda":
-            if self.keep_room is None:
-                self.keep_room = int(torch.cuda.mem_get_info(self.keep_device)[0] * KEEP_SHARE)
-            self.keep_room -= f.nbytes
-            if self.keep_room < 0:
-                self.keep_device = torch.device("cpu")
-                self.features = [[t.cpu() for t in kept] for kept in self.features]
-        self.features[layer].append(f.to(self.keep_device))
+        GPU where a CUDA run's fitted there (:mod:`analysis.kept`), else on the host."""
+        return None if self.features is None else self.features.layers()
 
     def _per_model(self, raw: Any) -> Callable[[str], torch.Tensor]:
         """Model name -> its input for this raw batch, on the device; one per distinct pipeline."""
@@ -234,13 +212,15 @@ class StreamingRun:
         for j, f in enumerate(self._features(m, x)):
             gram(f, self.kern, out=out[j])
             if self.features is not None:
-                self._keep(self.slices[m].start + j, f.reshape(b, -1))
+                self.features.add(self.slices[m].start + j, f)
         return out
 
     def _loop(self, window: range | None) -> Iterator[tuple[int, int, Any]]:
         """(global index, size, batch) of the batches in ``window`` (None: all), with the
         progress bar; cancels when ``on_batch`` says so."""
         total = self.src.total if window is None else len(window)
+        if self.features is not None:
+            self.features.batches = total
         bar = tqdm(total=total, disable=not self.progress, desc="CKA", unit="batch")
         try:
             for i, x in self.src.indexed(window):
@@ -368,7 +348,7 @@ class StreamingRun:
                 if cache is not None and m in gkeys:
                     self.misses += 1
                     cache.put(gkeys[m], grams.cpu().numpy())
-                    for j, f in enumerate(self._last_features(m)):
+                    for j, f in enumerate(self._last_features(m, b)):
                         cache.put(gram_key(features=gkeys[m], layer=j), f.cpu().numpy())
                 stacks[m] = grams
                 rows[m] = centred_rows(grams, self.estimator)
@@ -399,11 +379,12 @@ class StreamingRun:
                 cache.put(key, np.ascontiguousarray(out[sa, sc]))
         return out
 
-    def _last_features(self, m: str) -> list[torch.Tensor]:
-        """With sensitivity: the features model ``m`` gave on the batch just run."""
+    def _last_features(self, m: str, b: int) -> list[torch.Tensor]:
+        """With sensitivity: the features model ``m`` gave on the batch (of ``b``) just run."""
         if self.features is None:
             return []
-        return [self.features[k][-1] for k in range(self.slices[m].start, self.slices[m].stop)]
+        layers = range(self.slices[m].start, self.slices[m].stop)
+        return [self.features.last(k, b) for k in layers]
 
     def _stored_features(self, m: str, key: str, b: int) -> bool:
         """With sensitivity, read model ``m``'s stored features of the batch (Grams key ``key``)
@@ -417,7 +398,7 @@ class StreamingRun:
             return False
         for j, f in enumerate(found):
             assert f is not None
-            self._keep(self.slices[m].start + j, torch.from_numpy(f).to(self.gdtype))
+            self.features.add(self.slices[m].start + j, torch.from_numpy(f).to(self.gdtype))
         return True
 
     def _block(self, ra: Rows, rb: Rows, same: bool) -> torch.Tensor:
