@@ -13,11 +13,12 @@ import pytest
 import torch
 
 import models
-from analysis import AnalysisError, cka_test, random_init_twin, spectrum
+from analysis import AnalysisError, cka_test, directions, random_init_twin
 from analysis.calibration import accumulate_null, summarise_null
+from analysis.directions import top_directions
 from analysis.hsic import centred_rows
 from analysis.kernels import parse_kernel
-from analysis.spectrum import layer_spectra, top_directions, whole_sample_sensitivity
+from analysis.spectrum import layer_spectra, whole_sample_sensitivity
 
 
 def test_identical_features_give_cka_one_and_the_smallest_p() -> None:
@@ -144,9 +145,9 @@ def test_layer_spectra_of_known_spectra() -> None:
 @pytest.mark.parametrize(
     ("shape", "chunk"),
     [
-        ((300, 200), spectrum.CHUNK),  # XᵀX formed, the float64 copy whole
+        ((300, 200), directions.CHUNK),  # XᵀX formed, the float64 copy whole
         ((120, 400), 4096),  # XXᵀ formed from slabs of 34 features
-        ((600, 700), spectrum.CHUNK),  # past FORM_LIMIT: XXᵀ applied as X(Xᵀ·)
+        ((600, 700), directions.CHUNK),  # past FORM_LIMIT: XXᵀ applied as X(Xᵀ·)
         ((700, 600), 4096),  # XᵀX applied as Xᵀ(X·), slabs of 6 samples
     ],
 )
@@ -157,8 +158,8 @@ def test_top_directions_of_wide_layers_match_the_svd(
     come this close), by each route to the smaller Gram, a narrow and two constant layers
     beside them: each direction is the SVD's to 1e-9 and carries the SVD's share; a constant
     layer has no direction."""
-    monkeypatch.setattr(spectrum, "CHUNK", chunk)
-    assert (min(shape) > spectrum.FORM_LIMIT) == (min(shape) == 600)
+    monkeypatch.setattr(directions, "CHUNK", chunk)
+    assert (min(shape) > directions.FORM_LIMIT) == (min(shape) == 600)
     rng = np.random.default_rng(5)
     n, d = shape
     layers = []
