@@ -26,22 +26,20 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import timm
 import torch
 from torch import nn
+from workloads import TIMM_PAIR, time_whole_sample_step
 
 import analysis
-import analysis.partial
 import models
 from analysis.datasets import load_digits
 from models.checkpoint import weights_path
 from models.training import ZOO, build_zoo
 
 BATCH = 150
-TIMM_MODELS = ("mixer_s16_224", "resmlp_12_224")  # bench_shards.py's pair
 TIMM_BATCH = 32
 
 
@@ -57,26 +55,14 @@ def zoo_workload(zoo: Path, train: bool) -> tuple[dict[str, nn.Module], np.ndarr
 def timm_workload(n: int) -> tuple[dict[str, nn.Module], torch.Tensor, int]:
     """The timm pair, random-init, over ``n`` uniform random 224-pixel images."""
     nets = {}
-    for name in TIMM_MODELS:
+    for name in TIMM_PAIR:
         torch.manual_seed(0)
         nets[name] = timm.create_model(name, pretrained=False, num_classes=10).eval()
     images = torch.rand(n, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     return nets, images, TIMM_BATCH
 
 
-whole_sample: list[float] = []  # seconds in the whole-sample step of the run being timed
-
-
-def _timed_step(*args: Any) -> Any:
-    start = time.perf_counter()
-    try:
-        return _whole_sample_sensitivity(*args)
-    finally:
-        whole_sample.append(time.perf_counter() - start)
-
-
-_whole_sample_sensitivity = analysis.partial.whole_sample_sensitivity
-analysis.partial.whole_sample_sensitivity = _timed_step  # type: ignore[assignment]
+whole_sample = time_whole_sample_step()
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from workloads import TIMM_PAIR, hub_zip, photos_zip
+from workloads import TIMM_PAIR, hub_zip, photos_zip, time_whole_sample_step
 
 import analysis
 import analysis.kept
@@ -45,19 +45,7 @@ from models.hub import load_hub, read_hub
 
 CUDA = "cuda:0"
 
-whole_sample: list[float] = []  # seconds in the whole-sample step of the run being timed
-_whole_sample_sensitivity = analysis.partial.whole_sample_sensitivity
-
-
-def _timed_step(*args: Any) -> Any:
-    start = time.perf_counter()
-    try:
-        return _whole_sample_sensitivity(*args)
-    finally:
-        whole_sample.append(time.perf_counter() - start)
-
-
-analysis.partial.whole_sample_sensitivity = _timed_step  # type: ignore[assignment]
+whole_sample = time_whole_sample_step()
 
 
 def imported_pair(root: Path) -> dict[str, nn.Module]:

@@ -1,21 +1,25 @@
-"""Workloads the benchmarks share, built with the libraries only (no service stack).
+"""What the benchmarks share, built with the libraries only (no service stack).
 
 The 224-pixel timm pair (``mixer_s16_224``, ``resmlp_12_224``, random-init, 10 classes) as
 timm's ``save_for_hf`` writes it, and an ImageFolder of random photos of mixed sizes, each
-zipped as a user would upload them.
+zipped as a user would upload them; and a timer on the sensitivity's whole-sample step.
 """
 
 from __future__ import annotations
 
 import io
+import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import timm
 import torch
 from PIL import Image
 from timm.models import save_for_hf
+
+import analysis.partial
 
 TIMM_PAIR = ("mixer_s16_224", "resmlp_12_224")
 
@@ -45,3 +49,21 @@ def hub_zip(name: str, root: Path) -> bytes:
         for p in sorted(folder.rglob("*")):
             zf.write(p, f"{name}/{p.relative_to(folder).as_posix()}")
     return buf.getvalue()
+
+
+def time_whole_sample_step() -> list[float]:
+    """From now on, time every call of the sensitivity's whole-sample step
+    (:func:`analysis.spectrum.whole_sample_sensitivity`, as :mod:`analysis.partial` calls it:
+    a wrap for benchmarks only); each call's seconds are appended to the list returned."""
+    seconds: list[float] = []
+    step = analysis.partial.whole_sample_sensitivity
+
+    def timed(*args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return step(*args)
+        finally:
+            seconds.append(time.perf_counter() - start)
+
+    analysis.partial.whole_sample_sensitivity = timed  # type: ignore[assignment]
+    return seconds
