@@ -46,8 +46,9 @@ KRYLOV_STEPS = 10
 RESIDUAL = 1e-9
 # Where the Grams are on a GPU, the Ritz matrices (at most KRYLOV_BLOCK · KRYLOV_STEPS wide)
 # are solved on the host: on an H100 the whole-sample step of bench_gpu.py's timm pair took
-# 0.19 s so against 0.25 s on the GPU. Grams Krylov leaves unconverged (up to FORM_LIMIT wide)
-# stay on the GPU: 26 of 256 × 256 took 0.06 s there against 0.11 s on 16 host cores.
+# 0.19 s that way against 0.25 s with them on the GPU. Grams that Krylov leaves unconverged
+# (up to FORM_LIMIT wide) stay on the GPU: 26 of 256 × 256 took 0.06 s there, 0.11 s on 16
+# host cores.
 EIGH_ON_HOST = True
 
 

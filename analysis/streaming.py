@@ -180,8 +180,8 @@ class StreamingRun:
         return [] if self.features is None else list(self.features.sizes)
 
     def kept_features(self) -> list[torch.Tensor] | None:
-        """With sensitivity: each layer's features over the kept batches, in batch order, on the
-        GPU where a CUDA run's fitted there (:mod:`analysis.kept`), else on the host."""
+        """With sensitivity: each layer's features over the kept batches, in batch order: on the
+        GPU where a CUDA run had room for them (:mod:`analysis.kept`), else on the host."""
         return None if self.features is None else self.features.layers()
 
     def _per_model(self, raw: Any) -> Callable[[str], torch.Tensor]:
