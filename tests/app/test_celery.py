@@ -88,6 +88,21 @@ def test_celery_worker_runs_queued_and_stale_jobs(
             assert s.get(Job, dead.id).attempts == 2  # type: ignore[union-attr]
 
 
+def test_celery_workers_name_a_worker_that_exits_before_consuming(
+    broker_settings: Settings, tmp_path: Path
+) -> None:
+    """celery_workers hands workers over only once they consume the queue: one whose settings
+    its own process refuses (a heartbeat must be positive) exits, and is named with its log."""
+    broken = broker_settings.model_copy(
+        update={"heartbeat_s": -1.0}
+    )  # model_copy validates nothing
+    with (
+        pytest.raises(RuntimeError, match=r"^worker w1 exited with [1-9]"),
+        celery_workers(broken, tmp_path, ["w1"]),
+    ):
+        pass
+
+
 def _shards_of(client: TestClient, services: Services, comparison_id: int) -> list[dict[str, Any]]:
     with services.db.session(readonly=True) as s:
         parent = s.get(Comparison, comparison_id).job_id  # type: ignore[union-attr]
