@@ -3,8 +3,8 @@
 The workload is the shard benchmark's pair (``mixer_s16_224``, ``resmlp_12_224``, random-init,
 10 classes), each written by timm's ``save_for_hf``, zipped, and read back through
 :mod:`models.hub` as a user's upload is (so each model reads the images through its own
-pipeline, from its data config), with its default layers (8 × 12 blocks + stems), over an
-ImageFolder zip of ``--images`` random photos of mixed sizes.
+pipeline, from its data config), with their default layers (26 in all), over an ImageFolder
+zip of ``--images`` random photos of mixed sizes.
 
 1. Time per 1000 images and peak GPU memory (``torch.cuda.max_memory_allocated``) of the
    atlas at batch ``--batch``, bf16 autocast and fp32: from the photos (decoded, resized and
@@ -40,7 +40,6 @@ from workloads import TIMM_PAIR, hub_zip, photos_zip, time_whole_sample_step
 
 import analysis
 import analysis.kept
-import analysis.partial
 from models.hub import load_hub, read_hub
 
 CUDA = "cuda:0"
