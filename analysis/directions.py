@@ -228,9 +228,9 @@ def directions_and_grams(
     for members in groups.values():
         layers = [_CentredSlabs(features[i]) for i in members]
         lams, us, totals, grams = _top_eigenpairs(layers)
-        short = [k for k, layer in enumerate(layers) if layer.samples_short]
-        if grams is not None and short:
-            formed.append(([members[k] for k in short], grams[short]))
+        # every layer has the same n, so a group of one size is all XXᵀ (m = n) or all XᵀX
+        if grams is not None and layers[0].samples_short:
+            formed.append((members, grams))
         for i, layer, lam, u, total in zip(members, layers, lams.tolist(), us, totals, strict=True):
             if layer.samples_short:
                 z = u * lam**0.5

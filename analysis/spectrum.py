@@ -68,6 +68,13 @@ def _top_pair(kc: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, torch.Tens
     return vals[:, -1].clamp(min=0), u
 
 
+def _centred_diagonal(grams: torch.Tensor) -> torch.Tensor:
+    """diag(HKH) (L, n), float64, of Grams K (L, n, n): K_ii - 2 m_i + μ from the row means m
+    and the grand mean μ, without centring the Grams."""
+    means = grams.sum(2, dtype=torch.float64) / grams.shape[-1]
+    return grams.diagonal(dim1=1, dim2=2) - 2 * means + means.mean(1, keepdim=True)
+
+
 def layer_spectra(
     grams: torch.Tensor,
     top: bool = True,
@@ -82,10 +89,8 @@ def layer_spectra(
     has them: ‖HKH‖² is then their sum of squares plus (unbiased: its zeroed diagonal) the
     diagonal's, with diag(HKH)_i = K_ii - 2 m_i + μ from the row means m and grand mean μ.
     """
-    n = grams.shape[-1]
     f, _ = centred_rows(grams, estimator) if rows is None else rows
-    means = grams.sum(2, dtype=torch.float64) / n
-    diag = grams.diagonal(dim1=1, dim2=2) - 2 * means + means.mean(1, keepdim=True)
+    diag = _centred_diagonal(grams)
     tr = diag.sum(1)
     fro = torch.linalg.vecdot(f, f)
     if estimator == "unbiased":
@@ -130,8 +135,7 @@ def _carried(
     for members, grams in formed:
         g = grams[:, batch, batch]
         ff[:, members] = torch.linalg.vecdot(z @ g, z).T
-        means = g.mean(2)
-        kx[members] = g.diagonal(dim1=1, dim2=2) - 2 * means + means.mean(1, keepdim=True)
+        kx[members] = _centred_diagonal(g)
         rest -= set(members)
     if rest:
         scratch = z.new_empty(max(xs[j].numel() for j in rest))  # one allocation for all
