@@ -28,10 +28,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import timm
 import torch
 from torch import nn
-from workloads import TIMM_PAIR, time_whole_sample_step
+from workloads import TIMM_PAIR, time_whole_sample_step, timm_model
 
 import analysis
 import models
@@ -54,10 +53,7 @@ def zoo_workload(zoo: Path, train: bool) -> tuple[dict[str, nn.Module], np.ndarr
 
 def timm_workload(n: int) -> tuple[dict[str, nn.Module], torch.Tensor, int]:
     """The timm pair, random-init, over ``n`` uniform random 224-pixel images."""
-    nets = {}
-    for name in TIMM_PAIR:
-        torch.manual_seed(0)
-        nets[name] = timm.create_model(name, pretrained=False, num_classes=10).eval()
+    nets = {name: timm_model(name) for name in TIMM_PAIR}
     images = torch.rand(n, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     return nets, images, TIMM_BATCH
 

@@ -23,11 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import timm
 import torch
 from fastapi.testclient import TestClient
 from workloads import TIMM_PAIR as MODELS
-from workloads import hub_zip, photos_zip
+from workloads import hub_zip, photos_zip, timm_model
 
 from analysis.hsic import hsic_from_grams
 from analysis.kernels import gram, parse_kernel
@@ -80,7 +79,7 @@ def per_batch_costs(batch: int, layers: int) -> dict[str, float]:
     x = torch.randn(batch, 3, 224, 224)
     out: dict[str, float] = {}
     for name in MODELS:
-        model = timm.create_model(name, pretrained=False, num_classes=10).eval()
+        model = timm_model(name)
         with torch.inference_mode():
             model.forward_intermediates(x[:2])
             began = time.perf_counter()

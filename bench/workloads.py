@@ -18,6 +18,7 @@ import timm
 import torch
 from PIL import Image
 from timm.models import save_for_hf
+from torch import nn
 
 import analysis.partial
 
@@ -38,10 +39,15 @@ def photos_zip(n: int, seed: int = 0) -> bytes:
     return buf.getvalue()
 
 
-def hub_zip(name: str, root: Path) -> bytes:
-    """A random-init ``name`` written by timm's save_for_hf, zipped."""
+def timm_model(name: str) -> nn.Module:
+    """``name`` with random weights from seed 0 and 10 classes, in eval mode."""
     torch.manual_seed(0)
-    model = timm.create_model(name, pretrained=False, num_classes=10).eval()
+    return timm.create_model(name, pretrained=False, num_classes=10).eval()
+
+
+def hub_zip(name: str, root: Path) -> bytes:
+    """A random-init ``name`` (:func:`timm_model`) written by timm's save_for_hf, zipped."""
+    model = timm_model(name)
     folder = root / name
     save_for_hf(model, folder, safe_serialization=True)
     buf = io.BytesIO()
