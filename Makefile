@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-dev
 # subprocess, which coverage does not see); the floor leaves room for that.
 COVERAGE_FLOOR ?= 80
 
-.PHONY: run test lint typecheck pytest chromium bench clean install lock
+.PHONY: run test lint typecheck pytest chromium bench clean install lock image image-test
 
 # Dependencies come from the lock (every file checked against its hash: the libraries, the
 # `service` and `dev` extras), then the project itself, whose dependencies the lock already holds.
@@ -56,6 +56,24 @@ chromium:
 	test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium)
 
 test: lint typecheck chromium pytest
+
+# The image (Dockerfile) for the API and the workers, built with docker where a Docker daemon
+# answers, else with podman (`--format docker` keeps the healthcheck). IMAGE_BASE: another base
+# than the Dockerfile's CUDA runtime image (any Debian or Ubuntu image with apt).
+IMAGE ?= cka-atlas:latest
+IMAGE_BASE ?=
+IMAGE_BUILD_FLAGS ?=
+CONTAINER_ENGINE ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
+image:
+	@echo "make image: $(CONTAINER_ENGINE) builds $(IMAGE) from $(or $(IMAGE_BASE),the Dockerfile's base)"
+	$(CONTAINER_ENGINE) build $(if $(filter podman,$(CONTAINER_ENGINE)),--format docker) \
+		$(IMAGE_BUILD_FLAGS) $(if $(IMAGE_BASE),--build-arg BASE=$(IMAGE_BASE)) -t $(IMAGE) .
+
+# The image built from a Debian base made here and run end to end with podman, as root
+# (tests/image/run.sh says what it checks). Not part of `make test`: it installs the CUDA build
+# of torch into the image (several GB).
+image-test:
+	bash tests/image/run.sh
 
 clean:
 	rm -rf $(VENV) var zoo .pytest_cache .mypy_cache .ruff_cache

@@ -7,16 +7,21 @@ routes and README.
 
 from __future__ import annotations
 
+import io
+import os
 import re
 import shlex
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
-from app.cli import build_parser
+from app.cli import build_parser, main
 from app.store.settings import Settings
+from tests.app.payloads import assert_problem
+from tests.image.compose import service_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
@@ -87,7 +92,9 @@ def test_ports_agree() -> None:
     env = _dockerfile_env()
     port = env["CKA_PORT"]
     assert port in _dockerfile_instructions("EXPOSE")[0].split()
-    assert f":{port}/healthz" in _dockerfile_instructions("HEALTHCHECK")[0]
+    # The healthcheck asks the port the container was started with (shell form).
+    healthcheck = _dockerfile_instructions("HEALTHCHECK")[0]
+    assert ":${CKA_PORT}/healthz" in healthcheck and "CMD [" not in healthcheck
     api = COMPOSE["services"]["api"]
     assert api["environment"]["CKA_PORT"] == port
     assert api["environment"]["CKA_HOST"] == "0.0.0.0"
@@ -136,8 +143,10 @@ def test_worker_reserves_a_gpu_and_image_runs_unprivileged() -> None:
     assert any("gpu" in d["capabilities"] and d["driver"] == "nvidia" for d in devices)
     users = _dockerfile_instructions("USER")
     assert users and users[-1] not in {"root", "0"}
-    assert _dockerfile_instructions("FROM")[0].startswith("nvidia/cuda:")
-    assert "runtime" in _dockerfile_instructions("FROM")[0]
+    # The base is a build argument whose default is the CUDA runtime image.
+    assert _dockerfile_instructions("FROM") == ["${BASE}"]
+    name, _, default = _dockerfile_instructions("ARG")[0].partition("=")
+    assert name == "BASE" and default.startswith("nvidia/cuda:") and "runtime" in default
 
 
 def test_install_commands_match_readme() -> None:
@@ -158,3 +167,90 @@ def test_locked_dependencies_install_before_the_source_is_copied() -> None:
     source_copies = [i for i in copies if any(f" {p}" in joined[i] for p in ("models", "app"))]
     assert lock_copy < locked < min(source_copies), joined
     assert (ROOT / "requirements.lock").read_text().count("--hash=sha256:") > 20
+
+
+def _cka_environment(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    """``env`` becomes this process's whole ``CKA_`` environment, as in a container."""
+    for key in [k for k in os.environ if k.startswith("CKA_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, dict[str, Any]]]:
+    """What `cka-atlas serve` hands to uvicorn (the app and the bind), instead of serving it."""
+    import uvicorn
+
+    import app.cli.service
+
+    calls: list[tuple[Any, dict[str, Any]]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append((app, kw)))
+    monkeypatch.setattr(app.cli.service, "_logging", lambda settings: None)
+    return calls
+
+
+def test_serve_refuses_every_interface_without_allowed_hosts(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    served: list[tuple[Any, dict[str, Any]]],
+) -> None:
+    """Bound to 0.0.0.0 with no names configured, any Host would be answered (DNS rebinding):
+    `serve` refuses in one sentence naming the setting, before it serves anything."""
+    data = {"CKA_DATA_DIR": str(tmp_path)}
+    for env, argv in [
+        ({"CKA_HOST": "0.0.0.0"}, []),
+        ({"CKA_ALLOWED_HOSTS": " , "}, ["--host", "::"]),
+    ]:
+        _cka_environment(monkeypatch, data | env)
+        assert main(["serve", *argv]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith("error: ") and error.count("\n") == 1, error
+        assert "CKA_ALLOWED_HOSTS" in error and served == []
+    # With the names clients use, or bound to one address, it serves.
+    for env in [{"CKA_HOST": "0.0.0.0", "CKA_ALLOWED_HOSTS": "atlas.lab.example"}, {}]:
+        _cka_environment(monkeypatch, data | env)
+        assert main(["serve"]) == 0, capsys.readouterr().err
+    assert [kw["host"] for _, kw in served] == ["0.0.0.0", "127.0.0.1"]
+
+
+@pytest.mark.parametrize("allowed", [None, "atlas.lab.example"])
+def test_the_compose_api_answers_only_its_host_names(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    served: list[tuple[Any, dict[str, Any]]],
+    allowed: str | None,
+) -> None:
+    """`cka-atlas serve` with docker-compose.yml's API environment (CKA_ALLOWED_HOSTS unset:
+    the file's default; set: the operator's name) refuses a rebound `Host: evil.example`,
+    reads and writes alike, and serves the configured name."""
+    from fastapi.testclient import TestClient
+
+    environ = {"CKA_API_TOKENS": "compose-token"}
+    if allowed is not None:
+        environ["CKA_ALLOWED_HOSTS"] = allowed
+    env = service_environment(COMPOSE, "api", environ)
+    # The compose file's database and broker are other containers; here, a SQLite file and
+    # the in-process worker.
+    del env["CKA_BROKER_URL"]
+    env |= {"CKA_DATABASE_URL": f"sqlite:///{tmp_path / 'atlas.db'}", "CKA_DATA_DIR": str(tmp_path)}
+    _cka_environment(monkeypatch, env)
+    assert main(["serve"]) == 0
+    ((app, bind),) = served
+    assert bind["host"] == "0.0.0.0"
+    name = allowed or "localhost"
+    auth = {"Authorization": "Bearer compose-token"}
+    buffer = io.BytesIO()
+    np.savez(buffer, x=np.zeros((4, 8, 8), np.uint8))
+    with TestClient(app, base_url=f"http://{name}:8000") as c:
+        assert c.get("/v1/models").status_code == 200
+        for host in ("evil.example", "evil.example:8000"):
+            assert_problem(c.get("/v1/models", headers={"Host": host}), 400, "invalid_host")
+            upload = c.post(
+                "/v1/datasets",
+                files={"file": ("d.npz", buffer.getvalue())},
+                headers={"Host": host, **auth},
+            )
+            assert_problem(upload, 400, "invalid_host")
+        assert c.get("/v1/datasets").json()["total"] == 1  # digits only: nothing was stored

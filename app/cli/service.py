@@ -44,6 +44,15 @@ def run_serve(args: argparse.Namespace) -> int:
     from app.store.db import Database, SchemaError
 
     settings = _settings(args)
+    if settings.unnamed_wildcard:
+        print(
+            f"error: serving on every interface ({settings.host or 'all addresses'}) needs "
+            "CKA_ALLOWED_HOSTS, the comma-separated host names clients use to reach this "
+            "service (any other Host header is refused, against DNS rebinding; `*` answers "
+            "any name)",
+            file=sys.stderr,
+        )
+        return 2
     _logging(settings)
     db = Database(settings.resolved_database_url)
     try:
@@ -210,7 +219,11 @@ def _orientation(settings: Any, comparison_id: int) -> str:
 
 def register(subparsers: Any) -> None:
     p = command(subparsers, "serve", run_serve, "Run the REST API (and the in-process worker).")
-    p.add_argument("--host", default=None, help="Bind address (default CKA_HOST, 127.0.0.1).")
+    p.add_argument(
+        "--host",
+        default=None,
+        help="Bind address (default CKA_HOST, 127.0.0.1); 0.0.0.0 needs CKA_ALLOWED_HOSTS.",
+    )
     p.add_argument("--port", type=int, default=None, help="Port (default CKA_PORT, 8000).")
 
     p = command(

@@ -296,13 +296,14 @@ def backup_sqlite(engine: Engine) -> Path | None:
 
     Through SQLite's backup API, so the copy is one consistent database, rows still in the
     write-ahead log included (a plain file copy could miss them). None when the database is not
-    a SQLite file or the file does not exist yet.
+    a SQLite file, or the file does not exist yet or holds no table (a new store: connecting
+    made it).
     """
     url = engine.url
     if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
         return None
     path = Path(url.database)
-    if not path.is_file():
+    if not path.is_file() or not inspect(engine).get_table_names():
         return None
     stem = f"{path.name}.{current_revision(engine) or 'unversioned'}-"
     stem += datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

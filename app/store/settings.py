@@ -74,8 +74,9 @@ class Settings(BaseSettings):
         description="Comma-separated host names (the Host header without its port) the "
         "service answers to besides localhost, 127.0.0.1, [::1] and CKA_HOST; `*` answers "
         "any. Other names get 400, so a page that rebinds its own name to this address "
-        "(DNS rebinding) reads nothing. When CKA_HOST is a wildcard (0.0.0.0, ::) and this "
-        "is empty, any name is answered: set it to the names clients use.",
+        "(DNS rebinding) reads nothing. Required when CKA_HOST is a wildcard (0.0.0.0, ::): "
+        "`cka-atlas serve` refuses to start without it (an app made otherwise answers only "
+        "the localhost names).",
     )
     port: int = Field(default=8000, ge=1, le=65535, description="Port `cka-atlas serve` binds.")
     log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")
@@ -129,10 +130,17 @@ class Settings(BaseSettings):
         Not cached: ``model_copy(update=...)`` would carry a cached value over."""
         configured = {h.strip().lower().strip("[]") for h in self.allowed_hosts.split(",")}
         configured.discard("")
-        bind = self.host.strip().lower().strip("[]")
-        if "*" in configured or (not configured and bind in WILDCARD_HOSTS):
+        if "*" in configured:
             return None
+        bind = self.host.strip().lower().strip("[]")
         return frozenset(configured | {"localhost", "127.0.0.1", "::1", bind} - WILDCARD_HOSTS)
+
+    @property
+    def unnamed_wildcard(self) -> bool:
+        """Bound to every interface with no CKA_ALLOWED_HOSTS: what `serve` refuses, since
+        the names clients use are unknown (only the localhost names would be answered)."""
+        bind = self.host.strip().lower().strip("[]")
+        return bind in WILDCARD_HOSTS and not self.allowed_hosts.strip(", ")
 
     @cached_property
     def tokens(self) -> frozenset[str]:

@@ -272,6 +272,18 @@ def test_the_first_release_store_is_upgraded_by_the_command_and_served_bit_ident
         _served_as_stored(c, comparisons, {})
 
 
+def test_upgrading_a_new_store_copies_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`cka-atlas db upgrade` on an empty data directory (a new container volume) creates the
+    database and keeps no copy of the empty file that connecting made."""
+    monkeypatch.delenv("CKA_DATABASE_URL", raising=False)
+    monkeypatch.setenv("CKA_DATA_DIR", str(tmp_path))
+    assert main(["db", "upgrade"]) == 0
+    assert "copied" not in capsys.readouterr().out
+    assert [p.name for p in tmp_path.iterdir()] == ["cka-atlas.db"]
+
+
 def test_a_failed_upgrade_names_the_revision_and_the_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
