@@ -65,6 +65,8 @@ IMAGE_BASE ?=
 IMAGE_BUILD_FLAGS ?=
 CONTAINER_ENGINE ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
 image:
+	@command -v $(CONTAINER_ENGINE) >/dev/null || { echo "make image: no Docker daemon answers \
+	and $(CONTAINER_ENGINE) is not installed; install podman (apt-get install podman) or start Docker"; exit 2; }
 	@echo "make image: $(CONTAINER_ENGINE) builds $(IMAGE) from $(or $(IMAGE_BASE),the Dockerfile's base)"
 	$(CONTAINER_ENGINE) build $(if $(filter podman,$(CONTAINER_ENGINE)),--format docker) \
 		$(IMAGE_BUILD_FLAGS) $(if $(IMAGE_BASE),--build-arg BASE=$(IMAGE_BASE)) -t $(IMAGE) .

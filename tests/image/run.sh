@@ -38,17 +38,6 @@ if [ "$(id -u)" != 0 ]; then
     fail "this test builds and runs containers as root (podman without a daemon); run it as root"
 fi
 
-step "tools: podman, runc, debootstrap"
-missing=()
-for tool in podman runc debootstrap; do
-    command -v "$tool" >/dev/null || missing+=("$tool")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
-podman --version
-mkdir -p "$WORK"
 # This sandbox refuses podman's default runtime (crun) and its default limits, and gives
 # containers no network of their own: every container runs with these. Without systemd
 # podman has no timer for the healthcheck (it says so on every start and removal; those lines
@@ -68,6 +57,18 @@ in_image() {
     shift
     podman "${RUN[@]}" --rm -e "POSTGRES=$POSTGRES" -e "REDIS=$REDIS" "${options[@]}" "$IMAGE" "$@"
 }
+
+step "tools: podman, runc, debootstrap"
+missing=()
+for tool in podman runc debootstrap; do
+    type -P "$tool" >/dev/null || missing+=("$tool")  # the binary, not the function above
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+podman --version
+mkdir -p "$WORK"
 
 step "base: $BASE (Debian bookworm, debootstrap --variant=minbase)"
 if podman image exists "$BASE"; then
@@ -151,20 +152,20 @@ json() {  # json FIELD < body: one field of a JSON object
     python3 -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"
 }
 wait_ready() {  # wait_ready CONTAINER: until /readyz answers 200 (database reachable)
-    local i
-    for i in $(seq 120); do
+    for _ in $(seq 120); do
         if curl -fsS "$URL/readyz" >/dev/null 2>&1; then
             return 0
         fi
-        podman container exists "$1" && [ "$(podman inspect -f '{{.State.Running}}' "$1")" = true ] \
-            || fail "$1 exited before it answered /readyz"
+        if [ "$(podman inspect -f '{{.State.Running}}' "$1" 2>/dev/null)" != true ]; then
+            fail "$1 exited before it answered /readyz"
+        fi
         sleep 1
     done
     fail "$1 did not answer /readyz within 120 s"
 }
 wait_comparison() {  # wait_comparison ID: until it succeeded (fails on failed/cancelled)
-    local i status
-    for i in $(seq 600); do
+    local status
+    for _ in $(seq 600); do
         status=$(curl -fsS "$URL/v1/comparisons/$1" | json status)
         case $status in
             succeeded) return 0 ;;
@@ -220,8 +221,8 @@ echo "server (pid 1) user ids: $uids; $(podman exec cka-image-test-api id)"
 [ "$uids" = "10001 10001 10001 10001" ] || fail "the server does not run as the image's user 10001"
 podman exec cka-image-test-api sh -c 'touch /app/x' 2>/dev/null \
     && fail "the service user can write its own code (/app)"
-podman healthcheck run cka-image-test-api >/dev/null && echo "healthcheck: healthy" \
-    || fail "the image's HEALTHCHECK fails"
+podman healthcheck run cka-image-test-api >/dev/null || fail "the image's HEALTHCHECK fails"
+echo "healthcheck: healthy"
 code=$(curl -s -o /dev/null -w '%{http_code}' -F "file=@$FILES/digits.npz" "$URL/v1/datasets")
 [ "$code" = 401 ] || fail "an upload without the token answered $code, not 401"
 code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Host: evil.example' "$URL/v1/models")
@@ -278,8 +279,10 @@ compose api env "CKA_DATABASE_URL=$database_url" "CKA_BROKER_URL=$REDIS" "CKA_PO
     >"$WORK/api.env"
 compose worker env "CKA_DATABASE_URL=$database_url" "CKA_BROKER_URL=$REDIS" CKA_DEVICE=cpu \
     CKA_WORKER_NAME=image-test >"$WORK/worker.env"
-mapfile -t api_command < <(compose api command)
-mapfile -t worker_command < <(compose worker command)
+command=$(compose api command)
+mapfile -t api_command <<<"$command"
+command=$(compose worker command)
+mapfile -t worker_command <<<"$command"
 echo "api: ${api_command[*]}; worker: ${worker_command[*]}"
 podman volume rm -f "${VOLUMES[1]}" >/dev/null
 podman volume create "${VOLUMES[1]}" >/dev/null
