@@ -243,7 +243,7 @@ def markdown(data: dict[str, Any]) -> str:
                 for d in study.get("devices") or []
             )
             lines.append(
-                f"| quick sparsity study, {study['seeds']} seeds | {study['status']} | "
+                f"| quick sparsity study, seeds: {study['seeds']} | {study['status']} | "
                 f"{study['wall_s']:.1f} | {n['trained']} trainings (of {n['total']}), "
                 f"{_fmt(study['training_s_mean'])} s mean, {_fmt(study['training_s_max'])} s max"
                 f" | {where} |"
@@ -343,6 +343,8 @@ def one_epoch(
     def on_step(done: int, of: int) -> bool:
         nonlocal total
         total = of
+        if done == 0:  # (again, when a run restarts without deterministic algorithms)
+            marks.clear()
         if done not in marks and done in (0, of, steps):
             sync(device)
             marks[done] = time.perf_counter()

