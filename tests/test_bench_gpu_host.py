@@ -67,6 +67,7 @@ def test_the_card_is_named_and_its_peak_found(bench: ModuleType, name: str, row:
         assert fp32_kind == "fp32 (no tensor cores)" and fp32 == bench.PEAKS[row]["fp32"]
 
 
+@pytest.mark.slow
 def test_the_cpu_fallback_writes_its_figures(bench: ModuleType, tmp_path: Path) -> None:
     argv = ["--cpu-smoke", "--sections", "forwards", "training", "--out", str(tmp_path)]
     assert bench.main(argv) == 0
