@@ -36,28 +36,14 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from workloads import TIMM_PAIR, hub_zip, photos_zip, time_whole_sample_step
+from workloads import TIMM_PAIR, imported_pair, photos_zip, time_whole_sample_step
 
 import analysis
 import analysis.kept
-from models.hub import load_hub, read_hub
 
 CUDA = "cuda:0"
 
 whole_sample = time_whole_sample_step()
-
-
-def imported_pair(root: Path) -> dict[str, nn.Module]:
-    """The pair as an upload becomes it: zip → models.hub → a model with its own pipeline."""
-    nets = {}
-    for name in TIMM_PAIR:
-        archive = root / f"{name}.zip"
-        archive.write_bytes(hub_zip(name, root / "written"))
-        scratch = root / f"scratch-{name}"
-        scratch.mkdir()
-        model, _ = load_hub(read_hub(archive, scratch))
-        nets[name] = model.eval()
-    return nets
 
 
 def timed(nets: dict[str, nn.Module], data: Any, repeats: int, **options: Any) -> tuple[float, int]:

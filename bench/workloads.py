@@ -2,7 +2,8 @@
 
 The 224-pixel timm pair (``mixer_s16_224``, ``resmlp_12_224``, random-init, 10 classes) as
 timm's ``save_for_hf`` writes it, and an ImageFolder of random photos of mixed sizes, each
-zipped as a user would upload them; and a timer on the sensitivity's whole-sample step.
+zipped as a user would upload them; the pair read back as an upload is (:func:`imported_pair`);
+and a timer on the sensitivity's whole-sample step.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from timm.models import save_for_hf
 from torch import nn
 
 import analysis.partial
+from models.hub import load_hub, read_hub
 
 TIMM_PAIR = ("mixer_s16_224", "resmlp_12_224")
 
@@ -55,6 +57,20 @@ def hub_zip(name: str, root: Path) -> bytes:
         for p in sorted(folder.rglob("*")):
             zf.write(p, f"{name}/{p.relative_to(folder).as_posix()}")
     return buf.getvalue()
+
+
+def imported_pair(root: Path, names: tuple[str, ...] = TIMM_PAIR) -> dict[str, nn.Module]:
+    """The pair (or ``names``) as an upload becomes it: zip → models.hub → a model with its own
+    pipeline."""
+    nets = {}
+    for name in names:
+        archive = root / f"{name}.zip"
+        archive.write_bytes(hub_zip(name, root / "written"))
+        scratch = root / f"scratch-{name}"
+        scratch.mkdir()
+        model, _ = load_hub(read_hub(archive, scratch))
+        nets[name] = model.eval()
+    return nets
 
 
 def time_whole_sample_step() -> list[float]:

@@ -16,12 +16,14 @@ takes two calls; everything between them (training, the atlas) belongs to the ca
 
     # 2. One atlas over every trained model (model names of your choosing), then the results.
     atlas = analysis.compare({t.key: model_of(t) for t in plan.trainings}, data, **plan.cka)
-    result = studies.summarize(
-        plan, [{"key": t.key, "name": t.key, "accuracy": acc_of(t)} for t in plan.trainings],
-        atlas,
-    )
+    finished = [
+        {"key": t.key, "name": t.key, "accuracy": acc_of(t), "training": meta_of(t)["training"]}
+        for t in plan.trainings
+    ]
+    result = studies.summarize(plan, finished, atlas)
     result.summary            # summary.json (issue 12 §6): reference, arms, baselines,
-                              # matched, differences (analysis.studies.differences)
+                              # matched, differences (analysis.studies.differences),
+                              # devices (where the trainings ran)
     result.table              # pandas DataFrame: results.csv (result.csv() gives the text)
     result.plots["png"], result.plots["svg"]   # bytes; render_plot(summary, fmt) redraws
 
@@ -31,8 +33,10 @@ with ``key``, ``arch``, ``dataset``, ``config``, ``seed``, ``recipe``, ``structu
 (name, sha256), ``cka`` (the comparison options). The atlas should compare on the dataset's
 test split (``load_dataset(plan.dataset["name"], split="test")``).
 ``summarize(plan, finished, atlas)`` → :class:`StudyResult` (``summary``, ``table``,
-``plots``); ``finished`` lists ``{"key", "accuracy", "name"}`` (``name``: the model's name in
-the atlas, default the key); trainings not yet finished are left out of the statistics. The
+``plots``); ``finished`` lists ``{"key", "accuracy", "name", "training"}`` (``name``: the
+model's name in the atlas, default the key; ``training``: its sidecar's ``training`` record,
+optional, read for the summary's ``devices``); trainings not yet finished are left out of the
+statistics. The
 atlas may be any object with ``layers`` and ``matrix(a, b)``, like :class:`analysis.Atlas`.
 Errors a user can cause are :class:`StudyError` (an :class:`analysis.AnalysisError`) with one
 sentence, or a :class:`models.ConfigError` naming the offending option.

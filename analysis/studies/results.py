@@ -1,9 +1,10 @@
 """A finished study: summary.json, the tidy results table and the plot, from a plan and an atlas.
 
 :func:`summarize` joins a :class:`~analysis.studies.plan.StudyPlan` with what the trainings
-produced (``[{"key", "accuracy", "name"}]``: ``name`` is the model's name in the atlas,
-defaulting to its key) and an atlas over those models; the statistics are those of
-:mod:`analysis.studies.summary`.
+produced (``[{"key", "accuracy", "name", "training"}]``: ``name`` is the model's name in the
+atlas, defaulting to its key; ``training`` the checkpoint sidecar's ``training`` record, of
+which the summary's ``devices`` says where the trainings ran) and an atlas over those models;
+the statistics are those of :mod:`analysis.studies.summary`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "records",
     "results_table",
     "summarize",
+    "training_devices",
 ]
 
 TABLE_COLUMNS = (
@@ -102,6 +104,30 @@ def records(plan: StudyPlan, finished: Sequence[Mapping[str, Any]]) -> dict[str,
                 )
         out[entry.name] = rows
     return out
+
+
+# What a training record says of where it ran (models.devices.provenance); grouped on all four.
+_WHERE = ("device", "device_name", "precision", "deterministic")
+
+
+def training_devices(
+    plan: StudyPlan, finished: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Where the study's finished trainings ran: one row per device, device name, precision
+    and determinism, with how many trainings (``trainings``); ``None`` in a row whose
+    checkpoints do not say (made before trainings recorded their device). Reused checkpoints
+    count where they were trained."""
+    keys = {t.key for t in plan.trainings}
+    counts: dict[tuple[Any, ...], int] = {}
+    for key, item in _finished(finished).items():
+        if key not in keys:
+            continue
+        record = item.get("training")
+        record = record if isinstance(record, Mapping) else {}
+        where = tuple(record.get(field) for field in _WHERE)
+        counts[where] = counts.get(where, 0) + 1
+    rows = [dict(zip(_WHERE, where, strict=True)) | {"trainings": n} for where, n in counts.items()]
+    return sorted(rows, key=lambda r: (-r["trainings"], str(r["device"]), str(r["device_name"])))
 
 
 def _accuracy(rows: Sequence[ModelRecord]) -> dict[str, Any]:
@@ -273,6 +299,7 @@ def summarize(
     if not recs[plan.reference.name]:
         raise StudyError("no reference model has finished, so there is nothing to compare with")
     summary = summary_dict(plan, recs, atlas)
+    summary["devices"] = training_devices(plan, finished)
     table = results_table(plan, recs, atlas)
     plots = render_plots(summary, ("png", "svg"))
     return StudyResult(summary=summary, table=table, plots=plots)

@@ -28,7 +28,8 @@ DEMO_BOOTSTRAP = 200
 
 
 def setup_demo(settings: Settings, zoo_dir: str | Path, *, progress: bool = True) -> int:
-    """Build/register the zoo and queue the atlas; returns the comparison id."""
+    """Build/register the zoo (trained on the settings' device, ``CKA_DEVICE``) and queue the
+    atlas; returns the comparison id."""
     from analysis import training_data
     from models.training import build_zoo
 
@@ -36,7 +37,9 @@ def setup_demo(settings: Settings, zoo_dir: str | Path, *, progress: bool = True
     try:
         ensure_store(services.db.engine, settings.data_dir)
         digits = register_builtin_datasets(services)[0]
-        entries = build_zoo(training_data("digits"), zoo_dir, progress=progress)
+        entries = build_zoo(
+            training_data("digits"), zoo_dir, progress=progress, device=services.device
+        )
         ids = []
         for entry in entries:
             path = Path(entry.path)

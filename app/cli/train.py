@@ -8,7 +8,7 @@ from typing import Any
 
 from app.cli.commands import command, no_progress_flag
 
-__all__ = ["parse_sets", "register", "run_train", "run_zoo"]
+__all__ = ["device_flags", "parse_sets", "register", "run_train", "run_zoo"]
 
 
 def parse_sets(items: list[str] | None) -> dict[str, Any]:
@@ -25,6 +25,25 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
         except json.JSONDecodeError:
             options[key] = raw
     return options
+
+
+def device_flags(parser: argparse.ArgumentParser, *, precision: bool = True) -> None:
+    """``--device`` (and ``--precision``): where and how a training runs (models.devices)."""
+    from models.devices import PRECISIONS
+
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, cuda or cuda:K (default: cpu; the service's workers train on their "
+        "CKA_DEVICE). The checkpoint records it",
+    )
+    if precision:
+        parser.add_argument(
+            "--precision",
+            choices=PRECISIONS,
+            default="fp32",
+            help="fp32, or bf16 autocast of the forward pass (default: fp32)",
+        )
 
 
 def register(subparsers: Any) -> None:
@@ -59,6 +78,7 @@ def register(subparsers: Any) -> None:
         help="an architecture option, repeatable; VALUE is JSON, e.g. --set density=0.125 "
         "--set depth=6 (unknown keys and out-of-range values are refused before training)",
     )
+    device_flags(train)
     no_progress_flag(train, "bar")
 
     zoo = command(
@@ -70,12 +90,14 @@ def register(subparsers: Any) -> None:
         "its table (model, parameters, Ω, test accuracy, seconds).",
     )
     zoo.add_argument("--out", default="var/zoo", help="output directory")
+    device_flags(zoo, precision=False)
     no_progress_flag(zoo)
 
 
 def run_train(args: argparse.Namespace) -> int:
     from analysis import training_data
     from models import read_sidecar, validate_config
+    from models.devices import placement
     from models.training import train
 
     try:
@@ -83,6 +105,7 @@ def run_train(args: argparse.Namespace) -> int:
     except argparse.ArgumentTypeError as exc:
         raise SystemExit(f"error: {exc}") from None
     validate_config(args.arch, options)  # a ConfigError names the key, before any work
+    placement(args.device, args.precision)  # and a device that is not there
     path = train(
         args.arch,
         training_data(args.dataset),
@@ -91,12 +114,18 @@ def run_train(args: argparse.Namespace) -> int:
         out_dir=args.out,
         batch_size=args.batch_size,
         lr=args.lr,
+        device=args.device,
+        precision=args.precision,
         progress=not args.no_progress,
         name=args.name,
         **options,
     )
-    test = read_sidecar(path)["metrics"]["test"]
-    print(f"{path}: test accuracy {test['accuracy']:.2%} on {test['n']} images")
+    meta = read_sidecar(path)
+    test, where = meta["metrics"]["test"], meta["training"]
+    print(
+        f"{path}: test accuracy {test['accuracy']:.2%} on {test['n']} images "
+        f"(trained on {where['device']}, {where['device_name']}, {where['precision']})"
+    )
     return 0
 
 
@@ -104,6 +133,8 @@ def run_zoo(args: argparse.Namespace) -> int:
     from analysis import training_data
     from models.training import build_zoo, format_zoo_table
 
-    rows = build_zoo(training_data("digits"), args.out, progress=not args.no_progress)
+    rows = build_zoo(
+        training_data("digits"), args.out, progress=not args.no_progress, device=args.device
+    )
     print(format_zoo_table(rows))
     return 0

@@ -12,8 +12,11 @@ done and takes the next step, then parks (:mod:`app.jobs.parking`) until they ha
 2. ``comparison``: once they have all succeeded, the atlas over every model of the study is
    found (by its request hash) or queued as a child job — sharded when ``CKA_SHARD_BATCHES``
    says so — and the study parks again, its atlas's id in its ``detail``.
-3. ``summary``: :func:`analysis.studies.summarize` writes summary.json, results.csv and the
-   plots to the artifact store; ``done``.
+3. ``summary``: :func:`analysis.studies.summarize` writes summary.json (with ``devices``:
+   where the trainings ran, from their checkpoints' sidecars), results.csv and the plots to
+   the artifact store; ``done``.
+
+Each training runs on the device of the worker that takes it (``CKA_DEVICE``).
 
 Progress is the trainings done (reused ones included) out of n + 1, the atlas being the last
 part. A cancel reaches every training and the atlas (:func:`app.jobs.queue.request_cancel`):
@@ -268,7 +271,12 @@ def _summarize(
         labels = {m.model_id: m.label for m in cmp.members}
         atlas: Any = analysis.Atlas.from_dict(cmp.result)  # an AtlasLike for summarize
     finished = [
-        {"key": key, "name": labels[model.id], "accuracy": _accuracy(model)}
+        {
+            "key": key,
+            "name": labels[model.id],
+            "accuracy": _accuracy(model),
+            "training": (model.sidecar or {}).get("training"),
+        }
         for key, model in trained.items()
     ]
     result = studies.summarize(plan, finished, atlas)

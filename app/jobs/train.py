@@ -137,8 +137,9 @@ def train_and_register(
     store's scratch space and register the checkpoint (``register``: name, source and
     training key of :func:`register_checkpoint`); its model row.
 
-    The training stops between steps once the job is cancelled, shut down or out of time
-    (:class:`analysis.Cancelled` naming ``what``); nothing is registered then.
+    The training runs on this worker's device (``CKA_DEVICE``, ``services.device``); its
+    checkpoint records it. It stops between steps once the job is cancelled, shut down or out
+    of time (:class:`analysis.Cancelled` naming ``what``); nothing is registered then.
     """
     with services.store.scratch() as tmp:
         try:
@@ -148,6 +149,7 @@ def train_and_register(
                         arch,
                         data,
                         out_dir=Path(tmp),
+                        device=services.device,
                         progress=False,
                         on_step=control.on_batch,  # False once cancelled: stop between steps
                         **kwargs,

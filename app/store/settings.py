@@ -66,7 +66,8 @@ class Settings(BaseSettings):
     )
     worker_threads: int = Field(default=1, ge=0, description="Threads of the in-process worker.")
     device: str = Field(
-        default="auto", description="Torch device for jobs: auto, cpu, cuda, cuda:1…"
+        default="auto",
+        description="Torch device for jobs, trainings included: auto, cpu, cuda, cuda:1…",
     )
     host: str = Field(default="127.0.0.1", description="Address `cka-atlas serve` binds.")
     allowed_hosts: str = Field(

@@ -268,3 +268,32 @@ def test_unfinished_trainings_are_left_out() -> None:
     assert rp["seeds"] == [0] and rp["accuracy"]["ci"] == [None, None]
     with pytest.raises(StudyError, match="no reference model"):
         studies.summarize(plan, [], FakeAtlas([]))
+
+
+def test_the_summary_says_where_the_trainings_ran() -> None:
+    """One row per device, device name, precision and determinism, with its count; checkpoints
+    that record no device (older ones) have a row of their own; items outside the plan do not
+    count."""
+    plan = studies.plan(small_spec())
+    done = finished(plan)
+    gpu = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "precision": "fp32"}
+    for i, item in enumerate(done):
+        if i < 3:
+            item["training"] = gpu | {"deterministic": True, "seed": i, "seconds": 1.0}
+        elif i == 3:
+            item["training"] = {"device": "cpu", "device_name": "Xeon", "precision": "bf16"}
+            item["training"] |= {"deterministic": True}
+        else:
+            item["training"] = {"epochs": 1}  # from before trainings recorded their device
+    outside = {"key": "not-in-the-plan", "name": "x", "accuracy": 0.5, "training": gpu}
+    atlas = FakeAtlas([d["name"] for d in done])
+    summary = studies.summarize(plan, [*done, outside], atlas).summary
+    unrecorded = len(done) - 4
+    rows = [gpu | {"deterministic": True, "trainings": 3}]
+    rows.append({"device": None, "device_name": None, "precision": None, "deterministic": None})
+    rows[-1]["trainings"] = unrecorded
+    rows.append(
+        {"device": "cpu", "device_name": "Xeon", "precision": "bf16", "deterministic": True}
+    )
+    rows[-1]["trainings"] = 1
+    assert unrecorded > 1 and summary["devices"] == sorted(rows, key=lambda r: -r["trainings"])

@@ -1,8 +1,10 @@
 """A stand-in for ``models.training.train`` that skips the optimisation, for study tests.
 
 It builds the model exactly as training would (same preset, options and seed, so the same
-initial weights), saves it with a test accuracy from a formula the tests know, and counts its
-calls, so a test can tell how many trainings a study really ran. The real training is tested
+initial weights), saves it with a test accuracy from a formula the tests know and the training
+record's device part as training writes it (:func:`models.devices.provenance`), and counts its
+calls and the devices it was asked for, so a test can tell how many trainings a study really
+ran, and where. The real training is tested
 in tests/models; here what matters is which trainings run, and what is done with their models.
 """
 
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 
 import models
+from models.devices import placement, provenance
 from models.errors import TrainingCancelled
 
 # A small study: the Mixer reference and two SW-MLP densities, two seeds each (6 trainings),
@@ -39,6 +42,7 @@ def fake_accuracy(arch: str, options: dict[str, Any], seed: int) -> float:
 class FakeTrainer:
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, dict[str, Any]]] = []
+        self.devices: list[str | None] = []
         # Called with the number of calls so far after each one (a test's hook).
         self.after: Callable[[int], None] | None = None
 
@@ -55,12 +59,16 @@ class FakeTrainer:
         batch_size: int | None = None,
         lr: float | None = None,
         weight_decay: float | None = None,
+        device: str | None = None,
+        precision: str = "fp32",
         on_step: Callable[[int, int], bool] | None = None,
         **options: Any,
     ) -> Path:
         if on_step is not None and not on_step(0, 1):  # cancelled before its one "step"
             raise TrainingCancelled("stopped before the first step")
+        place = placement(device, precision)
         self.calls.append((arch, seed, dict(options)))
+        self.devices.append(device)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = models.create(arch, **{"seed": seed, **options})
@@ -70,7 +78,12 @@ class FakeTrainer:
             Path(out_dir) / f"{name or arch}.safetensors",
             seed=seed,
             metrics={"test": {"accuracy": accuracy, "n": 450}},
-            training={"epochs": epochs, "batch_size": batch_size, "lr": lr},
+            training={
+                "epochs": epochs,
+                "batch_size": batch_size,
+                "lr": lr,
+                **provenance(place, seed=seed, deterministic=True),
+            },
         )
         if self.after is not None:
             self.after(len(self.calls))

@@ -180,6 +180,11 @@ def test_training_registers_a_model(client: TestClient) -> None:
     assert body["status"] == "succeeded", body
     model = client.get(f"/v1/models/{body['model_id']}").json()
     assert model["source"] == "training" and model["arch"] == "mlp_digits"
+    # On the worker's device (the test settings' CKA_DEVICE), as the sidecar and the page say.
+    where = model["sidecar"]["training"]
+    assert where["device"] == "cpu" and where["precision"] == "fp32" and where["deterministic"]
+    page = client.get(f"/models/{model['id']}").text
+    assert f'<dd id="training-device"><code>cpu</code> · {where["device_name"]} · fp32' in page
     bad = client.post("/v1/trainings", json={"arch": "nope", "dataset_id": digits_id(client)})
     assert bad.status_code == 422 and bad.json()["field"] == "arch"
 

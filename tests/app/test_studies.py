@@ -190,6 +190,8 @@ def test_builtin_study_through_rest_then_reused(client: TestClient, trainer: Fak
         f'src="{url}/plot.svg"' in page and f'href="/comparisons/{done["comparison_id"]}"' in page
     )
     assert page.count('<tr data-arm="') == 8
+    assert page.count('class="training-device" data-device="cpu"') == 1
+    assert f"{summary['devices'][0]['device_name']}, fp32, deterministic): {n} trainings" in page
     assert page.count('<td class="training-state"><span class="pill status-succeeded">') == n
     reused_page = client.get(f"/studies/{second['id']}")  # no training job: all reused
     assert reused_page.status_code == 200
@@ -324,6 +326,11 @@ def test_cli_study_run_writes_summary_and_reuses(
         assert set(arm["cka_diagonal"]) >= {"mean", "ci", "per_layer"}
         assert arm["seeds"] == [0, 1]
     assert set(summary["baselines"]["seed_to_seed"]) >= {"mean", "ci"}
+    # Every training ran on the worker's device (CKA_DEVICE), as its checkpoint records.
+    assert trainer.devices == ["cpu"] * 16
+    [where] = summary["devices"]
+    assert where["device"] == "cpu" and where["precision"] == "fp32" and where["trainings"] == 16
+    assert where["deterministic"] is True and where["device_name"]
 
     # The numbers, from the stored models and atlas by the formulas of issue 12 §4.
     accs = [fake_accuracy("sw_mlp_digits", {"density": MATCHED}, seed) for seed in (0, 1)]

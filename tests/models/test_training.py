@@ -47,12 +47,16 @@ def test_cli_train_writes_a_checkpoint_with_test_accuracy(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["train", "--arch", "mixer_digits", "--dataset", "digits", "--epochs", "1"]
+    argv += ["--device", "cpu", "--precision", "fp32"]
     assert main([*argv, "--seed", "1", "--out", str(tmp_path), "--batch-size", "128"]) == 0
     out, err = capsys.readouterr()
     path = tmp_path / "mixer_digits.safetensors"
     meta = _sidecar(path)
     assert meta["metrics"]["test"]["n"] == 450  # digits' fixed test split
     assert f"{meta['metrics']['test']['accuracy']:.2%}" in out
+    where = meta["training"]
+    assert where["device"] == "cpu" and where["precision"] == "fp32" and where["deterministic"]
+    assert f"(trained on cpu, {where['device_name']}, fp32)" in out
     assert "epoch" in err  # the progress bar
     model, _ = models.load(path)
     assert models.connections(model) == 24576
