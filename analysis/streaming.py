@@ -185,14 +185,24 @@ class StreamingRun:
         return None if self.features is None else self.features.layers()
 
     def _per_model(self, raw: Any) -> Callable[[str], torch.Tensor]:
-        """Model name -> its input for this raw batch, on the device; one per distinct pipeline."""
+        """Model name -> its input for this raw batch, on the device; one per distinct pipeline.
+
+        A tensor batch crosses to the device once and each pipeline normalises it there (on a
+        GPU, normalising 224-pixel batches on the host and sending one copy per pipeline took
+        longer than the forward passes); decoded images are made on the host and sent.
+        """
         made: dict[str, torch.Tensor] = {}
 
         def get(m: str) -> torch.Tensor:
             fn = self.inputs.get(m)
             key = str(getattr(fn, "key", id(fn))) if fn is not None else "raw"
             if key not in made:
-                made[key] = (raw if fn is None else fn(raw)).to(self.dev, non_blocking=True)
+                if isinstance(raw, torch.Tensor):
+                    if "raw" not in made:
+                        made["raw"] = raw.to(self.dev, non_blocking=True)
+                    made[key] = made["raw"] if fn is None else fn(made["raw"])
+                else:
+                    made[key] = fn(raw).to(self.dev, non_blocking=True) if fn else raw
             return made[key]
 
         return get

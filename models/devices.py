@@ -144,14 +144,24 @@ def deterministic_algorithms(place: Placement) -> Iterator[None]:
     unset (cuBLAS reads it when a handle is made, so in a process that has made none yet)."""
     if place.is_cuda:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
-    previous = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
+    fill: Any = torch.utils.deterministic  # a module whose attribute typeshed does not know
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.benchmark,
+        fill.fill_uninitialized_memory,
+    )
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
+    # By default deterministic mode also writes NaN into every new uninitialised tensor, to
+    # catch reads of memory no kernel wrote; training never reads such memory, and on a GPU
+    # those fills were a seventh of a small model's kernel launches (BENCHMARKS, GPU host).
+    fill.fill_uninitialized_memory = False
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(previous[0])
         torch.backends.cudnn.benchmark = previous[1]
+        fill.fill_uninitialized_memory = previous[2]
 
 
 def _cudnn_version() -> int | None:
