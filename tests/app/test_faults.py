@@ -371,3 +371,41 @@ def test_twenty_concurrent_identical_requests_make_one_job(
             )
         )
         s.flush()
+
+
+# 6. Concurrent deletes of what a queued comparison uses -----------------------------------
+
+
+def test_concurrent_plain_and_forced_deletes_answer_204_404_or_409(
+    idle_client: TestClient, zoo: dict[str, Path], tmp_path: Path
+) -> None:
+    """10 plain and 10 ``force`` deletes of one model, then of one dataset, that a queued
+    comparison uses, fired together from 20 threads: each answer is 204, 404 or 409 (one
+    204 in all), never a 500, and nothing of the comparison is left."""
+    client = idle_client
+    ids = register(client, zoo, "mixer_digits", "sw_mlp_digits")
+    images = np.random.default_rng(0).random((8, 1, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "eight.npz", x=images)
+    ds = upload_dataset(client, tmp_path / "eight.npz")
+    for dataset in (digits_id(client), ds):
+        r = client.post("/v1/comparisons", json={"model_ids": ids, "dataset_id": dataset})
+        assert r.status_code == 202, r.text
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+
+    def storm(url: str) -> list[int]:
+        start = threading.Barrier(20)
+
+        def fire(k: int) -> int:
+            start.wait(timeout=30)
+            return client.delete(url, params={"force": k % 2 == 0}).status_code
+
+        with ThreadPoolExecutor(20) as pool:
+            return list(pool.map(fire, range(20)))
+
+    for url in (f"/v1/models/{ids[0]}", f"/v1/datasets/{ds}"):
+        codes = storm(url)
+        assert set(codes) <= {204, 404, 409} and codes.count(204) == 1, (url, codes)
+        assert client.get(url).status_code == 404
+    with services.db.session(readonly=True) as s:  # both comparisons went with the model
+        assert s.scalar(select(func.count()).select_from(Comparison)) == 0
+        assert s.scalar(select(func.count()).select_from(Job)) == 0
