@@ -15,10 +15,10 @@ from pathlib import Path
 
 from app.cli.store import ensure_store
 from app.jobs.requests import BASELINES, ComparisonIn
+from app.jobs.runtime import running
 from app.jobs.submit import submit_comparison
 from app.jobs.train import register_checkpoint
 from app.store.datasets import register_builtin_datasets
-from app.store.services import Services
 from app.store.settings import Settings
 
 __all__ = ["DEMO_BATCH_SIZE", "DEMO_BOOTSTRAP", "setup_demo"]
@@ -33,8 +33,9 @@ def setup_demo(settings: Settings, zoo_dir: str | Path, *, progress: bool = True
     from analysis import training_data
     from models.training import build_zoo
 
-    services = Services(settings)
-    try:
+    # No worker here: the server's (or `cka-atlas worker`'s) runs the atlas; with a broker the
+    # composition root's dispatch publishes it to the Celery workers.
+    with running(settings, threads=0) as services:
         ensure_store(services.db.engine, settings.data_dir)
         digits = register_builtin_datasets(services)[0]
         entries = build_zoo(
@@ -66,5 +67,3 @@ def setup_demo(settings: Settings, zoo_dir: str | Path, *, progress: bool = True
             file=sys.stderr,
         )
         return cmp_id
-    finally:
-        services.close()

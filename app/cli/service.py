@@ -102,7 +102,7 @@ def run_worker(args: argparse.Namespace) -> int:
         if settings.broker_url:
             from app.jobs.celery_app import run_worker as celery_worker
 
-            celery_worker(settings, loglevel=settings.log_level.upper())
+            celery_worker(loglevel=settings.log_level.upper())  # settings: the environment
         else:
             _embedded_forever(settings, args.threads)
     except SchemaError as exc:
@@ -120,21 +120,17 @@ def _embedded_forever(settings: Any, threads: int | None) -> None:
     import threading
 
     from app.cli.store import ensure_store
-    from app.jobs.embedded import EmbeddedWorker
-    from app.store.services import Services
+    from app.jobs.runtime import running
 
-    services = Services(settings)
-    ensure_store(services.db.engine, settings.data_dir)
-    worker = EmbeddedWorker(services, threads=threads or max(settings.worker_threads, 1))
-    worker.start()
-    print(f"cka-atlas: worker polling {services.db.engine.url!r}", file=sys.stderr)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
+    def prepare(services: Any) -> None:
+        ensure_store(services.db.engine, settings.data_dir)
+        print(f"cka-atlas: worker polling {services.db.engine.url!r}", file=sys.stderr)
+
+    with running(settings, threads=threads or max(settings.worker_threads, 1), prepare=prepare):
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
         while not stop.wait(1.0):
             pass
-    finally:
-        worker.stop()
 
 
 def run_db(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -52,16 +53,36 @@ def register(subparsers: Any) -> None:
     listing.add_argument("--limit", type=int, default=50)
 
 
-def _services() -> Any:
+def _services(run_jobs: bool = False) -> Any:
+    """The store's services (a context manager), from the environment, through the
+    composition root; ``run_jobs``: with no broker, a pool of ``CKA_WORKER_THREADS`` threads
+    (at least one) in this process runs the jobs, as the server's embedded worker would."""
     from app.cli.store import ensure_store
+    from app.jobs.runtime import running
     from app.store.datasets import register_builtin_datasets
-    from app.store.services import Services
     from app.store.settings import Settings
 
-    services = Services(Settings())
-    ensure_store(services.db.engine, services.settings.data_dir)
-    register_builtin_datasets(services)
-    return services
+    def prepare(services: Any) -> None:
+        ensure_store(services.db.engine, services.settings.data_dir)
+        register_builtin_datasets(services)
+
+    settings = Settings()
+    threads = max(settings.worker_threads, 1) if run_jobs else 0
+    return running(settings, threads=threads, prepare=prepare)
+
+
+def _requester() -> Any:
+    """This command's user as the study's requester: they may stop it, as the machine's
+    owner may stop anything (an admin)."""
+    import getpass
+
+    from app.jobs.cancel import Requester
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a bare container)
+        user = str(os.getuid())
+    return Requester(f"cli:{user}"[:80], "cka-atlas study run", admin=True)
 
 
 def _request(source: str, seeds: int | None, quick: bool) -> Any:
@@ -123,31 +144,13 @@ class _Bars:
             self.atlas.close()
 
 
-def _run_job(services: Any, study_id: int, job_id: int, progress: bool) -> dict[str, Any]:
-    """Run the study on the workers and follow it in the database with the bars.
-
-    With a broker (``CKA_BROKER_URL``) its trainings and atlas go to the Celery workers;
-    without one, a pool of ``CKA_WORKER_THREADS`` threads (at least one) in this process runs
-    them, as the server's embedded worker would.
-    """
-    from app.jobs.queue import request_cancel
+def _follow(services: Any, study_id: int, progress: bool) -> dict[str, Any]:
+    """Follow the study in the database with the bars until it ends; Ctrl-C cancels it."""
+    from app.jobs.cancel import cancel
     from app.store.orm import JobState, Study
 
-    worker = None
-    if services.settings.broker_url:
-        from app.jobs.celery_app import make_celery, send_job
-
-        celery = make_celery(services.settings)
-        services.dispatch = lambda job: send_job(celery, job)
-    else:
-        from app.jobs.embedded import EmbeddedWorker
-
-        worker = EmbeddedWorker(services, threads=max(services.settings.worker_threads, 1))
-        services.dispatch = worker.notify
-        worker.start()
     view = _state(services, study_id)
     bars = _Bars(view["trainings"]["total"], progress)
-    services.dispatch(job_id)
     try:
         while True:
             view = _state(services, study_id)
@@ -159,12 +162,10 @@ def _run_job(services: Any, study_id: int, job_id: int, progress: bool) -> dict[
         with services.db.session() as s:
             study = s.get(Study, study_id)
             if study is not None:
-                request_cancel(s, study.job_id)
+                cancel(s, study.job_id, _requester(), what=f"study {study_id}")
         raise
     finally:
         bars.close()
-        if worker is not None:
-            worker.stop()
 
 
 def _write(services: Any, study_id: int, out: Path) -> list[Path]:
@@ -188,16 +189,15 @@ def run_study_command(args: argparse.Namespace) -> int:
     from app.errors import ProblemError
     from app.jobs.studies import submit_study
 
-    services = _services()
-    try:
+    with _services(run_jobs=True) as services:
         body = _request(args.study, args.seeds, args.quick)
         try:
-            study_id, job_id = submit_study(services, body, dispatch=False, local=True)
+            study_id, _ = submit_study(services, body, local=True, requester=_requester())
         except ProblemError as exc:
             print(f"error: {exc.detail}", file=sys.stderr)
             return 2
         started = time.perf_counter()
-        view = _run_job(services, study_id, job_id, not args.no_progress)
+        view = _follow(services, study_id, not args.no_progress)
         seconds = time.perf_counter() - started
         tr = view["trainings"]
         if view["status"] != "succeeded":
@@ -216,27 +216,21 @@ def run_study_command(args: argparse.Namespace) -> int:
         for path in files:
             print(f"  {path}")
         return 0
-    finally:
-        services.close()
 
 
 def list_studies_command(args: argparse.Namespace) -> int:
     from app.http.api.studies import study_view
     from app.store import repository
 
-    services = _services()
-    try:
-        with services.db.session(readonly=True) as s:
-            items, total = repository.list_studies(s, limit=args.limit, offset=0)
-            views = [study_view(st) for st in items]
-        print(f"{'id':>4}  {'name':<16} {'status':<10} {'trainings':>11}  created")
-        for v in views:
-            tr = v["trainings"]
-            print(
-                f"{v['id']:>4}  {v['name']:<16} {v['status']!s:<10} "
-                f"{tr['done']:>5}/{tr['total']:<5}  {v['created_at']:%Y-%m-%d %H:%M}"
-            )
-        print(f"{total} studies")
-        return 0
-    finally:
-        services.close()
+    with _services() as services, services.db.session(readonly=True) as s:
+        items, total = repository.list_studies(s, limit=args.limit, offset=0)
+        views = [study_view(st) for st in items]
+    print(f"{'id':>4}  {'name':<16} {'status':<10} {'trainings':>11}  created")
+    for v in views:
+        tr = v["trainings"]
+        print(
+            f"{v['id']:>4}  {v['name']:<16} {v['status']!s:<10} "
+            f"{tr['done']:>5}/{tr['total']:<5}  {v['created_at']:%Y-%m-%d %H:%M}"
+        )
+    print(f"{total} studies")
+    return 0

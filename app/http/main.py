@@ -2,7 +2,8 @@
 
 On start-up (lifespan) the schema is checked — an empty database is migrated, an outdated
 one refused — the built-in datasets are registered, and jobs get a worker: the in-process
-thread pool, or, with ``CKA_BROKER_URL``, Celery (the API then only enqueues).
+thread pool, or, with ``CKA_BROKER_URL``, Celery (the API then only enqueues): both through
+:func:`app.jobs.runtime.running`, the composition root.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI
 
@@ -31,9 +31,8 @@ from app.http.problems import install_problem_handlers
 from app.http.ratelimit import make_limiter
 from app.http.security import BodyLimitMiddleware, OriginMiddleware
 from app.http.web import install_web
-from app.jobs.celery_app import make_celery, send_job
 from app.jobs.compare import code_version
-from app.jobs.embedded import EmbeddedWorker
+from app.jobs.runtime import running
 from app.store.datasets import register_builtin_datasets
 from app.store.db import ensure_schema
 from app.store.services import Services
@@ -53,40 +52,23 @@ deletes and `/v1/tokens` one of scope `admin`; `CKA_WRITE_RATE` limits writes pe
 """
 
 
-def _attach_worker(app: FastAPI, services: Services, start_worker: bool) -> Any:
-    settings = services.settings
-    if settings.broker_url:
-        celery = make_celery(settings)
-        services.dispatch = lambda job_id: send_job(celery, job_id)
-        return None
-    if not start_worker or settings.worker_threads == 0:
-        return None
-
-    worker = EmbeddedWorker(services)
-    services.dispatch = worker.notify
-    worker.start()
-    return worker
-
-
 def create_app(settings: Settings | None = None, *, start_worker: bool = True) -> FastAPI:
-    """Build the app; nothing touches the database until the lifespan starts."""
+    """Build the app; nothing touches the database until the lifespan starts.
+
+    ``start_worker=False``: no in-process worker, queued jobs wait (tests run them by hand).
+    """
     settings = settings or Settings()
+
+    def prepare(services: Services) -> None:
+        if ensure_schema(services.db.engine) == "created":
+            log.info("created the database schema at %s", services.db.engine.url)
+        register_builtin_datasets(services)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        services = Services(settings)
-        worker = None
-        try:
-            if ensure_schema(services.db.engine) == "created":
-                log.info("created the database schema at %s", services.db.engine.url)
-            register_builtin_datasets(services)
+        with running(settings, threads=None if start_worker else 0, prepare=prepare) as services:
             app.state.services = services
-            worker = _attach_worker(app, services, start_worker)
             yield
-        finally:
-            if worker is not None:
-                worker.stop()
-            services.close()
 
     app = FastAPI(
         title="cka-atlas",

@@ -126,6 +126,16 @@ class DatasetOut(BaseModel):
     created_at: datetime
 
 
+class HolderOut(BaseModel):
+    requester: str = Field(
+        examples=["token:3"],
+        description="token:ID (a database token), env:DIGEST (one of CKA_API_TOKENS), "
+        "anonymous (no tokens configured), cli:USER (cka-atlas study run) or study:ID",
+    )
+    label: str | None = Field(default=None, examples=["alice"], description="Its name")
+    since: datetime
+
+
 class JobFields(BaseModel):
     status: JobState = Field(examples=["running"])
     progress: float = Field(ge=0, le=1, examples=[0.4])
@@ -135,6 +145,12 @@ class JobFields(BaseModel):
     attempts: int = Field(examples=[1])
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    held_by: list[HolderOut] = Field(
+        default_factory=list,
+        description="Who still wants it: the requesters of a shared (deduplicated) job that "
+        "have not cancelled. A cancel withdraws the caller's interest; the job stops when "
+        "none is left. A shard or a study's training lists none: its parent job holds it",
+    )
 
 
 class TrainingOut(JobFields):

@@ -32,6 +32,7 @@ from fastapi import Depends, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.http.problems import ProblemError, problem_response
+from app.jobs.cancel import ANONYMOUS, Requester
 from app.store import tokens as token_store
 from app.store.services import Services
 from app.store.settings import Settings
@@ -64,11 +65,26 @@ CSRF_HEADER = "x-cka-csrf"
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is asking: the scope they hold and the key their writes are counted under."""
+    """Who is asking: the scope they hold and the key their writes are counted under.
+
+    ``anonymous``: the service has no tokens, so nobody can be told apart (the laptop mode).
+    """
 
     scope: str
     key: str
     name: str | None = None
+    anonymous: bool = False
+
+    @property
+    def requester(self) -> Requester:
+        """This principal as a job's requester (:mod:`app.jobs.cancel`): its token (the key
+        writes are counted under), or without tokens the one ``anonymous`` requester, who is
+        an admin as everybody is then."""
+        return Requester(
+            ANONYMOUS if self.anonymous else self.key,
+            self.name,
+            admin=token_store.scope_allows(self.scope, "admin"),
+        )
 
 
 def token_valid(tokens: frozenset[str], token: str) -> bool:
@@ -129,7 +145,7 @@ def _client_key(request: Request) -> str:
 def _check(request: Request, need: str) -> Principal:
     services: Services = request.app.state.services
     if not auth_required(services):
-        return Principal("admin", _client_key(request))
+        return Principal("admin", _client_key(request), anonymous=True)
     token = _presented(request, write=need != "read")
     if not token:
         raise ProblemError(

@@ -2,15 +2,17 @@
 
 The task only carries a job id and calls the same :func:`app.jobs.run.execute` as the
 embedded worker; the database row decides whether the job still needs running, so a
-redelivered or duplicated message is harmless. ``acks_late`` with ``prefetch 1`` means a
-worker killed mid-job leaves its message unacknowledged and Redis redelivers it after the
-visibility timeout, which is set above the longest job (a shorter one would hand a healthy
-long job to a second worker). Nothing waits for that timeout, though: on start a worker
-re-queues stale jobs and re-sends every queued job, and while it runs a reaper thread
-re-queues and re-sends, every ``stale_after_s / 4`` seconds, each running job whose
-heartbeat is older than ``stale_after_s`` (its worker was killed, or its host went down).
-A worker imports what its jobs would import on first use before it takes any
-(:data:`LAZY_IMPORTS`).
+redelivered or duplicated message is harmless (:mod:`app.jobs.broker`). ``acks_late`` with
+``prefetch 1`` means a worker killed mid-job leaves its message unacknowledged and Redis
+redelivers it after the visibility timeout, which is set above the longest job (a shorter one
+would hand a healthy long job to a second worker). Nothing waits for that timeout, though: on
+start a worker re-queues stale jobs and re-sends every queued job, and while it runs a reaper
+thread, every quarter of ``stale_after_s`` or ``queued_grace_s`` (the shorter), re-queues and
+re-sends each running job whose heartbeat is older than ``stale_after_s`` (its worker was
+killed, or its host went down) and, while this worker has nothing to do, publishes again each
+job queued longer than ``queued_grace_s`` (its message was lost with a broker that restarted
+without persistence, or never sent while the broker was away). A worker imports what its jobs
+would import on first use before it takes any (:data:`LAZY_IMPORTS`).
 """
 
 from __future__ import annotations
@@ -20,54 +22,41 @@ import logging
 import threading
 import time
 from functools import cache
-from typing import Any
 
 from celery import Celery
 
+from app.jobs.broker import TASK_NAME, make_celery
 from app.jobs.queue import claim, new_worker_id, queued_ids
-from app.jobs.reaper import requeue_stale
+from app.jobs.reaper import republish_queued, requeue_stale
 from app.jobs.run import run_claimed
+from app.jobs.runtime import compose
 from app.store.db import ensure_schema, retry
 from app.store.services import Services
 from app.store.settings import Settings
 
-__all__ = ["TASK_NAME", "make_celery", "run_worker", "send_job"]
+__all__ = ["run_worker", "worker_celery"]
 
 log = logging.getLogger(__name__)
-TASK_NAME = "cka_atlas.run_job"
 # What the jobs import on first use (the built-in datasets' loader, which a study's planning
 # and its trainings call), a fifth of a second that the first study on a fresh worker would
 # wait for: the worker imports them as it starts.
 LAZY_IMPORTS = ("sklearn.datasets", "sklearn.model_selection")
+# Set while this process runs a task: its reaper publishes lost queued jobs only when clear.
+_busy = threading.Event()
 
 
-def make_celery(settings: Settings) -> Celery:
-    if not settings.broker_url:
-        raise ValueError("CKA_BROKER_URL is not set; the Celery worker needs a Redis broker")
-    app = Celery("cka_atlas", broker=settings.broker_url)
-    app.conf.update(
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        task_ignore_result=True,
-        task_default_queue=settings.celery_queue,
-        task_serializer="json",
-        accept_content=["json"],
-        broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": settings.job_timeout_s + 600},
-        worker_hijack_root_logger=False,
-        worker_cancel_long_running_tasks_on_connection_loss=False,
-    )
+def worker_celery(settings: Settings) -> Celery:
+    """The Celery app a worker runs: :func:`~app.jobs.broker.make_celery` with the task."""
+    app = make_celery(settings)
     app.task(name=TASK_NAME, bind=False)(_run_job_task)
     return app
 
 
 @cache
 def _services() -> Services:
-    services = Services(Settings())
-    celery = make_celery(services.settings)
-    services.dispatch = lambda job_id: send_job(celery, job_id)  # a comparison's shards
-    return services
+    """This worker process's services (from the environment, as ``cka-atlas worker`` reads
+    it): the composition root's, publishing a study's or a comparison's children."""
+    return compose(Settings(), threads=0).services
 
 
 def _run_job_task(job_id: int) -> None:
@@ -75,13 +64,17 @@ def _run_job_task(job_id: int) -> None:
     worker_id = _worker_id()
     # The message is acknowledged when this returns or raises, so a database that is away
     # at delivery is waited for (with backoff) rather than losing the job's only message.
-    job = retry(
-        lambda: claim(services.db, worker_id, int(job_id)),
-        timeout=max(services.settings.stale_after_s, 10.0),
-        what=f"claiming job {job_id}",
-    )
-    if job is not None:  # None: already taken, finished or cancelled (a duplicate message)
-        run_claimed(services, job, worker_id)
+    _busy.set()
+    try:
+        job = retry(
+            lambda: claim(services.db, worker_id, int(job_id)),
+            timeout=max(services.settings.stale_after_s, 10.0),
+            what=f"claiming job {job_id}",
+        )
+        if job is not None:  # None: already taken, finished or cancelled (a duplicate message)
+            run_claimed(services, job, worker_id)
+    finally:
+        _busy.clear()
 
 
 @cache
@@ -90,22 +83,20 @@ def _worker_id() -> str:
     return new_worker_id(f"celery-{name}" if name else "celery")
 
 
-def send_job(celery: Celery, job_id: int) -> None:
-    celery.send_task(TASK_NAME, args=[job_id])
-
-
-def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
-    """Prepare the queue and run a Celery worker in this process (blocks)."""
-    services = Services(settings)
+def run_worker(loglevel: str = "INFO") -> None:
+    """Prepare the queue and run a Celery worker in this process (blocks); its settings come
+    from the environment."""
+    services = _services()
+    settings = services.settings
     ensure_schema(services.db.engine)
-    celery = make_celery(settings)
+    celery = worker_celery(settings)
     requeue_stale(services.db, settings.stale_after_s, settings.max_attempts)
     for module in LAZY_IMPORTS:  # before any job, so no job waits for them
         importlib.import_module(module)
     for job_id in queued_ids(services.db, limit=10_000):
-        send_job(celery, job_id)
+        services.dispatch(job_id)
     threading.Thread(
-        target=_reap_forever, args=(services, celery), name="stale-reaper", daemon=True
+        target=_reap_forever, args=(services,), name="stale-reaper", daemon=True
     ).start()
     node = [f"--hostname={settings.worker_name}@%h"] if settings.worker_name else []
     celery.worker_main(
@@ -123,13 +114,18 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
     )
 
 
-def _reap_forever(services: Any, celery: Celery) -> None:
-    """Re-queue and re-send jobs whose worker stopped heartbeating (runs in a daemon thread)."""
-    stale_after = services.settings.stale_after_s
+def _reap_forever(services: Services) -> None:
+    """Re-queue and re-send jobs whose worker stopped heartbeating, and, while this worker is
+    idle, publish again the queued jobs nobody took (runs in a daemon thread)."""
+    settings = services.settings
+    every = max(min(settings.stale_after_s, settings.queued_grace_s) / 4, 0.5)
     while True:
-        time.sleep(max(stale_after / 4, 0.5))
+        time.sleep(every)
         try:
-            for job_id in requeue_stale(services.db, stale_after, services.settings.max_attempts):
-                send_job(celery, job_id)
+            resend = requeue_stale(services.db, settings.stale_after_s, settings.max_attempts)
+            if not _busy.is_set():
+                resend += republish_queued(services.db, settings.queued_grace_s)
+            for job_id in resend:
+                services.dispatch(job_id)
         except Exception as exc:  # database or broker briefly away: the next round retries
             log.warning("could not re-queue stale jobs (%s)", type(exc).__name__)

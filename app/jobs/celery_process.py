@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from app.jobs.celery_app import make_celery
+from app.jobs.broker import make_celery
 from app.store.settings import Settings
 
 __all__ = ["celery_workers", "own_store", "worker_env", "worker_logs"]

@@ -1,11 +1,11 @@
 """The default worker: a pool of threads inside the API process.
 
 Each thread claims the oldest queued job, runs it, and repeats; when the queue is empty it
-sleeps until :meth:`notify` (called when the API enqueues) or the poll interval elapses, so
-jobs queued by another process (``cka-atlas demo``) are picked up too. On start, and then
-every ``stale_after_s / 4`` seconds, running jobs whose heartbeat is older than
-``stale_after_s`` are put back in the queue — so a job whose process was killed resumes even
-when the process is restarted before its heartbeat went stale. :meth:`stop` makes a running
+sleeps until a job is queued in this process (the services' dispatch wakes it) or the poll
+interval elapses, so jobs queued by another process (``cka-atlas demo``) are picked up too.
+On start, and then every ``stale_after_s / 4`` seconds, running jobs whose heartbeat is older
+than ``stale_after_s`` are put back in the queue — so a job whose process was killed resumes
+even when the process is restarted before its heartbeat went stale. :meth:`stop` makes a running
 job stop at its next batch and gives it back to the queue.
 """
 
@@ -27,10 +27,18 @@ log = logging.getLogger(__name__)
 
 
 class EmbeddedWorker:
-    def __init__(self, services: Services, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        services: Services,
+        threads: int | None = None,
+        wake: threading.Event | None = None,
+    ) -> None:
+        """``wake``: the event that the services' dispatch sets when a job is queued (see
+        :func:`app.jobs.runtime.compose`); without one, only :meth:`notify` and the poll
+        interval wake the threads."""
         self.services = services
         self.threads = services.settings.worker_threads if threads is None else threads
-        self._wake = threading.Event()
+        self._wake = wake or threading.Event()
         self._stop = threading.Event()
         self._pool: list[threading.Thread] = []
         self._reap_lock = threading.Lock()

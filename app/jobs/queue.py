@@ -8,6 +8,7 @@ run one job and a worker that lost its job cannot write a result: the result is 
 same transaction as the ``succeeded`` transition, and that transition only matches while this
 worker still owns the job. A running job may also be parked while its children run
 (:mod:`app.jobs.parking`): :func:`park` hands it to them, :func:`take_over` takes it back.
+Cancelling (who may, and when a shared job stops) is :mod:`app.jobs.cancel`'s.
 
 The database may go away for a while (a restart, a lost connection): the end-of-job writes are
 retried with backoff (:func:`app.store.db.retry`), so a finished result is not lost and is
@@ -25,7 +26,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from app.jobs.parking import PARKED, beat_parent, is_parked, live_children
+from app.jobs.parking import PARKED, beat_parent, is_parked
 from app.store.db import Database, retry
 from app.store.orm import Job, JobState, utcnow
 from app.store.settings import Settings
@@ -43,7 +44,6 @@ __all__ = [
     "park",
     "queued_ids",
     "release",
-    "request_cancel",
     "retry_s",
     "take_over",
 ]
@@ -166,8 +166,12 @@ def complete(session: Session, job_id: int, worker_id: str) -> None:
     res = session.execute(
         update(Job)
         .where(_owned(job_id, worker_id))
-        .values(
-            status=JobState.SUCCEEDED, progress=1.0, finished_at=utcnow(), heartbeat_at=utcnow()
+        .values(  # a cancel that came too late to stop it leaves no sentence behind
+            status=JobState.SUCCEEDED,
+            progress=1.0,
+            finished_at=utcnow(),
+            heartbeat_at=utcnow(),
+            error=None,
         )
         .execution_options(synchronize_session=False)
     )
@@ -253,50 +257,6 @@ def release(db: Database, job_id: int, worker_id: str, timeout: float = 10.0) ->
     """Give a running job back to the queue (its worker is shutting down)."""
     return _set(
         db, job_id, worker_id, timeout, status=JobState.QUEUED, worker_id=None, progress=0.0
-    )
-
-
-def request_cancel(session: Session, job_id: int) -> None:
-    """Cancel a queued job at once; ask a running one to stop at its next batch.
-
-    Its children (a comparison's shards, a study's trainings and atlas, and theirs) are
-    cancelled with it; a parked job none of whose children still runs is cancelled at once.
-    """
-    now = utcnow()
-    family = [job_id]
-    frontier = [job_id]
-    while frontier:
-        frontier = list(session.scalars(select(Job.id).where(Job.parent_id.in_(frontier))))
-        family.extend(frontier)
-    _cancel_where(session, Job.id.in_(family), now)
-    for jid in reversed(family):  # the deepest first, so a parent sees its children ended
-        if not live_children(session, jid):
-            session.execute(
-                update(Job)
-                .where(is_parked(jid))
-                .values(status=JobState.CANCELLED, finished_at=now, error_code="cancelled")
-                .execution_options(synchronize_session=False)
-            )
-    session.expire_all()
-
-
-def _cancel_where(session: Session, target: Any, now: Any) -> None:
-    session.execute(
-        update(Job)
-        .where(target, Job.status == JobState.QUEUED)
-        .values(
-            status=JobState.CANCELLED,
-            cancel_requested=True,
-            finished_at=now,
-            error_code="cancelled",
-        )
-        .execution_options(synchronize_session=False)
-    )
-    session.execute(
-        update(Job)
-        .where(target, Job.status == JobState.RUNNING)
-        .values(cancel_requested=True)
-        .execution_options(synchronize_session=False)
     )
 
 

@@ -7,6 +7,12 @@ child may still run; once they have all ended and nobody took it over, it is re-
 settle; when none of its children has beaten for the stale horizon, its queued children are
 sent to the workers again (a message dies with a worker killed between taking it and claiming
 the job).
+
+A queued job can lose its message too: a broker restarted without persistence forgets its
+queue, and a job queued while the broker was unreachable was never published. A Celery worker
+with nothing to do runs :func:`republish_queued` now and then and publishes again every job
+that has waited longer than ``CKA_QUEUED_GRACE_S``; the claim (a compare-and-set on
+``queued``) makes a job run once however many messages name it.
 """
 
 from __future__ import annotations
@@ -15,13 +21,13 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from app.jobs.parking import PARKED, beat_parent, is_parked, live_children, queued_children
 from app.store.db import Database
 from app.store.orm import Job, JobState, utcnow
 
-__all__ = ["requeue_stale"]
+__all__ = ["republish_queued", "requeue_stale"]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +70,13 @@ def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> 
                     "finished_at": utcnow(),
                 }
             else:
-                values = {"status": JobState.QUEUED, "worker_id": None, "progress": 0.0}
+                # published by the caller now: the grace of republish_queued starts again
+                values = {
+                    "status": JobState.QUEUED,
+                    "worker_id": None,
+                    "progress": 0.0,
+                    "published_at": utcnow(),
+                }
             res = s.execute(
                 update(Job)
                 .where(Job.id == jid, Job.status == JobState.RUNNING, Job.heartbeat_at < cutoff)
@@ -87,3 +99,42 @@ def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> 
     if resend:
         log.warning("sending queued children %s again: none of their siblings is running", resend)
     return requeued + [j for j in resend if j not in requeued]
+
+
+def republish_queued(db: Database, grace_s: float, limit: int = 1000) -> list[int]:
+    """Queued jobs that have waited longer than ``grace_s`` since they were queued or last
+    published again: their ids, each marked published now, so that across all the workers
+    (and their reapers) a job is published again at most once per ``grace_s``.
+
+    Called by a worker with nothing to do: a job it could run is waiting, so its message is
+    probably lost. Oldest first, at most ``limit`` of them.
+    """
+    cutoff = utcnow() - timedelta(seconds=grace_s)
+    waited = func.coalesce(Job.published_at, Job.created_at) < cutoff
+    out: list[int] = []
+    with db.session() as s:
+        ids = list(
+            s.scalars(
+                select(Job.id)
+                .where(Job.status == JobState.QUEUED, waited)
+                .order_by(Job.id)
+                .limit(limit)
+            )
+        )
+        now = utcnow()
+        for jid in ids:  # compare-and-set: another reaper may have marked it meanwhile
+            res = s.execute(
+                update(Job)
+                .where(Job.id == jid, Job.status == JobState.QUEUED, waited)
+                .values(published_at=now)
+                .execution_options(synchronize_session=False)
+            )
+            if res.rowcount == 1:  # type: ignore[attr-defined]
+                out.append(jid)
+    if out:
+        log.warning(
+            "publishing queued jobs %s again: no worker took them within %.0f s",
+            out,
+            grace_s,
+        )
+    return out

@@ -21,6 +21,7 @@ import models
 from analysis import studies
 from analysis.studies.spec import MAX_TRAININGS  # checked by the spec, again after the plan
 from app.errors import ProblemError
+from app.jobs.cancel import Requester, record
 from app.jobs.queue import enqueue
 from app.jobs.requests import MAX_MODELS, ComparisonIn, StudyIn
 from app.jobs.submit import check_model_budget
@@ -150,10 +151,15 @@ def stored_spec(plan: studies.StudyPlan) -> dict[str, Any]:
 
 
 def submit_study(
-    services: Services, body: StudyIn, *, dispatch: bool = True, local: bool = False
+    services: Services,
+    body: StudyIn,
+    *,
+    dispatch: bool = True,
+    local: bool = False,
+    requester: Requester | None = None,
 ) -> tuple[int, int]:
     """Queue a study; returns (study id, job id). ``dispatch=False`` leaves the job for the
-    caller to run (the CLI runs it in-process)."""
+    caller to run; ``requester`` holds its job (:mod:`app.jobs.cancel`)."""
     plan = plan_study(body, local=local)
     if plan.dataset["name"] not in BUILTIN_DATASETS:  # only ``local`` gets here
         raise _invalid("studies over a dataset file are not supported yet", "spec.dataset")
@@ -161,6 +167,8 @@ def submit_study(
     _check_budgets(services, plan, "builtin" if body.builtin is not None else "spec")
     with services.db.session() as s:
         job = enqueue(s, "study")
+        if requester is not None:
+            record(s, job.id, requester)
         study = Study(
             name=plan.spec.name,
             spec=stored_spec(plan),

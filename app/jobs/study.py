@@ -19,10 +19,12 @@ done and takes the next step, then parks (:mod:`app.jobs.parking`) until they ha
 Each training runs on the device of the worker that takes it (``CKA_DEVICE``).
 
 Progress is the trainings done (reused ones included) out of n + 1, the atlas being the last
-part. A cancel reaches every training and the atlas (:func:`app.jobs.queue.request_cancel`):
-each stops at its next training step or batch. A worker killed mid-training has that training
-re-queued by the stale reaper and run by another; a failed training fails the study. A killed
-or re-submitted study finds every finished training by its key.
+part. A cancel reaches every training and the atlas (:func:`app.jobs.cancel.stop`): each
+stops at its next training step or batch — except an atlas that another requester asked for
+too, which the study only stops holding (the study is one of its requesters, ``study:ID``, and
+the study's view names it from the moment it is found). A worker killed mid-training has that
+training re-queued by the stale reaper and run by another; a failed training fails the study.
+A killed or re-submitted study finds every finished training by its key.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from sqlalchemy.orm import Session
 import analysis
 from analysis import Cancelled, studies
 from app.errors import ProblemError
+from app.jobs.cancel import study_requester
 from app.jobs.control import JobControl
 from app.jobs.parking import Parked, progress_plan
 from app.jobs.queue import LostJob, enqueue, park
@@ -216,7 +219,9 @@ def _atlas(
     if not isinstance(comparison_id, int):
         model_ids = list(dict.fromkeys(trained[t.key].id for t in plan.trainings))
         body = atlas_body(study, model_ids)
-        comparison_id, _ = submit_comparison(services, body, dispatch=False, parent_id=job.id)
+        comparison_id, _ = submit_comparison(
+            services, body, dispatch=False, parent_id=job.id, requester=study_requester(study)
+        )
     while True:
         with services.db.session() as s:
             # the comparison's job, not the comparison: its result is large and not needed here
@@ -224,11 +229,15 @@ def _atlas(
                 select(Job)
                 .join(Comparison, Comparison.job_id == Job.id)
                 .where(Comparison.id == comparison_id)
+                .with_for_update(of=Job)
             )
             if cmp_job is None:
                 raise analysis.AnalysisError(f"comparison {comparison_id} was deleted")
             if cmp_job.parent_id is None and cmp_job.status.live:
-                cmp_job.parent_id = job.id  # a live identical request: the study waits for it
+                # Adopted, to wake the study when it ends; the study holds it as one requester
+                # (submit_comparison recorded it): cancelling the study withdraws only that.
+                cmp_job.parent_id = job.id
+            s.execute(update(Study).where(Study.id == study.id).values(comparison_id=comparison_id))
             status, owner, error = cmp_job.status, cmp_job.parent_id, cmp_job.error
             cmp_job_id = cmp_job.id
         if status == JobState.SUCCEEDED:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from cachetools import LRUCache, cached
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 import models
 from analysis import AnalysisError
@@ -26,6 +27,7 @@ from analysis.layers import resolve_layers
 from analysis.options import CompareOptions, OptionsError
 from analysis.studies import training_key
 from app.errors import ProblemError
+from app.jobs.cancel import Requester, lock_job, record
 from app.jobs.queue import enqueue
 from app.jobs.requests import COMPARE_FIELDS, ComparisonIn, TrainingIn
 from app.store import repository
@@ -257,17 +259,32 @@ def request_hash(rows: list[Model], ds: Dataset, params: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 
 
+def _joined(session: Session, existing: Comparison, requester: Requester | None) -> bool:
+    """Whether a request joins the identical ``existing`` comparison (its requester recorded
+    while the job is live), rather than computing it again: not when forced (the caller's
+    check), failed, cancelled, or on its way to being cancelled."""
+    job = lock_job(session, existing.job_id)
+    if job is None or job.status in (JobState.FAILED, JobState.CANCELLED) or job.cancel_requested:
+        return False
+    if requester is not None and job.status.live:
+        record(session, job.id, requester)
+    return True
+
+
 def submit_comparison(
     services: Services,
     body: ComparisonIn,
     *,
     dispatch: bool = True,
     parent_id: int | None = None,
+    requester: Requester | None = None,
 ) -> tuple[int, bool]:
     """Queue a comparison, or find the identical one. Returns (comparison id, created).
 
     ``dispatch=False`` leaves the queued job to the caller; ``parent_id``: a new comparison's
-    job is a child of that job (a study's atlas).
+    job is a child of that job (a study's atlas). ``requester`` is recorded as holding the
+    job, a new one or the identical one still queued or running (:mod:`app.jobs.cancel`);
+    None: the service itself, which only an admin may cancel.
     """
     rows, ds, params = validate_comparison(services, body)
     digest = request_hash(rows, ds, params)
@@ -275,12 +292,13 @@ def submit_comparison(
         with services.db.session() as s:
             existing = repository.find_comparison_by_hash(s, digest)
             if existing is not None:
-                rerun = body.force or existing.job.status in (JobState.FAILED, JobState.CANCELLED)
-                if not rerun:
+                if not body.force and _joined(s, existing, requester):
                     return existing.id, False
                 existing.request_hash = None  # superseded; stays readable by id
                 s.flush()
             job = enqueue(s, "comparison", parent_id=parent_id)
+            if requester is not None:
+                record(s, job.id, requester)
             cmp = Comparison(
                 request_hash=digest,
                 params=params,
@@ -296,11 +314,12 @@ def submit_comparison(
             s.flush()
             cmp_id, job_id = cmp.id, job.id
     except IntegrityError:  # an identical request committed first
-        with services.db.session(readonly=True) as s:
+        with services.db.session() as s:
             found = repository.find_comparison_by_hash(s, digest)
-        if found is None:
-            raise
-        return found.id, False
+            if found is None:
+                raise
+            _joined(s, found, requester)  # queued a moment ago: recorded as its requester
+            return found.id, False
     if dispatch:
         services.dispatch(job_id)
     return cmp_id, True
@@ -360,7 +379,10 @@ def training_identity(
     return training_key(body.arch, seeded, body.seed, data.sha256, recipe)
 
 
-def submit_training(services: Services, body: TrainingIn) -> int:
+def submit_training(
+    services: Services, body: TrainingIn, requester: Requester | None = None
+) -> int:
+    """Queue a training; ``requester`` holds its job (see :func:`submit_comparison`)."""
     with services.db.session(readonly=True) as s:
         ds = s.get(Dataset, body.dataset_id)
     if ds is None:
@@ -388,6 +410,8 @@ def submit_training(services: Services, body: TrainingIn) -> int:
     params["config"] = {**config, "seed": body.seed} if "seed" in config else config
     with services.db.session() as s:
         job = enqueue(s, "training")
+        if requester is not None:
+            record(s, job.id, requester)
         tr = Training(
             arch=body.arch,
             dataset_id=ds.id,

@@ -37,6 +37,7 @@ __all__ = [
     "ComparisonModel",
     "Dataset",
     "Job",
+    "JobRequester",
     "JobState",
     "Model",
     "Study",
@@ -210,6 +211,33 @@ class Job(Base):
     )
     shard: Mapped[int | None] = mapped_column(Integer)
     detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # When a worker's reaper last published this queued job to the broker again (its message
+    # may have been lost; app.jobs.reaper.republish_queued): at most once per grace.
+    published_at: Mapped[datetime | None] = mapped_column()
+    # Who asked for it (app.jobs.cancel), loaded with the job for its views.
+    requesters: Mapped[list[JobRequester]] = relationship(
+        lazy="selectin", order_by="JobRequester.created_at", viewonly=True
+    )
+
+
+class JobRequester(Base):
+    """Who asked for a job, one row each: a deduplicated job is shared by its requesters.
+
+    ``requester`` is a token (``token:ID`` for a database token, ``env:DIGEST`` for one of
+    ``CKA_API_TOKENS``), ``anonymous`` when no token is configured (the laptop mode: one
+    requester), or a study (``study:ID``) whose atlas it is. A cancel withdraws the
+    requester's interest (``withdrawn_at``); the job stops when every requester has withdrawn
+    (app.jobs.cancel). A job that is part of another (a shard, a study's training) has no row:
+    its parent holds it.
+    """
+
+    __tablename__ = "job_requesters"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    requester: Mapped[str] = mapped_column(String(80), primary_key=True, index=True)
+    label: Mapped[str | None] = mapped_column(String(200))  # the token's or the study's name
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    withdrawn_at: Mapped[datetime | None] = mapped_column()
 
 
 class JobProduct:

@@ -4,6 +4,10 @@ Holds the database, the artifact store, and LRU caches of loaded checkpoints and
 (a checkpoint is loaded once per process and leased to one job at a time, because
 activation extraction may attach hooks to the module). ``dispatch`` hands a new job to
 whichever worker runs jobs in this deployment: the in-process pool or Celery.
+
+A process builds its services once, in :func:`app.jobs.runtime.compose` (the composition
+root, which chooses the dispatch and attaches the worker), and never changes them after:
+:class:`Services` is a frozen dataclass, so a reassignment fails under mypy and at run time.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,7 +27,7 @@ from app.store.checkpoints import load_checkpoint
 from app.store.db import Database
 from app.store.settings import Settings
 
-__all__ = ["LRU", "Services", "resolve_device"]
+__all__ = ["LRU", "Services", "nowhere", "resolve_device"]
 
 
 def resolve_device(name: str) -> str:
@@ -71,17 +76,41 @@ class LRU:
             yield out
 
 
+def nowhere(_job_id: int) -> None:
+    """The dispatch of a process that runs no jobs and tells no worker: a new job waits in the
+    database for a worker that polls it (``cka-atlas worker``, a server's embedded pool)."""
+
+
+@dataclass(frozen=True, eq=False, init=False, repr=False)  # repr: settings hold secrets
 class Services:
     """Settings, database, artifact store and caches shared by the API and the workers."""
 
-    def __init__(self, settings: Settings, db: Database | None = None) -> None:
-        self.settings = settings
-        self.db = db or Database(settings.resolved_database_url)
-        self.store = ArtifactStore(settings.data_dir)
-        self.device = resolve_device(settings.device)
-        self.models = LRU(settings.model_cache_size, self._load_model)
-        self.datasets = LRU(4, self._load_dataset)
-        self.dispatch: Callable[[int], None] = lambda job_id: None
+    settings: Settings
+    db: Database
+    store: ArtifactStore
+    device: str
+    models: LRU
+    datasets: LRU
+    dispatch: Callable[[int], None]
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database | None = None,
+        *,
+        dispatch: Callable[[int], None] = nowhere,
+    ) -> None:
+        fields = {
+            "settings": settings,
+            "db": db or Database(settings.resolved_database_url),
+            "store": ArtifactStore(settings.data_dir),
+            "device": resolve_device(settings.device),
+            "models": LRU(settings.model_cache_size, self._load_model),
+            "datasets": LRU(4, self._load_dataset),
+            "dispatch": dispatch,
+        }
+        for name, value in fields.items():  # the frozen dataclass's own way to set its fields
+            object.__setattr__(self, name, value)
 
     def _load_model(self, sha: str) -> Any:
         model, _meta = load_checkpoint(self.store, sha)

@@ -88,6 +88,13 @@ class Settings(BaseSettings):
     stale_after_s: float = Field(
         default=120.0, gt=0, description="A running job without heartbeat this long is re-queued."
     )
+    queued_grace_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A job queued this long that no worker has taken is published to the "
+        "Celery workers again by an idle worker's reaper, at most once per this interval (a "
+        "broker that lost its message, or could not be reached when the job was queued).",
+    )
     max_attempts: int = Field(
         default=5,
         ge=1,

@@ -6,7 +6,10 @@
    test's own throwaway server, never the one the rest of the suite uses);
 4. the artifact store read-only, and full: the job fails with a sentence, nothing half
    written, and succeeds once the fault is cleared;
-5. 20 concurrent identical requests: one job, held by the database's unique constraint.
+5. 20 concurrent identical requests: one job, held by the database's unique constraint;
+6. 10 plain and 10 forced deletes of one model in use, at once: 204, 404 or 409, never 500;
+7. the broker restarted without persistence, with a job waiting in it and one posted while it
+   was down: a worker's reaper publishes both again, and each runs once (issue 36).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from tests.app.fault_tools import (
     upload_dataset,
 )
 from tests.helpers import FINAL, digits_id, make_settings, register, run_until_final, wait
-from tests.servers import PgServer, free_port
+from tests.servers import PgServer, RedisServer, free_port
 
 
 def submit_slow(client: TestClient, zoo: dict[str, Path], data: Path) -> tuple[Database, int]:
@@ -371,3 +374,116 @@ def test_twenty_concurrent_identical_requests_make_one_job(
             )
         )
         s.flush()
+
+
+# 6. Concurrent deletes of what a queued comparison uses -----------------------------------
+
+
+def test_concurrent_plain_and_forced_deletes_answer_204_404_or_409(
+    idle_client: TestClient, zoo: dict[str, Path], tmp_path: Path
+) -> None:
+    """10 plain and 10 ``force`` deletes of one model, then of one dataset, that a queued
+    comparison uses, fired together from 20 threads: each answer is 204, 404 or 409 (one
+    204 in all), never a 500, and nothing of the comparison is left."""
+    client = idle_client
+    ids = register(client, zoo, "mixer_digits", "sw_mlp_digits")
+    images = np.random.default_rng(0).random((8, 1, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "eight.npz", x=images)
+    ds = upload_dataset(client, tmp_path / "eight.npz")
+    for dataset in (digits_id(client), ds):
+        r = client.post("/v1/comparisons", json={"model_ids": ids, "dataset_id": dataset})
+        assert r.status_code == 202, r.text
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+
+    def storm(url: str) -> list[int]:
+        start = threading.Barrier(20)
+
+        def fire(k: int) -> int:
+            start.wait(timeout=30)
+            return client.delete(url, params={"force": k % 2 == 0}).status_code
+
+        with ThreadPoolExecutor(20) as pool:
+            return list(pool.map(fire, range(20)))
+
+    for url in (f"/v1/models/{ids[0]}", f"/v1/datasets/{ds}"):
+        codes = storm(url)
+        assert set(codes) <= {204, 404, 409} and codes.count(204) == 1, (url, codes)
+        assert client.get(url).status_code == 404
+    with services.db.session(readonly=True) as s:  # both comparisons went with the model
+        assert s.scalar(select(func.count()).select_from(Comparison)) == 0
+        assert s.scalar(select(func.count()).select_from(Job)) == 0
+
+
+# 7. The broker restarted without persistence ----------------------------------------------
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A Redis of this test alone, without persistence: stopping it loses its queues."""
+    with RedisServer() as server:
+        yield server
+
+
+def test_a_broker_restarted_without_persistence_loses_no_queued_job(
+    own_redis: RedisServer,
+    settings: Settings,
+    cifar_zoo: dict[str, Path],
+    slow_data: Path,
+    tmp_path: Path,
+) -> None:
+    """One real Celery worker runs a comparison while a second waits in Redis; Redis is
+    stopped (the waiting message is gone), a third comparison is posted while it is down
+    (202: kept and published later), and Redis is started again, empty. Without touching the
+    worker, its reaper publishes both again once they have waited CKA_QUEUED_GRACE_S, and
+    each runs once."""
+    import redis
+
+    queue = f"cka-lost-{uuid.uuid4().hex[:10]}"
+    config = settings.model_copy(
+        update={"broker_url": own_redis.url, "celery_queue": queue, "queued_grace_s": 1.0}
+    )
+    env = service_env(config.resolved_database_url, config.data_dir)
+    env |= {"CKA_BROKER_URL": own_redis.url, "CKA_CELERY_QUEUE": queue, "CKA_QUEUED_GRACE_S": "1"}
+    broker = redis.Redis.from_url(own_redis.url)
+    with TestClient(create_app(config)) as client:  # with a broker the API only enqueues
+        db, first = submit_slow(client, cifar_zoo, slow_data)
+        worker = Proc(["worker"], env, tmp_path / "worker.log")
+        try:
+            poll(lambda: running(db, first), 90, "the worker started the first job", (worker,))
+            ids = [m["id"] for m in client.get(f"/v1/comparisons/{first}").json()["models"]]
+            body = {
+                "model_ids": ids[:1],
+                "dataset_id": job_dataset(client, first),
+                "batch_size": 50,
+            }
+            before = broker.llen(queue)  # the worker's start re-sent the first job too
+            r = client.post("/v1/comparisons", json=body)
+            assert r.status_code == 202, r.text
+            waiting = r.json()["id"]
+            assert broker.llen(queue) == before + 1, "the second job's message is not in Redis"
+            own_redis.stop()
+            assert job_of(db, first).status == "running", "the first job ended too early"
+            r = client.post("/v1/comparisons", json={**body, "model_ids": ids[1:]})
+            assert r.status_code == 202, r.text  # the broker is away: kept, published later
+            late = r.json()["id"]
+            own_redis.start()  # empty: the waiting message is lost
+            assert broker.llen(queue) == 0
+            poll(
+                lambda: all(job_of(db, c).status in FINAL for c in (first, waiting, late)),
+                120,
+                "every comparison finished after the broker's restart",
+                (worker,),
+            )
+        finally:
+            worker.stop(timeout=10)
+            broker.close()
+        jobs = {c: job_of(db, c) for c in (first, waiting, late)}
+        assert all(j.status == "succeeded" and j.attempts == 1 for j in jobs.values()), {
+            c: (j.status, j.attempts, j.error) for c, j in jobs.items()
+        }
+        assert "publishing queued jobs" in worker.output(), worker.output()
+        assert assert_consistent(db)["succeeded"] == 3
+
+
+def job_dataset(client: TestClient, comparison_id: int) -> int:
+    return int(client.get(f"/v1/comparisons/{comparison_id}").json()["dataset_id"])

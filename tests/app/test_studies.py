@@ -25,7 +25,7 @@ import analysis
 from analysis import studies
 from app.cli import main
 from app.http.main import create_app
-from app.jobs.queue import request_cancel
+from app.jobs.cancel import request_cancel
 from app.jobs.run import execute
 from app.store.orm import Comparison
 from app.store.services import Services

@@ -39,8 +39,9 @@ from tests.app.study_tools import TINY, FakeTrainer
 from tests.helpers import digits_id, make_settings, register, wait
 
 # The released schemas in the order they were released (the chain 0001 → 0003 → 0004 →
-# 0002 → 0005); the last is today's head, upgraded as a no-op but kept for the next revision.
-RELEASED = ("0001", "0003", "0004", "0002", "0005")
+# 0002 → 0005 → 0006); the last is today's head, upgraded as a no-op but kept for the next
+# revision.
+RELEASED = ("0001", "0003", "0004", "0002", "0005", "0006")
 SHARDS_SINCE = "0005"
 # Parents before children, so that the copy satisfies every foreign key as it goes.
 TABLES = (
@@ -54,6 +55,7 @@ TABLES = (
     "api_tokens",
     "studies",
     "study_members",
+    "job_requesters",
 )
 # the tiny study with one seed and the RP-Mixer as its only arm
 STUDY = {**TINY, "name": "upgrade", "seeds": 1, "arms": [{"name": "rp", "arch": "rp_mixer_digits"}]}

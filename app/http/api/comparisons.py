@@ -8,7 +8,15 @@ from typing import Annotated, Any
 from fastapi import Query, Response, status
 from sqlalchemy.orm import Session
 
-from app.http.api.deps import ComparisonId, Paging, StatusFilter, Svc, api_router
+from app.http.api.deps import (
+    ComparisonId,
+    Everyone,
+    Paging,
+    Requesting,
+    StatusFilter,
+    Svc,
+    api_router,
+)
 from app.http.api.rows import cancel_job_of, listing, row_or_404, view_of
 from app.http.api.uploads import answer_registered
 from app.http.api.views import comparison_view
@@ -40,15 +48,19 @@ def _views(s: Session, items: Sequence[Comparison]) -> list[dict[str, Any]]:
     responses={200: {"model": ComparisonOut, "description": "An identical comparison exists"}},
     **WRITE,
 )
-def create_comparison(services: Svc, body: ComparisonIn, response: Response) -> dict[str, Any]:
+def create_comparison(
+    services: Svc, body: ComparisonIn, response: Response, who: Requesting
+) -> dict[str, Any]:
     """Validate and queue a comparison (202), or return the identical stored one (200).
 
     Validation happens here, before anything is queued: models and dataset exist, the layer
     selection resolves on every model, the images fit every model's input, and the batch is
     large enough for the estimator. ``force`` recomputes even when an identical one exists;
-    a failed or cancelled identical comparison is always recomputed.
+    a failed or cancelled identical comparison is always recomputed. The caller is recorded
+    as one of the comparison's requesters (``held_by``), of a new one or of the identical one
+    still queued or running.
     """
-    cmp_id, created = submit_comparison(services, body)
+    cmp_id, created = submit_comparison(services, body, requester=who)
     answer_registered(response, f"/v1/comparisons/{cmp_id}", created, new=202)
     return view(services, cmp_id)
 
@@ -84,9 +96,16 @@ def get_comparison(services: Svc, comparison_id: ComparisonId) -> dict[str, Any]
 
 
 @router.post("/{comparison_id}/cancel", response_model=ComparisonOut, **WRITE)
-def cancel_comparison(services: Svc, comparison_id: ComparisonId) -> dict[str, Any]:
-    """Cancel at once if queued; a running job stops after its current batch."""
-    cancel_job_of(services, Comparison, comparison_id)
+def cancel_comparison(
+    services: Svc, comparison_id: ComparisonId, who: Requesting, everyone: Everyone = False
+) -> dict[str, Any]:
+    """Withdraw your interest: the comparison stops once none of its requesters (``held_by``)
+    still wants it — at once if queued, after its current batch if running.
+
+    A token may cancel what it, or a study it owns, requested (403 otherwise); an admin token
+    anything: what it did not request, or with ``everyone``, stops for every requester.
+    """
+    cancel_job_of(services, Comparison, comparison_id, who, everyone)
     return view(services, comparison_id)
 
 

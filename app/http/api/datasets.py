@@ -60,7 +60,8 @@ def get_dataset(services: Svc, dataset_id: DatasetId) -> Dataset:
 @router.delete("/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT, **ADMIN)
 def delete_dataset(services: Svc, dataset_id: DatasetId, force: Force = False) -> Response:
     with services.db.session() as s:
-        row = row_or_404(s, Dataset, dataset_id)
+        row = row_or_404(s, Dataset, dataset_id, with_for_update=True)  # as delete_model
+        file_sha, suffix = row.file_sha256, row.file_suffix or ""
         if row.builtin:
             raise ProblemError(409, "builtin_dataset", f"dataset {row.name} is built in")
         used = repository.comparisons_using_dataset(s, dataset_id)
@@ -74,7 +75,6 @@ def delete_dataset(services: Svc, dataset_id: DatasetId, force: Force = False) -
             )
         paths = gc.delete_comparisons(s, used)
         repository.delete_trainings_of_dataset(s, dataset_id)
-        file_sha, suffix = row.file_sha256, row.file_suffix or ""
         s.delete(row)
     if file_sha:
         services.store.delete(file_sha, suffix)

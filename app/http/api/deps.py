@@ -15,22 +15,27 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 
 from app.http.problems import PROBLEM_RESPONSES, ProblemError
 from app.http.schemas import ID_MAX
+from app.http.security import Principal, require_write
+from app.jobs.cancel import Requester
 from app.store.orm import JobState
 from app.store.services import Services
 
 __all__ = [
     "ComparisonId",
     "DatasetId",
+    "Everyone",
     "Force",
     "ModelId",
     "PageAt",
     "Paging",
+    "Requesting",
     "StatusFilter",
     "TrainingId",
     "api_router",
     "get_services",
     "not_finished",
     "not_found",
+    "requester_of",
 ]
 
 
@@ -50,6 +55,22 @@ ModelId = Annotated[int, Path(ge=1, le=ID_MAX, description="Model id")]
 DatasetId = Annotated[int, Path(ge=1, le=ID_MAX, description="Dataset id")]
 ComparisonId = Annotated[int, Path(ge=1, le=ID_MAX, description="Comparison id")]
 TrainingId = Annotated[int, Path(ge=1, le=ID_MAX, description="Training id")]
+# A cancel's ``?everyone=true``: stop the job for all its requesters, not only the caller.
+Everyone = Annotated[
+    bool,
+    Query(
+        description="Stop it for every requester, rather than withdraw only yours (an admin "
+        "token only; an admin's cancel of what it did not request does so anyway)"
+    ),
+]
+
+
+def requester_of(principal: Annotated[Principal, Depends(require_write)]) -> Requester:
+    """The caller of a write as a job's requester (who asks for a job, who cancels one)."""
+    return principal.requester
+
+
+Requesting = Annotated[Requester, Depends(requester_of)]
 # A delete's ``?force=true``: delete what uses the row too (else 409 while anything does).
 Force = Annotated[
     bool, Query(description="Also delete what uses it: comparisons (a dataset's trainings too)")

@@ -15,12 +15,12 @@ from fastapi import Path, Query
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
-from app.http.api.deps import Paging, StatusFilter, Svc, api_router
+from app.http.api.deps import Everyone, Paging, Requesting, StatusFilter, Svc, api_router
 from app.http.api.rows import listing, row_or_404, view_of
 from app.http.api.views import job_fields
 from app.http.schemas import ID_MAX, JobFields, Page
 from app.http.security import READ, WRITE
-from app.jobs.queue import request_cancel
+from app.jobs.cancel import cancel
 from app.store import repository
 from app.store.orm import Job
 
@@ -130,9 +130,17 @@ def get_job(services: Svc, job_id: JobId) -> dict[str, Any]:
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, **WRITE)
-def cancel_job(services: Svc, job_id: JobId) -> dict[str, Any]:
-    """Cancel at once if queued; a running job stops at its next batch or training step."""
+def cancel_job(
+    services: Svc, job_id: JobId, who: Requesting, everyone: Everyone = False
+) -> dict[str, Any]:
+    """Withdraw your interest in the job; it stops once nobody holds it (``held_by``): at once
+    if queued, at its next batch or training step if running. A shard or a study's training
+    is cancelled through the job it belongs to: your interest in that is withdrawn.
+
+    A token may cancel what it, or a study it owns, requested (403 otherwise); an admin token
+    anything: what it did not request, or with ``everyone``, stops for every requester.
+    """
     with services.db.session() as s:
         row_or_404(s, Job, job_id)
-        request_cancel(s, job_id)
+        cancel(s, job_id, who, what=f"job {job_id}", everyone=everyone)
     return _one(services, job_id)

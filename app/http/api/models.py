@@ -218,7 +218,10 @@ def download_sidecar(services: Svc, model_id: ModelId) -> dict[str, Any]:
 @router.delete("/{model_id}", status_code=status.HTTP_204_NO_CONTENT, **ADMIN)
 def delete_model(services: Svc, model_id: ModelId, force: Force = False) -> Response:
     with services.db.session() as s:
-        row = row_or_404(s, Model, model_id)
+        # Locked until the delete commits: a concurrent delete waits here, then finds no
+        # row (404) instead of a row deleted under it (PostgreSQL; SQLite's writers queue).
+        row = row_or_404(s, Model, model_id, with_for_update=True)
+        sha = row.sha256
         used = repository.comparisons_using_model(s, model_id)
         if used and not force:
             raise ProblemError(
@@ -229,7 +232,6 @@ def delete_model(services: Svc, model_id: ModelId, force: Force = False) -> Resp
                 field="force",
             )
         paths = gc.delete_comparisons(s, used)
-        sha = row.sha256
         s.delete(row)
     services.store.delete(sha, ".safetensors")
     services.store.delete(sha, ".json")

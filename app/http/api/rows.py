@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from sqlalchemy.orm import Session
 
 from app.http.api.deps import PageAt, not_found
-from app.jobs.queue import request_cancel
+from app.jobs.cancel import Requester, cancel
 from app.store.orm import Comparison, Study, Training
 from app.store.services import Services
 
@@ -29,11 +29,17 @@ def row_or_404(session: Session, table: type[Row], ident: int, **options: Any) -
 
 
 def cancel_job_of(
-    services: Services, table: type[Comparison | Training | Study], ident: int
+    services: Services,
+    table: type[Comparison | Training | Study],
+    ident: int,
+    who: Requester,
+    everyone: bool = False,
 ) -> None:
-    """Ask the job behind a row to stop: at once if queued, a running one at its next step."""
+    """Withdraw ``who``'s interest in the job behind a row; once nobody holds it, it stops:
+    at once if queued, a running one at its next step (:func:`app.jobs.cancel.cancel`)."""
     with services.db.session() as s:
-        request_cancel(s, row_or_404(s, table, ident).job_id)
+        job_id = row_or_404(s, table, ident).job_id
+        cancel(s, job_id, who, what=f"{table.__name__.lower()} {ident}", everyone=everyone)
 
 
 def each(view: Callable[[Row], View]) -> Callable[[Session, Sequence[Row]], list[View]]:

@@ -8,7 +8,15 @@ from fastapi import Path, Query, Response, status
 from sqlalchemy import select
 from sqlalchemy.orm import object_session
 
-from app.http.api.deps import Paging, StatusFilter, Svc, api_router, not_finished
+from app.http.api.deps import (
+    Everyone,
+    Paging,
+    Requesting,
+    StatusFilter,
+    Svc,
+    api_router,
+    not_finished,
+)
 from app.http.api.rows import cancel_job_of, each, listing, row_or_404, view_of
 from app.http.api.views import job_fields
 from app.http.schemas import ID_MAX, Page, StudyIn, StudyOut
@@ -112,7 +120,9 @@ def _get(services: Svc, study_id: int) -> Study:
 
 
 @router.post("", response_model=StudyOut, status_code=status.HTTP_202_ACCEPTED, **WRITE)
-def create_study(services: Svc, body: StudyIn, response: Response) -> dict[str, Any]:
+def create_study(
+    services: Svc, body: StudyIn, response: Response, who: Requesting
+) -> dict[str, Any]:
     """Check and queue a study (202); poll the Location until ``status`` is final.
 
     The spec is expanded here: an invalid spec, an option a preset does not take, a dataset
@@ -120,7 +130,7 @@ def create_study(services: Svc, body: StudyIn, response: Response) -> dict[str, 
     Trainings whose key (arch, options, seed, dataset, recipe) already has a model are
     reused, not trained again.
     """
-    study_id, _ = submit_study(services, body)
+    study_id, _ = submit_study(services, body, requester=who)
     response.headers["Location"] = f"/v1/studies/{study_id}"
     return _detail(services, study_id)
 
@@ -145,10 +155,16 @@ def get_study(services: Svc, study_id: StudyId) -> dict[str, Any]:
 
 
 @router.post("/{study_id}/cancel", response_model=StudyOut, **WRITE)
-def cancel_study(services: Svc, study_id: StudyId) -> dict[str, Any]:
+def cancel_study(
+    services: Svc, study_id: StudyId, who: Requesting, everyone: Everyone = False
+) -> dict[str, Any]:
     """Cancel at once if queued; a running study stops after its current training (or at the
-    comparison's next batch)."""
-    cancel_job_of(services, Study, study_id)
+    comparison's next batch). A comparison it adopted from another requester is not stopped:
+    the study only stops holding it.
+
+    Only its requester (or an admin token) may; see the comparisons' cancel.
+    """
+    cancel_job_of(services, Study, study_id, who, everyone)
     return _detail(services, study_id)
 
 

@@ -6,7 +6,15 @@ from typing import Any
 
 from fastapi import Response, status
 
-from app.http.api.deps import Paging, StatusFilter, Svc, TrainingId, api_router
+from app.http.api.deps import (
+    Everyone,
+    Paging,
+    Requesting,
+    StatusFilter,
+    Svc,
+    TrainingId,
+    api_router,
+)
 from app.http.api.rows import cancel_job_of, each, listing, view_of
 from app.http.api.views import training_view
 from app.http.schemas import Page, TrainingIn, TrainingOut
@@ -25,9 +33,11 @@ def _view(services: Svc, training_id: int) -> dict[str, Any]:
 
 
 @router.post("", response_model=TrainingOut, status_code=status.HTTP_202_ACCEPTED, **WRITE)
-def create_training(services: Svc, body: TrainingIn, response: Response) -> dict[str, Any]:
+def create_training(
+    services: Svc, body: TrainingIn, response: Response, who: Requesting
+) -> dict[str, Any]:
     """Queue a training run; poll the Location until ``status`` is final, then use ``model_id``."""
-    tr_id = submit_training(services, body)
+    tr_id = submit_training(services, body, requester=who)
     response.headers["Location"] = f"/v1/trainings/{tr_id}"
     return _view(services, tr_id)
 
@@ -43,7 +53,12 @@ def get_training(services: Svc, training_id: TrainingId) -> dict[str, Any]:
 
 
 @router.post("/{training_id}/cancel", response_model=TrainingOut, **WRITE)
-def cancel_training(services: Svc, training_id: TrainingId) -> dict[str, Any]:
-    """Cancel a queued training now; a running one stops after its current training step."""
-    cancel_job_of(services, Training, training_id)
+def cancel_training(
+    services: Svc, training_id: TrainingId, who: Requesting, everyone: Everyone = False
+) -> dict[str, Any]:
+    """Cancel a queued training now; a running one stops after its current training step.
+
+    Only its requester (or an admin token) may; see the comparisons' cancel.
+    """
+    cancel_job_of(services, Training, training_id, who, everyone)
     return _view(services, training_id)

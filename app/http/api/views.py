@@ -8,7 +8,16 @@ from typing import Any
 
 from app.store.orm import Comparison, Job, JobState, Training
 
-__all__ = ["comparison_view", "job_fields", "training_view"]
+__all__ = ["comparison_view", "held_by", "job_fields", "training_view"]
+
+
+def held_by(job: Job) -> list[dict[str, Any]]:
+    """Who still wants the job: its requesters that have not cancelled (app.jobs.cancel)."""
+    return [
+        {"requester": r.requester, "label": r.label, "since": r.created_at}
+        for r in job.requesters
+        if r.withdrawn_at is None
+    ]
 
 
 def job_fields(job: Job) -> dict[str, Any]:
@@ -26,6 +35,7 @@ def job_fields(job: Job) -> dict[str, Any]:
         "attempts": job.attempts,
         "started_at": started,
         "finished_at": finished,
+        "held_by": held_by(job),
     }
 
 

@@ -10,6 +10,7 @@
 
   const STATES = window.cka.states;
   const LIVE = STATES.LIVE;
+  let released = ""; /* set when your cancel left the comparison to its other requesters */
   const $ = function (id) { return document.getElementById(id); };
   const meta = JSON.parse($("comparison-meta").textContent);
   let atlas = JSON.parse($("atlas-data").textContent);
@@ -183,7 +184,8 @@
     $("progress-label").textContent =
       c.status === STATES.QUEUED ? "Waiting for a worker" : c.status === STATES.RUNNING ? "Computing" : "Finished";
     $("progress-eta").textContent = c.eta_s !== null && c.eta_s !== undefined && c.status === STATES.RUNNING
-      ? "about " + window.cka.formatDuration(c.eta_s) + " left" : "\u00a0";
+      ? "about " + window.cka.formatDuration(c.eta_s) + " left" + (released ? "; " + released : "")
+      : released || "\u00a0";
     if (!LIVE.includes(c.status)) {
       $("progress").classList.remove("live");
       const cancel = $("cancel");
@@ -210,7 +212,12 @@
     cancel.addEventListener("click", async function () {
       cancel.disabled = true;
       try {
-        update((await window.cka.api("POST", "/v1/comparisons/" + meta.id + "/cancel")).data);
+        const c = (await window.cka.api("POST", "/v1/comparisons/" + meta.id + "/cancel")).data;
+        const others = (c.held_by || []).map(function (h) { return h.label || h.requester; });
+        if (LIVE.includes(c.status) && others.length) {
+          released = "you no longer hold it; it carries on for " + others.join(", ");
+        }
+        update(c);
       } catch (e) {
         cancel.disabled = false;
         $("progress-eta").textContent = e.status === 401 ? "Sign in to cancel." : e.message;

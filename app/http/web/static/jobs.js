@@ -38,15 +38,18 @@
 
   async function cancel(button) {
     const id = button.getAttribute("data-cancel");
-    if (!window.confirm("Cancel job " + id + "? Its parts are cancelled with it.")) return;
+    if (!window.confirm("Cancel job " + id + "? It stops once nobody else holds it, its parts with it.")) return;
     button.disabled = true;
     try {
-      await window.cka.api("POST", "/v1/jobs/" + id + "/cancel");
+      const job = (await window.cka.api("POST", "/v1/jobs/" + id + "/cancel")).data;
       button.remove();
-      show("Job " + id + ": cancel requested.");
+      const others = (job.held_by || []).map(function (h) { return h.label || h.requester; });
+      show(others.length
+        ? "Job " + id + ": you no longer hold it; it carries on for " + others.join(", ") + "."
+        : "Job " + id + ": cancel requested.");
     } catch (e) {
       button.disabled = false;
-      show(e.status === 401 || e.status === 403 ? "Sign in to cancel jobs." : e.message);
+      show(e.status === 401 ? "Sign in to cancel jobs." : e.message);
     }
   }
 
