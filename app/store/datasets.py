@@ -98,8 +98,7 @@ def register_dataset_file(
     stem = _SAFE_STEM.sub("_", Path(filename or "").stem)[:100].strip("._") or "upload"
     typed = path.rename(path.with_name(f"{stem}{suffix}"))
     data = load_dataset(typed)  # validates before anything is stored
-    with typed.open("rb") as f:
-        file_sha, size = services.store.put_stream(f, suffix)
+    file_sha, size = services.store.put_file(typed, suffix)  # moved, not copied
     services.datasets.get(f"file:{file_sha}{suffix}")  # warm the cache for the first job
     label = name or clean_name(Path(filename or "").stem) or clean_name(data.name) or "dataset"
     row = _row(
