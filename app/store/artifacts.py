@@ -97,8 +97,8 @@ def store_error(root: Path, exc: BaseException) -> StoreError | None:
     return StoreError(code or errno.EIO, text)
 
 
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / (1 << 20):.1f} MiB"
+def _amount(nbytes: int) -> str:
+    return f"{nbytes} bytes" if nbytes < 1 << 20 else f"{nbytes / (1 << 20):.1f} MiB"
 
 
 class ArtifactStore:
@@ -211,8 +211,8 @@ class ArtifactStore:
         if nbytes > free:
             raise StoreError(
                 errno.ENOSPC,
-                f"{what} needs {_mib(nbytes)} and the artifact store at {self.root} has "
-                f"{_mib(free)} free; free some space (`cka-atlas gc`, or delete what is no "
+                f"{what} needs {_amount(nbytes)} and the artifact store at {self.root} has "
+                f"{_amount(free)} free; free some space (`cka-atlas gc`, or delete what is no "
                 "longer needed) and try again",
             )
 

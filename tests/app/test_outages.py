@@ -187,7 +187,10 @@ def test_an_upload_takes_its_size_once_and_507_when_it_does_not_fit(
             assert r.headers["content-type"] == "application/problem+json"
             assert r.json()["code"] == "storage_error"
             assert r.json()["detail"].startswith("the upload "), r.text
-            assert "MiB free; free some space" in r.json()["detail"], r.text
+            assert (
+                f"needs {size} bytes and the artifact store at {store} has " in r.json()["detail"]
+            )
+            assert "free; free some space" in r.json()["detail"], r.text
             assert stored_files(store) == before
             assert not list((store / "tmp").iterdir())
     finally:
