@@ -9,9 +9,7 @@ from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
-from analysis import DatasetError
-from analysis.datasets import describe_dataset
-from analysis.errors import DatasetTooLarge
+from analysis import DatasetError, DatasetTooLarge, describe_dataset
 from app.store import repository
 from app.store.orm import Dataset
 from app.store.services import Services

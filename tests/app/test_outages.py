@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -44,13 +43,6 @@ def assert_retry_later(r: httpx.Response, code: str, what: str) -> None:
     assert r.json()["code"] == code, (what, r.text)
     assert int(r.headers["retry-after"]) > 0, what
     assert "\n" not in r.json()["detail"], r.text
-
-
-@pytest.fixture
-def own_pg() -> Iterator[PgServer]:
-    """A PostgreSQL server of this test alone: stopping it disturbs no other test."""
-    with PgServer() as server:
-        yield server
 
 
 def test_a_stopped_database_answers_503_with_retry_after_and_recovers(
