@@ -24,7 +24,7 @@ from PIL import Image
 
 from analysis.errors import DatasetError, DatasetTooLarge
 from analysis.images import ImageFiles, files_sha256, open_image, peek_image
-from analysis.npz import SLICE_BYTES, NpzArchive
+from analysis.npz import NpzArchive, rows_per_slice
 from models.archives import ArchiveError, open_zip, read_entry, safe_entries
 
 __all__ = [
@@ -146,8 +146,7 @@ def content_sha256(x: np.ndarray, y: np.ndarray | None) -> str:
 
 def _slices(x: np.ndarray) -> Iterator[np.ndarray]:
     """``x`` in slices along its first axis of about SLICE_BYTES each (views, no copies)."""
-    row = max(1, math.prod(x.shape[1:]) * x.itemsize)
-    step = max(1, SLICE_BYTES // row)
+    step = rows_per_slice(math.prod(x.shape[1:]) * x.itemsize)
     for start in range(0, len(x), step):
         yield x[start : start + step]
 
@@ -163,15 +162,10 @@ def _check_decoded(shape: tuple[int, ...], name: str, max_decoded: int | None) -
 
 
 def _size(nbytes: int) -> str:
-    """Bytes in words: ``768 bytes``, ``1.5 MiB``."""
-    if nbytes < 1024:
+    """Bytes in words: exact below a MiB (``2560 bytes``), else ``1.5 MiB``, ``2.0 GiB``."""
+    if nbytes < 1 << 20:
         return f"{nbytes} bytes"
-    value = float(nbytes)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            break
-    return f"{value:.1f} {unit}"
+    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes < 1 << 30 else f"{nbytes / (1 << 30):.1f} GiB"
 
 
 def describe_dataset(spec: str | Path, *, max_decoded: int | None = None) -> DatasetInfo:

@@ -28,11 +28,17 @@ from analysis.errors import DatasetError
 from analysis.images import reason
 from models.archives import ArchiveError, safe_entries
 
-__all__ = ["SLICE_BYTES", "NpyHeader", "NpzArchive"]
+__all__ = ["SLICE_BYTES", "NpyHeader", "NpzArchive", "rows_per_slice"]
 
 # What one slice of an array holds at most (at least one row along the first axis).
 SLICE_BYTES = 4 << 20
 _UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+def rows_per_slice(row_bytes: int, max_bytes: int | None = None) -> int:
+    """How many rows of ``row_bytes`` one slice holds: ``max_bytes`` (default SLICE_BYTES)
+    worth, and at least one."""
+    return max(1, (max_bytes or SLICE_BYTES) // max(row_bytes, 1))
 
 
 @dataclass(frozen=True)
@@ -128,17 +134,17 @@ class NpzArchive:
         array: np.ndarray = np.frombuffer(data, header.dtype).reshape(header.shape, order=order)
         return array
 
-    def slices(self, key: str, max_bytes: int = SLICE_BYTES) -> Iterator[np.ndarray]:
+    def slices(self, key: str, max_bytes: int | None = None) -> Iterator[np.ndarray]:
         """Array ``key`` in C-ordered slices along its first axis, each of at most
-        ``max_bytes`` (or one row). A Fortran-ordered array has its first axis scattered
-        through the file, so it is read whole first (its declared size, bounded by the
-        caller) and sliced after."""
+        ``max_bytes`` (default SLICE_BYTES; at least one row). A Fortran-ordered array has
+        its first axis scattered through the file, so it is read whole first (its declared
+        size, bounded by the caller) and sliced after."""
         header = self.arrays[key]
         if not header.shape:
             raise DatasetError(f"'{self.name}' array '{key}' is a scalar, not an array.")
         n, row_shape = header.shape[0], header.shape[1:]
         row = math.prod(row_shape) * header.dtype.itemsize
-        rows = max(1, max_bytes // row) if row else max(n, 1)
+        rows = rows_per_slice(row, max_bytes) if row else max(n, 1)
         if header.fortran_order and len(row_shape) > 0:
             whole = self.read(key)
             for start in range(0, n, rows):

@@ -74,6 +74,6 @@ def test_a_dataset_over_the_budget_is_refused_from_its_headers(settings: Setting
         r = client.post("/v1/datasets", files={"file": ("bomb.npz", bomb)})
         body = assert_problem(r, 422, "dataset_too_large", "file")
         assert body["detail"] == (
-            "'bomb.npz' holds 4 images of 1×8×8: 1.0 KiB as float32, more than the 1000 bytes "
+            "'bomb.npz' holds 4 images of 1×8×8: 1024 bytes as float32, more than the 1000 bytes "
             "allowed by CKA_MAX_DATASET_BYTES."
         )
