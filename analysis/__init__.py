@@ -17,9 +17,22 @@ from __future__ import annotations
 
 from analysis.atlas import Atlas
 from analysis.baselines import random_init_twin
-from analysis.datasets import ImageDataset, load_dataset, training_data
+from analysis.datasets import (
+    DatasetInfo,
+    ImageDataset,
+    describe_dataset,
+    load_dataset,
+    training_data,
+)
 from analysis.engine import cka_from_features, compare
-from analysis.errors import AnalysisError, Cancelled, DatasetError, EstimatorError, LayerError
+from analysis.errors import (
+    AnalysisError,
+    Cancelled,
+    DatasetError,
+    DatasetTooLarge,
+    EstimatorError,
+    LayerError,
+)
 from analysis.gram_cache import DirectoryGramCache, GramCache
 from analysis.layers import default_layers, resolve_layers
 from analysis.options import CompareOptions, OptionsError, option_specs
@@ -33,6 +46,8 @@ __all__ = [
     "Cancelled",
     "CompareOptions",
     "DatasetError",
+    "DatasetInfo",
+    "DatasetTooLarge",
     "DirectoryGramCache",
     "EstimatorError",
     "GramCache",
@@ -47,6 +62,7 @@ __all__ = [
     "compare",
     "compare_partial",
     "default_layers",
+    "describe_dataset",
     "load_dataset",
     "option_specs",
     "random_init_twin",

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from models.errors import InputError
 
-__all__ = ["AnalysisError", "Cancelled", "DatasetError", "EstimatorError", "LayerError"]
+__all__ = [
+    "AnalysisError",
+    "Cancelled",
+    "DatasetError",
+    "DatasetTooLarge",
+    "EstimatorError",
+    "LayerError",
+]
 
 
 class AnalysisError(InputError):
@@ -19,6 +26,13 @@ class DatasetError(AnalysisError):
     """A dataset could not be read or does not hold images of the expected form."""
 
     code = "invalid_dataset"
+
+
+class DatasetTooLarge(DatasetError):
+    """A dataset whose images, as float32, would take more bytes than allowed: decided from
+    its headers, before any image is decoded."""
+
+    code = "dataset_too_large"
 
 
 class LayerError(AnalysisError):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,13 +20,21 @@ from PIL import Image
 
 from analysis.errors import DatasetError
 
-__all__ = ["ImageFiles", "open_image", "reason", "thumbnail"]
+__all__ = ["ImageFiles", "files_sha256", "open_image", "peek_image", "reason", "thumbnail"]
 
 _HASH_VERSION = b"cka-atlas-image-files-v1"
 
 
-def open_image(data: bytes, where: str = "image", budget: int | None = None) -> Image.Image:
-    """Decode one image file: the one decoder of uploaded images (folders, batches, thumbnails).
+_DECODE_ERRORS = (
+    OSError,
+    ValueError,
+    Image.DecompressionBombError,
+    Image.DecompressionBombWarning,
+)
+
+
+def peek_image(data: bytes, where: str = "image", budget: int | None = None) -> Image.Image:
+    """One image file's header (size, mode), its pixels not decoded yet.
 
     ``budget`` bounds the decoded bytes (width × height × bands), checked from the header
     before the pixels are decoded: a small PNG can declare a huge canvas. Pillow's own bomb
@@ -36,21 +45,26 @@ def open_image(data: bytes, where: str = "image", budget: int | None = None) -> 
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
             decoded = image.width * image.height * len(image.getbands())
-            too_big = budget is not None and decoded > budget
-            if not too_big:
-                image.load()
-    except (
-        OSError,
-        ValueError,
-        Image.DecompressionBombError,
-        Image.DecompressionBombWarning,
-    ) as exc:
+    except _DECODE_ERRORS as exc:
         raise DatasetError(f"'{where}' is not a readable image ({reason(exc)}).") from exc
-    if too_big:
+    if budget is not None and decoded > budget:
         raise DatasetError(
             f"'{where}' is {image.width}×{image.height}: the images decode to more than the "
             "bytes a dataset may hold."
         )
+    return image
+
+
+def open_image(data: bytes, where: str = "image", budget: int | None = None) -> Image.Image:
+    """Decode one image file: the one decoder of uploaded images (folders, batches, thumbnails),
+    after :func:`peek_image`'s checks."""
+    image = peek_image(data, where, budget)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image.load()
+    except _DECODE_ERRORS as exc:
+        raise DatasetError(f"'{where}' is not a readable image ({reason(exc)}).") from exc
     return image
 
 
@@ -71,6 +85,15 @@ def thumbnail(image: Image.Image, side: int = 96) -> bytes:
     return buf.getvalue()
 
 
+def files_sha256(digests: Iterable[bytes], labels: np.ndarray) -> str:
+    """The content hash of image files: their sha256 digests and labels, in order."""
+    digest = hashlib.sha256(_HASH_VERSION)
+    for file_digest, label in zip(digests, labels.tolist(), strict=True):
+        digest.update(file_digest)
+        digest.update(int(label).to_bytes(8, "little", signed=True))
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True, eq=False)
 class ImageFiles:
     """Original image files with labels: the raw form every model's pipeline reads."""
@@ -88,11 +111,8 @@ class ImageFiles:
         if not self.blobs or len(self.blobs) != len(self.y) or len(self.paths) != len(self.y):
             raise DatasetError(f"'{self.name}' needs one path and one label per image")
         if not self.sha256:
-            digest = hashlib.sha256(_HASH_VERSION)
-            for blob, label in zip(self.blobs, self.y.tolist(), strict=True):
-                digest.update(hashlib.sha256(blob).digest())
-                digest.update(int(label).to_bytes(8, "little", signed=True))
-            object.__setattr__(self, "sha256", digest.hexdigest())
+            digests = (hashlib.sha256(blob).digest() for blob in self.blobs)
+            object.__setattr__(self, "sha256", files_sha256(digests, self.y))
 
     def __len__(self) -> int:
         return len(self.blobs)

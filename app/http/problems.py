@@ -3,6 +3,8 @@
 Every error the API returns goes through here, including FastAPI's validation errors and
 Starlette's 404/405, so a client only ever parses one error shape. Every error a user can
 cause carries its own code, and :mod:`app.errors` gives its status, so one handler maps them.
+A part the service needs being away (the database, the broker) is 503 with ``Retry-After``:
+the client retries later, and only a bug answers 500.
 """
 
 from __future__ import annotations
@@ -14,18 +16,26 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from kombu.exceptions import OperationalError as BrokerError
 from pydantic import BaseModel, Field
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeout
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import LIBRARY_STATUSES, AtlasError, ProblemError, problem_of
 from app.store.artifacts import StoreError
+from app.store.db import is_transient
 
 __all__ = [
     "PROBLEM_RESPONSES",
+    "RETRY_AFTER_S",
     "Problem",
     "ProblemError",
     "install_problem_handlers",
     "problem_response",
+    "unavailable",
 ]
 
 log = logging.getLogger(__name__)
@@ -49,6 +59,12 @@ _STATUS_CODES = {
     500: "internal_error",
     503: "unavailable",
 }
+
+# Seconds a client is told to wait when the database or the broker is away (a restart, a
+# lost connection): long enough not to hammer it, short enough to notice it is back.
+RETRY_AFTER_S = 5
+DATABASE_ERRORS: tuple[type[Exception], ...] = (DBAPIError, PoolTimeout)
+BROKER_ERRORS: tuple[type[Exception], ...] = (BrokerError, RedisConnectionError, RedisTimeout)
 
 
 class Problem(BaseModel):
@@ -151,6 +167,43 @@ def install_problem_handlers(app: FastAPI) -> None:
         log.exception("unhandled error", exc_info=exc)
         return problem_response(500, "internal_error", "internal error; see the server log")
 
+    async def _part_away(request: Request, exc: Exception) -> JSONResponse:
+        answer = unavailable(exc)
+        if answer is None:  # a database error that is not an outage (a constraint, a bug)
+            return await _unexpected(request, exc)
+        code, detail = answer
+        log.warning(
+            "%s %s answered 503: %s (%s)",
+            request.method,
+            request.url.path,
+            detail,
+            _first_line(exc),
+        )
+        return problem_response(503, code, detail, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    for away in (*DATABASE_ERRORS, *BROKER_ERRORS):
+        app.add_exception_handler(away, _part_away)
+
+
+def unavailable(exc: BaseException) -> tuple[str, str] | None:
+    """``(code, sentence)`` of an error that means a part is away, else None."""
+    if isinstance(exc, DATABASE_ERRORS) and is_transient(exc):
+        return (
+            "database_unavailable",
+            f"the database cannot be reached right now; retry in {RETRY_AFTER_S} seconds",
+        )
+    if isinstance(exc, BROKER_ERRORS):
+        return (
+            "broker_unavailable",
+            f"the job queue (broker) cannot be reached right now; retry in {RETRY_AFTER_S} seconds",
+        )
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
 
 def _problem_doc(description: str) -> dict[str, Any]:
     return {"model": Problem, "description": description, "content": {MEDIA_TYPE: {}}}
@@ -163,4 +216,10 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     409: _problem_doc("The request conflicts with the current state."),
     413: _problem_doc("The upload exceeds CKA_MAX_UPLOAD_BYTES."),
     422: _problem_doc("Invalid input; `field` names the offending field."),
+    503: _problem_doc(
+        "The database or the job queue is away for now (`database_unavailable`, "
+        "`broker_unavailable`: retry after `Retry-After` seconds), or the artifact store "
+        "cannot be written (`storage_error`)."
+    ),
+    507: _problem_doc("The artifact store is full (`storage_error`)."),
 }

@@ -185,6 +185,12 @@ class ComparisonOut(JobFields):
         description="Bytes of the stored Grams, blocks and heatmaps it references "
         "(an artifact shared with another comparison counts in both)",
     )
+    frees_bytes: int = Field(
+        0,
+        examples=[524288],
+        description="Bytes that deleting it frees: its artifacts that no other comparison "
+        "references (shared ones stay with the others)",
+    )
     links: dict[str, str] = Field(
         examples=[
             {"matrix": "/v1/comparisons/7/matrix", "heatmap_png": "/v1/comparisons/7/heatmap.png"}

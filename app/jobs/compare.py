@@ -84,7 +84,12 @@ def _layer_diagnostics(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _compare(
-    services: Services, job: Job, cmp: Comparison, ds: Dataset, control: JobControl
+    services: Services,
+    job: Job,
+    cmp: Comparison,
+    ds: Dataset,
+    control: JobControl,
+    cache: StoreGramCache,
 ) -> None:
     params = cmp.params
     rows = member_rows(services, cmp)
@@ -98,7 +103,6 @@ def _compare(
     idents = {label: _identity(row) for label, row in rows.items()}
     siblings = _siblings(services, rows) if "seed_ceiling" in baselines else {}
     ceiling = plan_seed_ceiling(idents, layers, siblings) if "seed_ceiling" in baselines else None
-    cache = StoreGramCache(services.store)
     common = engine_options(params, services.device)
     for k in ("permutations", "null", "sensitivity"):
         common.pop(k, None)
@@ -229,4 +233,6 @@ def _torch_version() -> str:
 
 def run_comparison(services: Services, job: Job, control: JobControl) -> None:
     cmp, ds = load_comparison(services, job.id)
-    _compare(services, job, cmp, ds, control)
+    cache = StoreGramCache(services.store)
+    with gc.refs_kept(services.db, services.store, cmp.id, cache.touched):
+        _compare(services, job, cmp, ds, control, cache)

@@ -127,7 +127,10 @@ def run_shard(services: Services, job: Job, control: JobControl) -> None:
     data = services.datasets.get(dataset_key(ds))
     cache = StoreGramCache(services.store)
     began = time.perf_counter()
-    with services.models.lease(list(shas.values())) as loaded:
+    with (
+        gc.refs_kept(services.db, services.store, cmp.id, cache.touched),
+        services.models.lease(list(shas.values())) as loaded,
+    ):
         part = analysis.compare_partial(
             {label: loaded[sha] for label, sha in shas.items()},
             data,

@@ -7,7 +7,10 @@ reader never sees half a file and a crash leaves at most an orphaned temporary f
 
 A store that cannot be written (a read-only or full filesystem, missing permissions) raises
 :class:`StoreError`, whose message is one sentence naming the store and the reason; jobs
-record that sentence as their error.
+record that sentence as their error. An upload takes its size in the store once: it is
+spooled into the store's scratch space (refused at once when it cannot fit:
+:meth:`ArtifactStore.check_room`), checked there, and renamed into its content address
+(:meth:`ArtifactStore.put_file`), never copied.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -93,6 +97,10 @@ def store_error(root: Path, exc: BaseException) -> StoreError | None:
     return StoreError(code or errno.EIO, text)
 
 
+def _amount(nbytes: int) -> str:
+    return f"{nbytes} bytes" if nbytes < 1 << 20 else f"{nbytes / (1 << 20):.1f} MiB"
+
+
 class ArtifactStore:
     """Blobs, Gram cache and scratch space under one root directory."""
 
@@ -162,6 +170,51 @@ class ArtifactStore:
         except BaseException:
             Path(tmp_name).unlink(missing_ok=True)
             raise
+
+    def put_file(self, path: Path, suffix: str = "") -> tuple[str, int]:
+        """Move ``path`` (a file in :attr:`tmp`, e.g. a scratch upload) into its content
+        address; returns (sha256, size). A rename on the same filesystem: no copy is made."""
+        digest = hashlib.sha256()
+        size = 0
+        with self.writing(), path.open("rb") as f:
+            for chunk in iter(lambda: f.read(_CHUNK), b""):
+                digest.update(chunk)
+                size += len(chunk)
+            os.fsync(f.fileno())
+        sha = digest.hexdigest()
+        self.place(path, sha, suffix)
+        return sha, size
+
+    def link_or_copy(self, source: Path, dest: Path) -> None:
+        """``dest`` with the content of ``source``: a hard link when ``source`` lies in the
+        store (a scratch upload, a blob, neither ever written again), else a copy."""
+        with self.writing():
+            inside = source.resolve().is_relative_to(self.root.resolve())
+            try:
+                if inside:
+                    os.link(source, dest)
+                    return
+            except OSError as exc:  # a filesystem without hard links: copy instead
+                if exc.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP):
+                    raise
+            shutil.copyfile(source, dest)
+
+    def free_bytes(self) -> int:
+        """Bytes the store's filesystem has free for it."""
+        with self.writing():
+            return shutil.disk_usage(self.tmp).free
+
+    def check_room(self, nbytes: int, what: str) -> None:
+        """Refuse (507) to write ``nbytes`` of ``what`` that cannot fit, before a byte is
+        written: a store filled to its last block fails every other writer too."""
+        free = self.free_bytes()
+        if nbytes > free:
+            raise StoreError(
+                errno.ENOSPC,
+                f"{what} needs {_amount(nbytes)} and the artifact store at {self.root} has "
+                f"{_amount(free)} free; free some space (`cka-atlas gc`, or delete what is no "
+                "longer needed) and try again",
+            )
 
     def place(self, tmp: Path, sha: str, suffix: str = "") -> Path:
         """Atomically move a finished temporary file into its content address."""

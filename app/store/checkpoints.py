@@ -131,7 +131,10 @@ def sidecar_differences(stored: Any, new: Any, prefix: str = "") -> list[str]:
 def store_checkpoint(
     store: ArtifactStore, weights: Path, sidecar: Path, *, keep_stored: bool = False
 ) -> tuple[str, int, Any]:
-    """Validate the pair and copy it into the store. Returns (sha256, size, loaded model).
+    """Validate the pair and put it into the store. Returns (sha256, size, loaded model).
+
+    Weights in the store's scratch space (an upload) are moved into place, not copied; weights
+    from elsewhere (a file of the operator's) are copied once.
 
     A stored model never changes: the weights are content-addressed and the sidecar is
     written once, beside them. Weights already stored with a sidecar that differs (beyond
@@ -153,12 +156,15 @@ def store_checkpoint(
     except models.ModelError as exc:
         raise _bad(str(exc), field="sidecar") from None
     with store.scratch() as tmp:
+        # models.load reads the pair <stem>.safetensors + <stem>.json: the weights are linked
+        # beside the checked sidecar, not copied, and the link is renamed into the store, so
+        # an upload takes its size in the store once.
         w = Path(tmp) / "model.safetensors"
-        w.write_bytes(weights.read_bytes())
-        (Path(tmp) / "model.json").write_text(json.dumps(meta), encoding="utf-8")
+        store.link_or_copy(weights, w)
+        with store.writing():
+            w.with_suffix(".json").write_text(json.dumps(meta), encoding="utf-8")
         model, _ = _load_upload(lambda: models.load(w), w, options_field="sidecar")
-        with weights.open("rb") as f:
-            sha, size = store.put_stream(f, ".safetensors")
+        sha, size = store.put_file(w, ".safetensors")
     # The stored sidecar also records the structure the library measures on the model.
     meta["structure"] = models.model_structure(model)
     stored = store.put_once(json.dumps(meta, sort_keys=True).encode(), sha, ".json")
@@ -191,7 +197,8 @@ def timm_checkpoint(
         lambda: models.load(weights, arch=name, **config), weights, options_field="config"
     )
     sidecar = weights.with_suffix(".json")
-    sidecar.write_text(json.dumps(meta), encoding="utf-8")
+    with store.writing():
+        sidecar.write_text(json.dumps(meta), encoding="utf-8")
     return store_checkpoint(store, weights, sidecar)
 
 

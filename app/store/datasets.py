@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
-from analysis import DatasetError, load_dataset
+from analysis import DatasetError, DatasetTooLarge, describe_dataset
 from app.store import repository
 from app.store.orm import Dataset
 from app.store.services import Services
@@ -90,17 +90,22 @@ def sniff_suffix(path: Path, filename: str | None) -> str:
 def register_dataset_file(
     services: Services, path: Path, *, filename: str | None, name: str | None
 ) -> tuple[Dataset, bool]:
-    """Decode an uploaded file (validating it), store it, and add its row.
+    """Check an uploaded file as a job would read it, store it, and add its row.
 
-    ``path`` is a scratch file the caller owns; it is renamed in place.
+    ``path`` is a scratch file the caller owns; it is renamed in place, then moved into the
+    store. The check streams the file (:func:`analysis.datasets.describe_dataset`): this
+    process never holds the images, whose float32 size is bounded by CKA_MAX_DATASET_BYTES;
+    the first job that uses the dataset loads it.
     """
     suffix = sniff_suffix(path, filename)
     stem = _SAFE_STEM.sub("_", Path(filename or "").stem)[:100].strip("._") or "upload"
     typed = path.rename(path.with_name(f"{stem}{suffix}"))
-    data = load_dataset(typed)  # validates before anything is stored
-    with typed.open("rb") as f:
-        file_sha, size = services.store.put_stream(f, suffix)
-    services.datasets.get(f"file:{file_sha}{suffix}")  # warm the cache for the first job
+    limit = services.settings.max_dataset_bytes
+    try:
+        data = describe_dataset(typed, max_decoded=limit)  # before anything is stored
+    except DatasetTooLarge as exc:
+        raise DatasetTooLarge(f"{str(exc)[:-1]} by CKA_MAX_DATASET_BYTES.") from None
+    file_sha, size = services.store.put_file(typed, suffix)  # moved, not copied
     label = name or clean_name(Path(filename or "").stem) or clean_name(data.name) or "dataset"
     row = _row(
         data,

@@ -25,6 +25,7 @@ from alembic.script.revision import RevisionError
 from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
@@ -50,6 +51,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+# How long a SQLite writer waits for another one's lock before "database is locked".
+SQLITE_BUSY_S = 30.0
+
+
 class SchemaError(RuntimeError):
     """The database schema does not match this code and must be upgraded by hand."""
 
@@ -59,7 +64,7 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_S * 1000)}")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
@@ -83,7 +88,9 @@ def make_engine(url: str) -> Engine:
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
-            parsed, connect_args={"check_same_thread": False, "timeout": 30}, pool_pre_ping=True
+            parsed,
+            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_S},
+            pool_pre_ping=True,
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
@@ -99,15 +106,21 @@ def make_engine(url: str) -> Engine:
     )
 
 
+# What SQLite says when its file is locked by another writer past the busy timeout, or cannot
+# be opened or read (a vanished directory, a failing disk): the database is away, not wrong.
+_SQLITE_AWAY = ("locked", "busy", "unable to open", "disk i/o error")
+
+
 def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is the database being briefly away (restart, lost connection, lock)."""
+    """Whether ``exc`` is the database being away (restart, lost connection, lock, a full
+    connection pool): worth retrying, and over HTTP a 503, never a 500."""
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
-    if isinstance(exc, InterfaceError):
+    if isinstance(exc, InterfaceError | PoolTimeout):
         return True
     if isinstance(exc, OperationalError):
         if type(exc.orig).__module__.startswith("sqlite3"):  # also "no such table" and the like
-            return any(word in str(exc.orig).lower() for word in ("locked", "busy"))
+            return any(word in str(exc.orig).lower() for word in _SQLITE_AWAY)
         return True  # psycopg: connection refused, terminated by the administrator, ...
     return False
 

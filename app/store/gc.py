@@ -1,12 +1,14 @@
 """Storage garbage collection: what each comparison references, orphans, stale temporaries.
 
 A comparison references the Gram stacks and HSIC blocks its job read or wrote and the
-heatmaps rendered from its result (rows of ``artifact_refs``, written with the result and
-when a heatmap is first served). Deleting comparisons — directly, or with the model or
-dataset they use — removes each of their artifacts that no remaining comparison references
-(:func:`release`). ``cka-atlas gc`` (:func:`collect`) finds the rest: artifacts nothing
-references (from failed or cancelled jobs, or written before references existed), blobs of
-deleted checkpoints and dataset files, and temporary files left by killed writers.
+heatmaps rendered from its result (rows of ``artifact_refs``, written with the result, when a
+job ends without one — failed, cancelled, stopped: :func:`refs_kept` — and when a heatmap is
+first served). Deleting comparisons — directly, or with the model or dataset they use —
+removes each of their artifacts that no remaining comparison references (:func:`release`);
+a comparison's view says how many bytes that is (:func:`unshared_bytes`). ``cka-atlas gc``
+(:func:`collect`) finds the rest: artifacts nothing references (from a job killed with its
+process, from a comparison deleted while it ran, or written before references existed), blobs
+of deleted checkpoints and dataset files, and temporary files left by killed writers.
 
 A file younger than the GC horizon is never touched, whatever references it: it may belong
 to an upload or a job still in progress. The horizon is ``grace_s`` ago or the start of the
@@ -18,13 +20,14 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from app.store.artifacts import ArtifactStore
 from app.store.db import Database
@@ -39,7 +42,9 @@ __all__ = [
     "model_artifact_bytes",
     "record_refs",
     "referenced_by",
+    "refs_kept",
     "release",
+    "unshared_bytes",
 ]
 
 log = logging.getLogger(__name__)
@@ -58,13 +63,42 @@ def _size(store: ArtifactStore, path: str) -> int:
 def record_refs(
     session: Session, store: ArtifactStore, comparison_id: int, paths: Iterable[str], kind: str
 ) -> None:
-    """Add the references of a comparison that has none yet, in the caller's transaction."""
+    """Add the references of a comparison it does not have yet, in the caller's transaction."""
+    wanted = sorted(set(paths))
+    if not wanted:
+        return
+    have = referenced_by(session, [comparison_id])
     rows = [
         {"comparison_id": comparison_id, "path": p, "kind": kind, "size_bytes": _size(store, p)}
-        for p in sorted(set(paths))
+        for p in wanted
+        if p not in have
     ]
     if rows:
         session.execute(insert(ArtifactRef), rows)
+
+
+@contextmanager
+def refs_kept(
+    db: Database, store: ArtifactStore, comparison_id: int, touched: set[str]
+) -> Iterator[None]:
+    """Around a job's run: if it ends without a result (an error, a cancel, its worker
+    stopping), record the Grams it read or wrote so far (``touched``, filled as it runs) as
+    its comparison's, so that deleting the comparison removes those only it used, and a
+    re-run finds the rest. A result records them in its own transaction instead."""
+    try:
+        yield
+    except BaseException:
+        try:
+            with db.session() as s:
+                if s.get(Comparison, comparison_id) is not None:  # not deleted meanwhile
+                    record_refs(s, store, comparison_id, touched, "gram")
+        except Exception as exc:  # the database is away: `cka-atlas gc` finds them later
+            log.warning(
+                "could not record the Grams of comparison %s (%s)",
+                comparison_id,
+                type(exc).__name__,
+            )
+        raise
 
 
 def add_ref(db: Database, store: ArtifactStore, comparison_id: int, path: str, kind: str) -> None:
@@ -137,6 +171,24 @@ def comparison_bytes(session: Session, comparison_ids: Sequence[int]) -> dict[in
     stmt = (
         select(ArtifactRef.comparison_id, func.coalesce(func.sum(ArtifactRef.size_bytes), 0))
         .where(ArtifactRef.comparison_id.in_(list(comparison_ids)))
+        .group_by(ArtifactRef.comparison_id)
+    )
+    return {int(cid): int(n) for cid, n in session.execute(stmt)}
+
+
+def unshared_bytes(session: Session, comparison_ids: Sequence[int]) -> dict[int, int]:
+    """Bytes of the stored artifacts each comparison alone references: what deleting it frees."""
+    if not comparison_ids:
+        return {}
+    other = aliased(ArtifactRef)
+    shared = (
+        select(other.path)
+        .where(other.path == ArtifactRef.path, other.comparison_id != ArtifactRef.comparison_id)
+        .exists()
+    )
+    stmt = (
+        select(ArtifactRef.comparison_id, func.coalesce(func.sum(ArtifactRef.size_bytes), 0))
+        .where(ArtifactRef.comparison_id.in_(list(comparison_ids)), ~shared)
         .group_by(ArtifactRef.comparison_id)
     )
     return {int(cid): int(n) for cid, n in session.execute(stmt)}

@@ -58,6 +58,14 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(
         default=512 * 1024 * 1024, gt=0, description="Largest accepted upload body; larger is 413."
     )
+    max_dataset_bytes: int = Field(
+        default=4 << 30,
+        gt=0,
+        description="Largest dataset accepted, as a comparison holds it: its images as float32 "
+        "(N×C×H×W×4 bytes; the default is 1 GiB of 8-bit pixels). An upload is checked "
+        "against it from its headers before anything is decoded, and the API checks and "
+        "hashes an upload a slice at a time, never holding its images.",
+    )
     max_model_bytes: int = Field(
         default=16 << 30,
         gt=0,

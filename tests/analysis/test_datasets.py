@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis import DatasetError, load_dataset, training_data
-from analysis.datasets import load_image_folder, load_npz
+from analysis import DatasetError, DatasetTooLarge, describe_dataset, load_dataset, training_data
+from analysis.datasets import content_sha256, load_image_folder, load_npz
+from analysis.npz import NpzArchive
 from tests.files import png_bytes, zip_bytes
 
 
@@ -105,6 +106,73 @@ def test_npz_hash_depends_on_content_not_layout(tmp_path: Path) -> None:
     np.testing.assert_array_equal(first.x, x)  # floats are kept as they are
     x[0, 0, 0, 0] += 1.0
     assert load_dataset(_npz(tmp_path / "c.npz", x=x)).sha256 != first.sha256
+
+
+@pytest.mark.parametrize("stored", ["NHWC uint8", "NCHW float32 Fortran", "NHW >f8"])
+def test_npz_read_in_many_slices_is_the_array(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stored: str
+) -> None:
+    """With slices of a few rows, the images, labels and hash are those of the whole array
+    converted at once, and describe_dataset gives what load_dataset gives."""
+    monkeypatch.setattr("analysis.npz.SLICE_BYTES", 500)
+    rng = np.random.default_rng(4)
+    y = rng.integers(0, 3, 23)
+    if stored == "NHWC uint8":
+        x = rng.integers(0, 256, (23, 6, 5, 3), dtype=np.uint8)
+        nchw = x.transpose(0, 3, 1, 2).astype(np.float32) / 255
+    elif stored == "NCHW float32 Fortran":
+        x = np.asfortranarray(rng.random((23, 2, 6, 5), dtype=np.float32))
+        nchw = np.ascontiguousarray(x)
+    else:
+        x = rng.random((23, 7, 4)).astype(">f8")
+        nchw = x.astype(np.float32)[:, None]
+    path = _npz(tmp_path / "d.npz", x=x, y=y)
+    with NpzArchive(path, "d.npz", max_bytes=1 << 20, max_members=10) as archive:
+        assert len(list(archive.slices("x"))) > 3  # the case under test: many slices
+    data = load_dataset(path)
+    np.testing.assert_array_equal(data.x, nchw)
+    assert data.sha256 == content_sha256(nchw, y)
+    info = describe_dataset(path)
+    assert (info.sha256, len(info), info.shape, info.classes) == (
+        data.sha256,
+        23,
+        nchw.shape[1:],
+        ["0", "1", "2"],
+    )
+
+
+@pytest.mark.parametrize("sizes", [((6, 6), (6, 6)), ((4, 6), (5, 5))])
+def test_describe_an_image_folder_as_it_loads(
+    tmp_path: Path, sizes: tuple[tuple[int, int], ...]
+) -> None:
+    rng = np.random.default_rng(5)
+    entries = [
+        (f"top/{cls}/{i}.png", png_bytes(rng.integers(0, 256, (*size, 3), dtype=np.uint8)))
+        for i, (cls, size) in enumerate(zip("ab", sizes, strict=True))
+    ]
+    archive = zip_bytes(entries)
+    data = load_image_folder(archive)
+    path = tmp_path / "f.zip"
+    path.write_bytes(archive)
+    info = describe_dataset(path)
+    assert (info.name, info.sha256, len(info), info.shape, info.classes) == (
+        "f.zip",
+        load_image_folder(path).sha256,
+        2,
+        data.shape,
+        ["a", "b"],
+    )
+    assert data.sha256 == load_image_folder(path).sha256
+
+
+def test_a_dataset_over_its_decoded_limit_is_refused_before_decoding(tmp_path: Path) -> None:
+    path = _npz(tmp_path / "big.npz", x=np.zeros((10, 8, 8), np.uint8))  # 2560 B as float32
+    assert len(load_npz(path, max_decoded=2560)) == 10
+    with pytest.raises(DatasetTooLarge, match="holds 10 images of 1×8×8: 2560 bytes as float32"):
+        describe_dataset(path, max_decoded=2559)
+    folder = zip_bytes([(f"a/{i}.png", png_bytes(np.zeros((8, 8), np.uint8))) for i in range(10)])
+    with pytest.raises(DatasetTooLarge, match="more than the 2559 bytes allowed"):
+        load_image_folder(folder, max_decoded=2559)
 
 
 def test_npz_from_bytes(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from app.http.main import create_app
 from app.store.settings import Settings
 from tests.app.fault_tools import CIFAR, SLOW_N, slow_npz
 from tests.helpers import DIGITS, make_settings
+from tests.servers import PgServer
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +52,13 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     yield _pg_url(request.getfixturevalue("postgres_url"), schema)
     with engine.connect() as conn:
         conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+
+
+@pytest.fixture
+def own_pg() -> Iterator[PgServer]:
+    """A PostgreSQL server of this test alone: stopping it disturbs no other test."""
+    with PgServer() as server:
+        yield server
 
 
 @pytest.fixture

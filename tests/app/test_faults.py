@@ -209,13 +209,6 @@ def test_api_restarted_while_jobs_run_loses_and_duplicates_nothing(
 # 3. PostgreSQL restarted ------------------------------------------------------------------
 
 
-@pytest.fixture
-def own_pg() -> Iterator[PgServer]:
-    """A PostgreSQL server of this test alone: stopping it disturbs no other test."""
-    with PgServer() as server:
-        yield server
-
-
 def test_postgres_restart_during_a_job_is_ridden_out(
     own_pg: PgServer,
     cifar_zoo: dict[str, Path],

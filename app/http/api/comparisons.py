@@ -36,9 +36,10 @@ def view(services: Svc, comparison_id: int) -> dict[str, Any]:
 
 
 def _views(s: Session, items: Sequence[Comparison]) -> list[dict[str, Any]]:
-    """The comparisons' views, each with the bytes its artifacts take."""
-    sizes = gc.comparison_bytes(s, [c.id for c in items])
-    return [comparison_view(c, sizes.get(c.id, 0)) for c in items]
+    """The comparisons' views, each with the bytes its artifacts take and a delete frees."""
+    ids = [c.id for c in items]
+    sizes, frees = gc.comparison_bytes(s, ids), gc.unshared_bytes(s, ids)
+    return [comparison_view(c, sizes.get(c.id, 0), frees.get(c.id, 0)) for c in items]
 
 
 @router.post(
@@ -111,7 +112,9 @@ def cancel_comparison(
 
 @router.delete("/{comparison_id}", status_code=status.HTTP_204_NO_CONTENT, **ADMIN)
 def delete_comparison(services: Svc, comparison_id: ComparisonId) -> Response:
-    """Delete the comparison and its job; a running job is abandoned without a result."""
+    """Delete the comparison and its job; a running job is abandoned without a result. The
+    stored Grams, blocks and heatmaps no other comparison uses go with it (its view's
+    ``frees_bytes``)."""
     with services.db.session() as s:
         row_or_404(s, Comparison, comparison_id)
         paths = gc.delete_comparisons(s, [comparison_id])

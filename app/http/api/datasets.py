@@ -36,7 +36,7 @@ def upload_dataset(
         try:
             row, created = register_dataset_file(services, path, filename=file.filename, name=name)
         except DatasetError as exc:  # what is wrong with the file, in one sentence
-            raise ProblemError(422, "invalid_dataset", str(exc), field="file") from None
+            raise ProblemError(422, exc.code, str(exc), field="file") from None
     answer_registered(response, f"/v1/datasets/{row.id}", created)
     return row
 

@@ -28,7 +28,12 @@ def register_route(out: type[BaseModel], again: str) -> dict[str, Any]:
 
 
 def save_upload(upload: UploadFile, dest: Path, store: ArtifactStore) -> Path:
-    """Copy an upload to ``dest`` (in the store's scratch); a full store is a 507, not a 500."""
+    """Copy an upload to ``dest`` (in the store's scratch), from where it is checked and then
+    renamed into the store; an upload that cannot fit is a 507 before a byte is written, and
+    a store that fills up meanwhile a 507 too, never a 500."""
+    if upload.size is not None:
+        name = Path(upload.filename or "").name[:100]
+        store.check_room(upload.size, f"the upload {name!r}" if name else "the upload")
     with store.writing(), dest.open("wb") as f:
         shutil.copyfileobj(upload.file, f, 1 << 20)
     return dest

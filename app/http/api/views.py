@@ -39,8 +39,9 @@ def job_fields(job: Job) -> dict[str, Any]:
     }
 
 
-def comparison_view(cmp: Comparison, size_bytes: int = 0) -> dict[str, Any]:
-    """The API's view of a comparison; ``size_bytes``: its stored artifacts (app.store.gc)."""
+def comparison_view(cmp: Comparison, size_bytes: int = 0, frees_bytes: int = 0) -> dict[str, Any]:
+    """The API's view of a comparison; ``size_bytes``: its stored artifacts, ``frees_bytes``:
+    those only it references, which a delete removes (app.store.gc)."""
     base = f"/v1/comparisons/{cmp.id}"
     return {
         "id": cmp.id,
@@ -51,6 +52,7 @@ def comparison_view(cmp: Comparison, size_bytes: int = 0) -> dict[str, Any]:
         "provenance": cmp.provenance,
         "created_at": cmp.created_at,
         "size_bytes": size_bytes,
+        "frees_bytes": frees_bytes,
         "links": {
             "self": base,
             "result": f"{base}/result",

@@ -14,7 +14,7 @@ from app.http.api.views import comparison_view
 from app.http.web.common import Auth, as_int, as_text, found, paged, services_of
 from app.http.web.rendering import render
 from app.jobs.requests import ComparisonIn
-from app.store import repository
+from app.store import gc, repository
 from app.store.cells import QUANTITIES, Cells
 from app.store.orm import JOB_STATES, Comparison, Dataset, JobState, Model
 
@@ -135,7 +135,11 @@ def comparison_page(request: Request, auth: Auth, comparison_id: int) -> Respons
     """The atlas: heatmaps of every model pair, or a live progress bar while it runs."""
     with services_of(request).db.session(readonly=True) as s:
         cmp = found(s, Comparison, comparison_id, auth)
-        view = comparison_view(cmp)
+        view = comparison_view(
+            cmp,
+            gc.comparison_bytes(s, [cmp.id]).get(cmp.id, 0),
+            gc.unshared_bytes(s, [cmp.id]).get(cmp.id, 0),
+        )
         dataset = s.get(Dataset, cmp.dataset_id)
         result = cmp.result
     payload = atlas_payload(result) if result is not None else None
