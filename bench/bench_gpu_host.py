@@ -67,8 +67,8 @@ from models.training import train
 
 # Dense (no 2:4 sparsity) peaks in TFLOP/s: BF16 and TF32 tensor cores, FP32 without them.
 # NVIDIA's datasheets print the tensor figures with sparsity; the dense ones are half of those.
-H100_SOURCE = "NVIDIA H100 Tensor Core GPU datasheet (tensor figures with sparsity, halved)"
-H200_SOURCE = "NVIDIA H200 Tensor Core GPU datasheet (tensor figures with sparsity, halved)"
+H100_SOURCE = "NVIDIA H100 Tensor Core datasheet (sparse tensor figures halved; fp32 as printed)"
+H200_SOURCE = "NVIDIA H200 Tensor Core datasheet (sparse tensor figures halved; fp32 as printed)"
 PEAKS: dict[str, dict[str, Any]] = {
     "H100 SXM": {"bf16": 989.5, "tf32": 494.5, "fp32": 67.0, "source": H100_SOURCE},
     "H100 PCIe": {"bf16": 756.5, "tf32": 378.0, "fp32": 51.0, "source": H100_SOURCE},
