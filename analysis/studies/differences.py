@@ -51,7 +51,7 @@ the two. The part that differs between cells is also in the residual: the sum is
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,12 +60,15 @@ import numpy as np
 __all__ = [
     "DRAWS",
     "ArmTable",
+    "Components",
     "Difference",
     "baseline_pseudo_values",
+    "components",
     "crossed_difference",
     "decision",
     "mean_squares",
     "study_differences",
+    "variance_draws",
 ]
 
 DRAWS = 4000
@@ -109,13 +112,17 @@ def baseline_pseudo_values(pairs: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Difference:
-    """A difference with its 95 % interval: estimate, low, high, p_value, se (√V̂)."""
+    """A difference with its 95 % interval: estimate, low, high, p_value, se (√V̂); and what
+    it rests on: its variance ``components``, its ``reference`` seeds and each arm table's."""
 
     estimate: float
     low: float
     high: float
     p_value: float
     se: float
+    components: Components | None = None
+    reference: int = 0
+    arms: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -126,11 +133,119 @@ class Difference:
             "se": self.se,
         }
 
+    def variance_dict(self) -> dict[str, Any] | None:
+        """summary.json's ``variance`` of a difference: its components and the seeds they had."""
+        if self.components is None:
+            return None
+        seeds = {"reference": self.reference, "arms": list(self.arms)}
+        return {**self.components.as_dict(), "seeds": seeds}
 
-def _fitted(row_var: float, squares: Sequence[tuple[_MeanSquare, _MeanSquare, int]]) -> Any:
-    """Expected mean squares constrained to the model: E MS_C ≥ E MS_E, E s_z² ≥ Σ E MS_E/n."""
-    floor = sum(e.value / n for _, e, n in squares)
-    return max(row_var, floor), [(max(c.value, e.value), e.value) for c, e, _ in squares]
+
+@dataclass(frozen=True)
+class Components:
+    """The variance components of one difference, as the crossed model has them.
+
+    ``rows``: the variance of the paired reference-seed effect, Var(r_A − r_B) (against the
+    baseline, Var(r_A − 2u) with the baseline's residual in it: the Efron–Stein bound);
+    ``columns`` and ``residuals``: σ_c² and σ_e² of each arm table in the difference (one or
+    two); ``images``: the images' sampling noise, ``v_input``, which no seed count shrinks;
+    ``min_seeds``: the fewest reference seeds an interval needs (3 against the baseline).
+    Estimated by :func:`components`; the planner (:mod:`analysis.studies.power`) reads them.
+    """
+
+    rows: float
+    columns: tuple[float, ...]
+    residuals: tuple[float, ...]
+    images: float = 0.0
+    min_seeds: int = 2
+
+    def expected_squares(
+        self, reference: int, arms: Sequence[int]
+    ) -> tuple[float, list[tuple[float, float]]]:
+        """E s_z² and each table's (E MS_C, E MS_E) with ``reference`` × ``arms[k]`` seeds."""
+        row = self.rows + sum(e / n for e, n in zip(self.residuals, arms, strict=True))
+        cols = [(e + reference * c, e) for c, e in zip(self.columns, self.residuals, strict=True)]
+        return row, cols
+
+    def variance(self, reference: int, arms: Sequence[int]) -> float:
+        """Var(D) with ``reference`` seeds and ``arms[k]`` seeds in arm table k (module)."""
+        row, cols = self.expected_squares(reference, arms)
+        return float(_v_hat(row, cols, reference, arms, self.images))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "columns": list(self.columns),
+            "residuals": list(self.residuals),
+            "images": self.images,
+            "min_seeds": self.min_seeds,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Components:
+        return cls(
+            rows=float(data["rows"]),
+            columns=tuple(float(v) for v in data["columns"]),
+            residuals=tuple(float(v) for v in data["residuals"]),
+            images=float(data.get("images") or 0.0),
+            min_seeds=int(data.get("min_seeds") or 2),
+        )
+
+
+def _v_hat(
+    row: Any, cols: Sequence[tuple[Any, Any]], reference: int, arms: Sequence[int], images: float
+) -> Any:
+    """V̂ from mean squares (arrays of draws or numbers): s_z²/n_r + Σ (MS_C − MS_E)₊/(n_r n)."""
+    total = row / reference + images
+    for (c, e), n in zip(cols, arms, strict=True):
+        total = total + np.maximum(c - e, 0.0) / (reference * n)
+    return total
+
+
+def components(
+    rows: np.ndarray, tables: Sequence[np.ndarray], *, input_var: float = 0.0, min_seeds: int = 2
+) -> Components:
+    """The method-of-moments components of a difference, each constrained to the model.
+
+    ``rows`` and ``tables`` as :func:`crossed_difference` takes them: σ_e² = MS_E,
+    σ_c² = (MS_C − MS_E)₊/n_r and the rows' Var = (s_z² − Σ MS_E/n)₊; their expected mean
+    squares are the fitted ones the interval's quantile is calibrated with.
+    """
+    z = np.asarray(rows, dtype=float)
+    n_r = z.size
+    if n_r < 2 or not np.isfinite(z).all():
+        raise ValueError("a crossed difference needs finite row values of at least two seeds")
+    columns, residuals, shares = [], [], 0.0
+    for table in tables:
+        t = np.asarray(table, dtype=float)
+        if t.shape[0] != n_r or t.shape[1] < 2 or not np.isfinite(t).all():
+            raise ValueError("each arm table needs one complete row per reference seed, 2+ columns")
+        c, e = mean_squares(t)
+        columns.append(max(c.value - e.value, 0.0) / n_r)
+        residuals.append(e.value)
+        shares += e.value / t.shape[1]
+    row_var = float(z.var(ddof=1))
+    return Components(
+        max(row_var - shares, 0.0), tuple(columns), tuple(residuals), input_var, min_seeds
+    )
+
+
+def variance_draws(
+    parts: Components, reference: int, arms: Sequence[int], draws: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Draws of V̂ at a design: its mean squares as independent scaled χ² (normal effects)."""
+
+    def scaled(mean: float, df: int) -> Any:
+        return mean * rng.chisquare(df, size=draws) / df
+
+    row, cols = parts.expected_squares(reference, arms)
+    row_star = scaled(row, reference - 1)
+    cols_star = [
+        (scaled(ec, n - 1), scaled(ee, (reference - 1) * (n - 1)))
+        for (ec, ee), n in zip(cols, arms, strict=True)
+    ]
+    v_star = _v_hat(row_star, cols_star, reference, arms, parts.images)
+    return np.asarray(np.maximum(v_star, np.finfo(float).tiny))
 
 
 def crossed_difference(
@@ -141,56 +256,37 @@ def crossed_difference(
     level: float = 0.95,
     draws: int = DRAWS,
     seed: int = 0,
+    min_seeds: int = 2,
 ) -> Difference:
     """The difference ``mean(rows)`` with its interval (see the module docstring).
 
     ``rows``: one value per reference seed, ``z_i`` (an arm's row mean minus the other side's row
     mean or baseline pseudo-value). ``tables``: the complete n_r × n tables of the arms in the
     difference (one or two), whose column (arm-seed) variance is added. ``input_var``: the
-    variance of the images' sampling noise in the difference (0 when unknown).
+    variance of the images' sampling noise in the difference (0 when unknown). The result
+    carries its :class:`Components` (``min_seeds`` is recorded there for the planner).
     """
+    parts = components(rows, tables, input_var=input_var, min_seeds=min_seeds)
     z = np.asarray(rows, dtype=float)
     n_r = z.size
-    if n_r < 2 or not np.isfinite(z).all():
-        raise ValueError("a crossed difference needs finite row values of at least two seeds")
-    squares = []
-    for table in tables:
-        t = np.asarray(table, dtype=float)
-        if t.shape[0] != n_r or t.shape[1] < 2 or not np.isfinite(t).all():
-            raise ValueError("each arm table needs one complete row per reference seed, 2+ columns")
-        c, e = mean_squares(t)
-        squares.append((c, e, t.shape[1]))
+    arms = [np.shape(t)[1] for t in tables]
     estimate = float(z.mean())
-    row_var = float(z.var(ddof=1))
-
-    def v_hat(q: Any, cols: Sequence[tuple[Any, Any]]) -> Any:
-        total = q / n_r + input_var
-        for (c, e), (_, _, n) in zip(cols, squares, strict=True):
-            total = total + np.maximum(c - e, 0.0) / (n_r * n)
-        return total
-
-    observed = float(v_hat(row_var, [(c.value, e.value) for c, e, _ in squares]))
-    fit_q, fit_cols = _fitted(row_var, squares)
-    v_fit = float(v_hat(fit_q, fit_cols))
+    # V̂ reads the columns' mean squares only through (MS_C − MS_E)₊, as the fit keeps it
+    _, fitted_cols = parts.expected_squares(n_r, arms)
+    observed = float(_v_hat(float(z.var(ddof=1)), fitted_cols, n_r, arms, input_var))
+    v_fit = parts.variance(n_r, arms)
     if v_fit <= 0.0 or observed <= 0.0:  # every value identical: no spread to speak of
-        return Difference(estimate, estimate, estimate, 1.0 if estimate == 0 else 0.0, 0.0)
+        p_value = 1.0 if estimate == 0 else 0.0
+        return Difference(estimate, estimate, estimate, p_value, 0.0, parts, n_r, tuple(arms))
     rng = np.random.default_rng(seed)
-
-    def scaled(mean: float, df: int) -> Any:
-        return mean * rng.chisquare(df, size=draws) / df
-
-    q_star = scaled(fit_q, n_r - 1)
-    cols_star = [
-        (scaled(ec, c.df), scaled(ee, e.df))
-        for (ec, ee), (c, e, _) in zip(fit_cols, squares, strict=True)
-    ]
-    v_star = np.maximum(v_hat(q_star, cols_star), np.finfo(float).tiny)
+    v_star = variance_draws(parts, n_r, arms, draws, rng)
     pivot = np.abs(rng.standard_normal(draws)) * np.sqrt(v_fit / v_star)
     quantile = float(np.quantile(pivot, level))
     se = math.sqrt(observed)
     t_obs = abs(estimate) / se
     p_value = float((np.count_nonzero(pivot >= t_obs) + 1) / (draws + 1))
-    return Difference(estimate, estimate - quantile * se, estimate + quantile * se, p_value, se)
+    low, high = estimate - quantile * se, estimate + quantile * se
+    return Difference(estimate, low, high, p_value, se, parts, n_r, tuple(arms))
 
 
 def decision(low: float | None, high: float | None) -> str | None:
@@ -260,9 +356,10 @@ def study_differences(
 
     ``baseline.table`` is the reference × reference table (its own seeds on both sides; only
     i < k is read). Each item: ``{"arm", "versus", "estimate", "low", "high", "p_value", "se",
-    "input_se"}`` with ``versus`` the matched arm's name or ``"seed_to_seed"``; ``low``/``high``/
-    ``p_value`` are None where the seeds do not allow an interval (fewer than 3 reference seeds
-    against the baseline, fewer than 2 per side otherwise). The matched arm is not compared with
+    "input_se", "variance"}`` with ``versus`` the matched arm's name or ``"seed_to_seed"``;
+    ``low``/``high``/``p_value`` are None where the seeds do not allow an interval (fewer than 3
+    reference seeds against the baseline, fewer than 2 per side otherwise), and so is
+    ``variance`` (:meth:`Difference.variance_dict`: the :class:`Components` and the seeds). The matched arm is not compared with
     itself, nor an arm made of the reference's own models with the baseline. ``decision``:
     see :func:`decision`.
     """
@@ -288,15 +385,22 @@ def study_differences(
                 "p_value": None,
                 "se": None,
                 "input_se": None,
+                "variance": None,
             }
             left, right = _side(arm, baseline, n_r), _side(other, baseline, n_r)
             if left is not None and right is not None:
                 ses = [left[2], right[2]]
                 input_var = sum(s * s for s in ses if s is not None)
+                against_baseline = arm.is_reference or other is baseline or other.is_reference
                 diff = crossed_difference(
-                    left[0] - right[0], [*left[1], *right[1]], input_var=input_var, level=level
+                    left[0] - right[0],
+                    [*left[1], *right[1]],
+                    input_var=input_var,
+                    level=level,
+                    min_seeds=3 if against_baseline else 2,
                 )
                 item.update(diff.as_dict())
+                item["variance"] = diff.variance_dict()
                 if all(s is not None for s in ses):
                     item["input_se"] = math.sqrt(input_var)
             item["decision"] = decision(item["low"], item["high"])

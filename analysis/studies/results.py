@@ -20,6 +20,7 @@ import pandas as pd
 from analysis.studies.differences import ArmTable, study_differences
 from analysis.studies.plan import Entry, StudyPlan
 from analysis.studies.plots import render_plots
+from analysis.studies.power import ALPHA, POWER, difference_power, max_seeds, power_settings
 from analysis.studies.spec import StudyError
 from analysis.studies.summary import (
     AtlasLike,
@@ -190,11 +191,16 @@ def matched_entry(plan: StudyPlan) -> str | None:
     return None
 
 
-def differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+def differences(
+    summary: Mapping[str, Any], *, detect: float | None = None, target: float | None = None
+) -> list[dict[str, Any]]:
     """summary.json's ``differences``, from its tables alone (a stored summary recomputes them).
 
-    See :func:`analysis.studies.differences.study_differences`.
+    See :func:`analysis.studies.differences.study_differences`; each item's ``power`` is
+    :func:`analysis.studies.power.difference_power` at the summary's ``power`` settings, or at
+    ``detect`` and ``target`` power where given.
     """
+    settings = power_settings(summary, detect=detect, target=target)
     base = summary["baselines"]["seed_to_seed"]
     baseline = ArmTable("seed_to_seed", _array(base.get("table")), base.get("input_se"))
     ref_models = set(summary["reference"].get("keys") or [])
@@ -203,7 +209,8 @@ def differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
         stat = arm.get("cka_diagonal") or {}
         is_ref = bool(ref_models) and set(arm.get("keys") or []) == ref_models
         arms.append(ArmTable(arm["name"], _array(stat.get("table")), stat.get("input_se"), is_ref))
-    return study_differences(arms, baseline, summary.get("matched"))
+    items = study_differences(arms, baseline, summary.get("matched"), 1.0 - settings["alpha"])
+    return [{**item, "power": difference_power(item, settings)} for item in items]
 
 
 def _stat(diagonals: Any, table: tuple[np.ndarray | None, float | None]) -> dict[str, Any]:
@@ -239,6 +246,12 @@ def summary_dict(
         "arms": arms,
         "baselines": {"seed_to_seed": baseline},
         "matched": matched_entry(plan),
+        "power": {
+            "target": POWER,
+            "alpha": ALPHA,
+            "detect": spec.detect,
+            "max_seeds": max_seeds(len(plan.all_entries())),
+        },
     }
     summary["differences"] = differences(summary)
     return summary

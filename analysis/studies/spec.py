@@ -18,9 +18,12 @@ A study spec is YAML or JSON validated by :class:`StudySpec`::
         grid: {fixed_omega: 24576, widths: [128, 256, 512]}   # or shapes: [{patch_size: 4}]
     cka: {}                         # comparison options, checked by analysis.CompareOptions
     plot: cka_vs_density            # or accuracy_vs_width
+    detect: 0.03                    # optional: the summary says how many seeds detect it
 
 In an explicit grid the value ``matched`` of ``density`` is the reference's (1/S + 1/C)/2,
-computed from its structure. ``fixed_omega: reference`` takes the reference's Ω.
+computed from its structure. ``fixed_omega: reference`` takes the reference's Ω. ``detect``
+is the smallest difference in diagonal CKA worth detecting: every difference of the summary
+then says how many seeds would detect it at 80 % power (:mod:`analysis.studies.power`).
 """
 
 from __future__ import annotations
@@ -149,6 +152,7 @@ class StudySpec(_Strict):
     arms: list[Arm] = Field(min_length=1)
     cka: dict[str, Any] = Field(default_factory=dict)
     plot: Literal["cka_vs_density", "accuracy_vs_width"] = "cka_vs_density"
+    detect: float | None = Field(default=None, gt=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _check(self) -> StudySpec:

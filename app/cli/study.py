@@ -1,4 +1,4 @@
-"""``cka-atlas study run | list``: a study as one command, against the local database.
+"""``cka-atlas study run | list | plan``: a study as one command, against the local database.
 
 ``study run`` queues the study exactly as ``POST /v1/studies`` does and runs it on the
 workers — the Celery workers when a broker is configured, else a pool of threads in this
@@ -6,7 +6,8 @@ process — showing two progress bars: trainings k of n, then the atlas. A secon
 every checkpoint by its training key and trains nothing; an interrupted run (Ctrl-C)
 cancels its job and its trainings, and the next run resumes from the finished trainings.
 The results are written to ``--out``: summary.json, results.csv, plot.png and
-plot.svg.
+plot.svg. ``study plan`` reads a pilot run's summary.json and answers how many seeds would
+detect a difference at 80 % power (:mod:`analysis.studies.pilot`); it needs no database.
 """
 
 from __future__ import annotations
@@ -51,6 +52,30 @@ def register(subparsers: Any) -> None:
     no_progress_flag(run)
     listing = command(sub, "list", list_studies_command, "list the studies in the local database")
     listing.add_argument("--limit", type=int, default=50)
+    planning = command(
+        sub,
+        "plan",
+        plan_study_command,
+        "how many seeds a study needs, from a pilot run's summary.json",
+        "From the variance components of a pilot run of the study (its summary.json), the "
+        "seeds per arm that detect --detect (or each undecided difference as observed) at "
+        "80 %% power, and what they cost in trainings.",
+    )
+    planning.add_argument("study", metavar="NAME_OR_SPEC_FILE", help="sparsity, width, or a file")
+    planning.add_argument(
+        "--pilot", required=True, metavar="SUMMARY_JSON", help="a run's summary.json"
+    )
+    planning.add_argument(
+        "--detect",
+        type=float,
+        default=None,
+        metavar="DIFFERENCE",
+        help="the difference in diagonal CKA to detect (default: the spec's detect, else each "
+        "undecided difference as observed)",
+    )
+    planning.add_argument(
+        "--power", type=float, default=None, help="the power to reach (default: 0.8)"
+    )
 
 
 def _services(run_jobs: bool = False) -> Any:
@@ -233,4 +258,88 @@ def list_studies_command(args: argparse.Namespace) -> int:
             f"{tr['done']:>5}/{tr['total']:<5}  {v['created_at']:%Y-%m-%d %H:%M}"
         )
     print(f"{total} studies")
+    return 0
+
+
+
+def _number(value: float | None, fmt: str = ".3f") -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def _plan_rows(plan: Any) -> list[list[str]]:
+    """One row per difference of the pilot: observed, decision, what its seeds detect, the
+    floor, and the seeds for the plan's target ("never" out of reach, "—" without interval)."""
+    rows = []
+    for d in plan.differences:
+        power = d.get("power") or {}
+        rows.append(
+            [
+                d["arm"],
+                "seed to seed" if d["versus"] == "seed_to_seed" else d["versus"],
+                _number(d["estimate"], "+.3f"),
+                d["decision"] or "no interval",
+                _number(power.get("detectable")),
+                _number(power.get("floor")),
+                "—" if not power else _number(plan.needed(d), "d").replace("—", "never"),
+            ]
+        )
+    return rows
+
+
+def plan_study_command(args: argparse.Namespace) -> int:
+    from analysis.studies.pilot import plan_seeds
+    from analysis.studies.power import SEARCH_SEEDS
+    from analysis.studies.spec import MAX_TRAININGS
+
+    plan = plan_seeds(args.study, args.pilot, detect=args.detect, target=args.power)
+    settings, pilot_n = plan.settings, len(plan.pilot_seeds)
+    target = "observed" if plan.detect is None else f"{plan.detect:.3f}"
+    goal = (
+        "each undecided difference, were it as observed,"
+        if plan.detect is None
+        else f"a difference of {target}"
+    )
+    print(
+        f"{plan.study}: the seeds (per arm, the reference's too) that detect {goal} in diagonal "
+        f"CKA with {100 * settings['target']:.0f} % power, two-sided α = {settings['alpha']:g}, "
+        f"from a {pilot_n}-seed pilot"
+    )
+    header = ["arm", "minus", "observed", "decision", f"detectable ({pilot_n})", "floor"]
+    rows = [header + [f"seeds for {target}"], *_plan_rows(plan)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header) + 1)]
+    for row in rows:
+        cells = [
+            c.ljust(w) if i in (0, 1, 3) else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  ".join(cells).rstrip())
+    print()
+    if not plan.asked:
+        print("Nothing to plan: every difference is decided or has no interval.")
+    elif plan.seeds is not None:
+        n = plan.seeds
+        aim = (
+            "decide every undecided difference that seeds can, were it as observed"
+            if plan.detect is None
+            else f"detect {target} in every difference where seeds can"
+        )
+        print(
+            f"To {aim}: {n} seeds, {plan.trainings(n)} trainings "
+            f"({plan.new_trainings(n)} new beyond the pilot's)."
+        )
+        if n > settings["max_seeds"]:
+            print(
+                f"That is more than a study of this size may train ({settings['max_seeds']} "
+                f"seeds, {MAX_TRAININGS} trainings): split its arms into smaller studies."
+            )
+        else:
+            print(f"  cka-atlas study run {args.study} --seeds {n}")
+    if plan.out_of_reach:
+        floors = [d["power"]["floor"] for d in plan.out_of_reach]
+        print(
+            f"never: {len(plan.out_of_reach)} of {len(plan.asked)} differences are out of reach "
+            f"of any number of seeds up to {SEARCH_SEEDS}; the images' sampling noise alone "
+            f"hides a difference below its floor ({min(floors):.3f}–{max(floors):.3f} here), "
+            "which more seeds do not lower and more test images do."
+        )
     return 0
