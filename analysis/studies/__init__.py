@@ -22,8 +22,9 @@ takes two calls; everything between them (training, the atlas) belongs to the ca
     ]
     result = studies.summarize(plan, finished, atlas)
     result.summary            # summary.json (issue 12 §6): reference, arms, baselines,
-                              # matched, differences (analysis.studies.differences),
-                              # devices (where the trainings ran)
+                              # matched, differences (analysis.studies.differences, each
+                              # with its variance components and its power:
+                              # analysis.studies.power), devices (where the trainings ran)
     result.table              # pandas DataFrame: results.csv (result.csv() gives the text)
     result.plots["png"], result.plots["svg"]   # bytes; render_plot(summary, fmt) redraws
 
@@ -38,12 +39,16 @@ model's name in the atlas, default the key; ``training``: its sidecar's ``traini
 optional, read for the summary's ``devices``); trainings not yet finished are left out of the
 statistics. The
 atlas may be any object with ``layers`` and ``matrix(a, b)``, like :class:`analysis.Atlas`.
+``plan_seeds(spec, pilot, detect=0.03)`` → :class:`SeedPlan`: how many seeds the study needs
+to detect a difference at 80 % power, from a pilot run's summary.json
+(:mod:`analysis.studies.pilot`; ``cka-atlas study plan`` prints it).
 Errors a user can cause are :class:`StudyError` (an :class:`analysis.AnalysisError`) with one
 sentence, or a :class:`models.ConfigError` naming the offending option.
 """
 
 from __future__ import annotations
 
+from analysis.studies.pilot import SeedPlan, plan_seeds
 from analysis.studies.plan import KEY_VERSION, Entry, StudyPlan, Training, plan, training_key
 from analysis.studies.plots import PLOT_KINDS, render_plot, render_plots
 from analysis.studies.results import TABLE_COLUMNS, StudyResult, summarize
@@ -69,6 +74,7 @@ __all__ = [
     "FixedOmegaGrid",
     "ModelRecord",
     "Recipe",
+    "SeedPlan",
     "StudyError",
     "StudyPlan",
     "StudyResult",
@@ -78,6 +84,7 @@ __all__ = [
     "diagonal_summary",
     "load_spec",
     "plan",
+    "plan_seeds",
     "render_plot",
     "render_plots",
     "summarize",

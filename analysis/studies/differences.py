@@ -40,6 +40,12 @@ over draws of ``V̂*``, and the interval is ``D ± q √V̂`` (a bootstrap-t). T
 the share of draws with ``|Z|·√(V_fit / V̂*) ≥ |D|/√V̂``. Over 2,000 simulated 3 × 3 studies per
 setting this covers 94–96 % where the t-interval over the 9 pairs covers 63–95 %.
 
+**Components.** The fitted mean squares are those of the model's components, each estimated by
+:func:`components` and constrained to be ≥ 0: ``rows`` = (s_z² − Σ MS_E/n)₊ (the paired
+reference-seed effect), per arm table ``columns`` σ_c² = (MS_C − MS_E)₊/n_r and ``residuals``
+σ_e² = MS_E, and ``images`` = v_input (:class:`Components`). How V scales with the seeds of each
+side is :meth:`Components.variance`; :mod:`analysis.studies.power` plans seeds from it.
+
 **Inputs.** ``v_input`` is the sampling noise of the images, from each cell's bootstrap interval
 over minibatches when the comparison has one (se = width / (2 · 1.96)). Every cell sees the same
 images, so that noise is largely shared by all cells of a table, which the seed ANOVA cannot see;
@@ -359,9 +365,9 @@ def study_differences(
     "input_se", "variance"}`` with ``versus`` the matched arm's name or ``"seed_to_seed"``;
     ``low``/``high``/``p_value`` are None where the seeds do not allow an interval (fewer than 3
     reference seeds against the baseline, fewer than 2 per side otherwise), and so is
-    ``variance`` (:meth:`Difference.variance_dict`: the :class:`Components` and the seeds). The matched arm is not compared with
-    itself, nor an arm made of the reference's own models with the baseline. ``decision``:
-    see :func:`decision`.
+    ``variance`` (:meth:`Difference.variance_dict`: the :class:`Components` and the seeds). The
+    matched arm is not compared with itself, nor an arm made of the reference's own models with
+    the baseline. ``decision``: see :func:`decision`.
     """
     n_r = 0 if baseline.table is None else baseline.table.shape[0]
     by_name = {a.name: a for a in arms}

@@ -42,7 +42,8 @@ class SeedPlan:
 
     @property
     def detect(self) -> float | None:
-        return self.settings["detect"]
+        detect = self.settings["detect"]
+        return None if detect is None else float(detect)
 
     def needed(self, item: Mapping[str, Any]) -> int | None:
         """The seeds one difference needs for this plan's target."""

@@ -60,6 +60,7 @@ __all__ = [
     "MORE_SEEDS",
     "POWER",
     "SEARCH_SEEDS",
+    "check_detect",
     "detectable",
     "difference_power",
     "floor",
@@ -222,14 +223,15 @@ def power_settings(
     """summary.json's ``power``: the target power, α, the difference to detect and the most seeds
     a study of this size may train; ``detect`` and ``target`` override the summary's own."""
     stored = summary.get("power") or {}
-    settings = {
-        "target": float(target if target is not None else stored.get("target") or POWER),
-        "alpha": float(stored.get("alpha") or ALPHA),
+    wanted = float(target if target is not None else stored.get("target") or POWER)
+    alpha = float(stored.get("alpha") or ALPHA)
+    _check(wanted, 1.0 - alpha)
+    return {
+        "target": wanted,
+        "alpha": alpha,
         "detect": check_detect(detect if detect is not None else stored.get("detect")),
         "max_seeds": int(stored.get("max_seeds") or max_seeds(1 + len(summary.get("arms") or []))),
     }
-    _check(settings["target"], 1.0 - settings["alpha"])
-    return settings
 
 
 def _more_seeds(item: Mapping[str, Any], needed: int | None, most: int) -> str | None:

@@ -261,7 +261,6 @@ def list_studies_command(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _number(value: float | None, fmt: str = ".3f") -> str:
     return "—" if value is None else format(value, fmt)
 
@@ -305,7 +304,7 @@ def plan_study_command(args: argparse.Namespace) -> int:
         f"from a {pilot_n}-seed pilot"
     )
     header = ["arm", "minus", "observed", "decision", f"detectable ({pilot_n})", "floor"]
-    rows = [header + [f"seeds for {target}"], *_plan_rows(plan)]
+    rows = [[*header, f"seeds for {target}"], *_plan_rows(plan)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) + 1)]
     for row in rows:
         cells = [
@@ -334,6 +333,12 @@ def plan_study_command(args: argparse.Namespace) -> int:
             )
         else:
             print(f"  cka-atlas study run {args.study} --seeds {n}")
+    blind = [d for d in plan.differences if not d.get("power")]
+    if blind:
+        print(
+            f"{len(blind)} differences have no interval in the pilot, so nothing to plan them "
+            "from: against the seed-to-seed baseline a pilot needs 3 seeds, elsewhere 2."
+        )
     if plan.out_of_reach:
         floors = [d["power"]["floor"] for d in plan.out_of_reach]
         print(

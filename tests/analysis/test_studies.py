@@ -122,6 +122,8 @@ def test_train_kwargs_build_the_planned_architecture() -> None:
         ({"recipe": {"optimiser": "sgd"}}, "recipe.optimiser"),
         ({"reference": {"name": "sw", "arch": "mixer_digits"}}, "unique"),
         ({"plot": "pie"}, "plot"),
+        ({"detect": 0}, "detect"),
+        ({"detect": 1.5}, "detect"),
     ],
 )
 def test_invalid_specs_are_refused_with_the_field(change: dict, message: str) -> None:

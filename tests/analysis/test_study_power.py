@@ -9,6 +9,7 @@ baseline table is μ_0 + u_i + u_k + ε_0 (no residual of its own, so its jackkn
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -125,7 +126,7 @@ def test_power_has_its_limits_the_floor_and_the_normal_approximation() -> None:
     assert P.floor(Components(1e-4, (1e-4,), (1e-4,), 0.0, 3)) == 0.0
     parts = Components(2e-4, (5e-5, 5e-5), (4e-4, 4e-4), 1e-5, 2)
     shrinking = [P.detectable(parts, n) for n in (2, 3, 5, 10, 30, 300)]
-    assert all(x > y for x, y in zip(shrinking, shrinking[1:], strict=False))
+    assert all(x > y for x, y in itertools.pairwise(shrinking))
     # many seeds: V̂ is nearly exact and the detectable difference is the normal one
     assert shrinking[-1] == pytest.approx(z * math.sqrt(parts.variance(300, [300, 300])), rel=0.02)
     assert shrinking[-1] > P.floor(parts)

@@ -203,6 +203,12 @@ def test_builtin_study_through_rest_then_reused(client: TestClient, trainer: Fak
     assert page.count("no interval (too few seeds)") == 7
     assert page.count("closer to mixer than sw_mlp[density=") == 6
     assert [d["versus"] for d in summary["differences"]].count("seed_to_seed") == 7
+    # What the seeds detect, on every row with an interval; whether more seeds would decide
+    # each undecided one (analysis/studies/power.py)
+    assert page.count('<td class="num detectable">—</td>') == 7
+    assert page.count('<td class="num detectable">') == 13 and summary["power"]["max_seeds"] == 16
+    undecided = [d for d in summary["differences"] if d["decision"] == "undecided"]
+    assert page.count("data-more-seeds=") == len(undecided) > 0
     assert all(f'href="/models/{i}"' in page for i in model_ids)
     assert "Start a built-in study" in client.get("/studies").text
     # In the comparisons list the atlas is marked as the study's, with a link to it.
