@@ -101,6 +101,22 @@ def test_cli_train_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> No
     assert "unknown option 'widthh'" in capsys.readouterr().err
 
 
+def test_cli_study_plan_answers_from_a_pilot(capsys: pytest.CaptureFixture[str]) -> None:
+    pilot = Path(__file__).resolve().parents[2] / "docs" / "study-sparsity-3seeds.json"
+    args = ["study", "plan", "sparsity", "--pilot", str(pilot), "--detect", "0.05"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    plan = studies.plan_seeds("sparsity", pilot, detect=0.05)
+    rows = [line.split() for line in out.splitlines() if line.startswith(("sw_mlp", "mlp", "rp"))]
+    assert len(rows) == 13  # one per difference; its last column the seeds for 0.05
+    assert [int(r[-1]) for r in rows] == [d["power"]["seeds_for_detect"] for d in plan.asked]
+    n = plan.seeds
+    assert f"{n} seeds, {8 * n} trainings ({8 * (n - 3)} new beyond the pilot's)" in out
+    assert f"cka-atlas study run sparsity --seeds {n}" in out
+    assert main(["study", "plan", "width", "--pilot", str(pilot)]) == 2
+    assert "is not a run of the spec 'width'" in capsys.readouterr().err
+
+
 def test_model_structure_is_stored_returned_and_filterable(
     client: TestClient, zoo: dict[str, Path]
 ) -> None:
