@@ -1,15 +1,17 @@
 """What the pages look like at 1280 px: the depth profile fills its card and keeps every label
-inside its box, the hatch legend's swatch is cell-sized, the Jobs filters sit in one row, and
-the comparisons list shows and filters the options that differ."""
+inside its box, the hatch legend's swatch is cell-sized, the Jobs filters sit in one row, the
+comparisons list shows and filters the options that differ, and the model form's refusal names
+the file sent."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.e2e_tools import MODELS, Server, wait_done
+from tests.e2e.e2e_tools import MODELS, Server, sign_in, wait_done
 from tests.e2e.test_browser import page, shot  # noqa: F401  (the page fixture)
 
 pytestmark = pytest.mark.slow
@@ -124,3 +126,19 @@ def test_the_list_shows_the_options_that_differ_and_filters_by_one(
         "(rows) => rows.map((r) => Number(r.dataset.comparisonId))"
     )
     assert ids == [blocks_only]
+
+
+def test_the_model_form_names_the_file_sent_and_its_fault(
+    page: Any,  # noqa: F811
+    server: Server,
+    tmp_path: Path,
+) -> None:
+    sign_in(page, server, "/models")
+    page.get_by_text("Upload a model").click()
+    evil = tmp_path / "model.pth"
+    evil.write_bytes(pickle.dumps({"weights": [1, 2, 3]}))
+    page.locator('#model-upload input[name="weights"]').set_input_files(str(evil))
+    page.get_by_role("button", name="Upload model").click()
+    error = page.locator("#model-upload .form-error")
+    error.filter(has_text="'model.pth' is a pickle-based PyTorch file").wait_for()
+    assert "sidecar" not in error.inner_text()
