@@ -13,10 +13,11 @@ import hashlib
 import json
 import os
 import struct
+import zipfile
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import timm
@@ -42,6 +43,7 @@ __all__ = [
     "describe",
     "file_sha256",
     "load",
+    "pickle_refusal",
     "read_sidecar",
     "save",
     "sidecar_path",
@@ -226,34 +228,72 @@ def read_sidecar(path: str | os.PathLike[str]) -> dict[str, Any]:
     return validate_metadata(document, source=f"checkpoint sidecar {side}")
 
 
-def check_safetensors(path: Path) -> None:
+def pickle_refusal(what: str, then: str = "") -> str:
+    """The sentence that refuses a pickle-based weights file ``what`` (e.g. ``'model.pth'``)
+    and says how to convert it; ``then``: what to do with the converted file."""
+    return (
+        f"{what} is a pickle-based PyTorch file, which cka-atlas never loads (unpickling "
+        "runs code); convert it where you trust it with `sd = torch.load(path, "
+        "weights_only=True)` then `safetensors.torch.save_file(sd, 'model.safetensors')`"
+        + (f", {then}" if then else "")
+    )
+
+
+def _zip_refusal(path: Path, what: str) -> str:
+    """Why a zip archive is no safetensors file: torch.save's archive (a pickle inside), a
+    zipped model folder, or some other zip. Only the archive's directory is read."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [PurePosixPath(n).name for n in archive.namelist()[:10_000]]
+    except (OSError, zipfile.BadZipFile):
+        names = []
+    if "data.pkl" in names:  # torch.save writes <name>/data.pkl beside the tensor data
+        return pickle_refusal(what, "and use that")
+    if "config.json" in names:
+        return (
+            f"{what} is a zipped model folder, not a safetensors file; import it as a "
+            "Hugging Face / timm folder (its config.json names the architecture)"
+        )
+    return f"{what} is a zip archive, not a safetensors file"
+
+
+def check_safetensors(path: Path, name: str | None = None) -> None:
     """Refuse anything that is not a plausible safetensors file, before a reader parses it.
 
     A pickle or torch.save archive, a header length past the file or past
     :data:`MAX_HEADER_BYTES`, a header that is not a JSON object, and a tensor whose offsets lie
-    outside the file are refused in one sentence; nothing is unpickled or allocated.
+    outside the file are refused in one sentence; nothing is unpickled or allocated. ``name``:
+    the file as its owner knows it (an upload's file name), which the sentence names.
     """
+    what = f"'{name}'" if name else "the weights file"
     size = path.stat().st_size
     with path.open("rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise CheckpointError("the weights file is too short to be a safetensors file")
-        if head[:2] == b"PK" or head[:1] == b"\x80":
             raise CheckpointError(
-                "the weights file is a pickle/torch.save archive, never loaded; use safetensors"
+                f"{what} is too short to be a safetensors file ({len(head)} bytes)"
             )
+        if head[:1] == b"\x80":  # a bare pickle (torch.save's legacy format)
+            raise CheckpointError(pickle_refusal(what, "and use that"))
+        if head[:2] == b"PK":
+            raise CheckpointError(_zip_refusal(path, what))
         (n,) = struct.unpack("<Q", head)
         if n > MAX_HEADER_BYTES or n > size - 8:
-            raise CheckpointError("the safetensors header length is larger than the file allows")
+            raise CheckpointError(
+                f"{what} is not a safetensors file: the header length its first 8 bytes "
+                f"declare ({n}) is larger than the file allows"
+            )
         try:
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            raise CheckpointError("the safetensors header is not valid JSON") from None
+            raise CheckpointError(
+                f"{what} is not a safetensors file: its header is not valid JSON"
+            ) from None
     if not isinstance(header, dict):
-        raise CheckpointError("the safetensors header is not a JSON object")
+        raise CheckpointError(f"{what} is not a safetensors file: its header is not a JSON object")
     body = size - 8 - n
-    for name, entry in header.items():
-        if name == "__metadata__":
+    for key, entry in header.items():
+        if key == "__metadata__":
             continue
         offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
         if (
@@ -262,7 +302,7 @@ def check_safetensors(path: Path) -> None:
             or not all(isinstance(o, int) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1] <= body
         ):
-            raise CheckpointError(f"tensor {name[:80]!r} lies outside the safetensors file")
+            raise CheckpointError(f"{what}: tensor {key[:80]!r} lies outside the file")
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:

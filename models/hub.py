@@ -25,7 +25,7 @@ import timm
 from torch import nn
 
 from models.archives import ArchiveError, copy_entry, open_zip, safe_entries
-from models.checkpoint import load, save
+from models.checkpoint import load, pickle_refusal, save
 from models.errors import CheckpointError
 from models.preprocessing import data_config
 
@@ -42,22 +42,13 @@ LOADER_KEYS = frozenset(
 )
 
 
-def pickle_refusal(name: str) -> str:
-    """The sentence that refuses a pickle-based weights file and says how to convert it."""
-    return (
-        f"'{name}' is a pickle-based PyTorch file, which cka-atlas never loads (unpickling "
-        "runs code); convert it where you trust it with `sd = torch.load(path, "
-        "weights_only=True)` then `safetensors.torch.save_file(sd, 'model.safetensors')`, "
-        "and import the folder with config.json and model.safetensors"
-    )
-
-
 @dataclass
 class HubFolder:
     """The parsed ``config.json`` and the path of the weights, ready to build."""
 
     config: dict[str, Any]
     weights: Path
+    name: str = "the model folder"  # how refusals name it: its path, or the archive's name
 
     @property
     def architecture(self) -> str:
@@ -98,11 +89,15 @@ def _check_config(raw: bytes, where: str) -> dict[str, Any]:
     return config
 
 
-def _refuse_pickles(names: list[str]) -> None:
+def _refuse_pickles(names: list[str], where: str) -> None:
     pickles = [n for n in names if PurePosixPath(n).suffix.lower() in _PICKLE_SUFFIXES]
     if pickles:
-        raise CheckpointError(pickle_refusal(PurePosixPath(pickles[0]).name))
-    raise CheckpointError(f"the model folder has no {WEIGHTS} next to its {CONFIG}")
+        raise CheckpointError(
+            pickle_refusal(
+                f"'{PurePosixPath(pickles[0]).name}' in {where}", f"and put it beside the {CONFIG}"
+            )
+        )
+    raise CheckpointError(f"{where} has no {WEIGHTS} next to its {CONFIG}")
 
 
 def _from_directory(root: Path) -> HubFolder:
@@ -110,58 +105,93 @@ def _from_directory(root: Path) -> HubFolder:
     if not config.is_file():
         raise CheckpointError(f"{root} has no {CONFIG}; is it a Hugging Face / timm model folder?")
     if not weights.is_file():
-        _refuse_pickles([p.name for p in root.iterdir()])
+        _refuse_pickles([p.name for p in root.iterdir()], str(root))
     if config.stat().st_size > MAX_CONFIG_BYTES:
         raise CheckpointError(f"{config} is larger than {MAX_CONFIG_BYTES} bytes")
-    return HubFolder(_check_config(config.read_bytes(), str(config)), weights)
+    return HubFolder(_check_config(config.read_bytes(), str(config)), weights, str(root))
 
 
-def _from_zip(path: Path, scratch: Path, max_bytes: int) -> HubFolder:
-    archive = open_zip(path, path.name)
+def _one_config(files: list[str], where: str) -> str:
+    """The archive's one config.json, in the archive's root or in its one top-level folder."""
+    configs = sorted(n for n in files if PurePosixPath(n).name == CONFIG)
+    if not configs:
+        raise CheckpointError(
+            f"{where} holds no {CONFIG}; a Hugging Face / timm model folder is {CONFIG} and "
+            f"{WEIGHTS}, as timm's save_for_hf(model, folder, safe_serialization=True) "
+            "writes them: zip that folder"
+        )
+    if len(configs) > 1:
+        raise CheckpointError(
+            f"{where} holds {len(configs)} {CONFIG} files ({', '.join(configs[:3])}); zip "
+            "one model folder at a time"
+        )
+    if len(PurePosixPath(configs[0]).parts) > 2:
+        raise CheckpointError(
+            f"{where} holds its {CONFIG} at {configs[0]}, more than one folder deep; zip the "
+            "model folder itself"
+        )
+    return configs[0]
+
+
+def _from_zip(path: Path, scratch: Path, max_bytes: int, name: str) -> HubFolder:
+    where = f"'{name}'"
+    archive = open_zip(path, name)
     with archive:
         files = {
             info.filename: info
-            for info in safe_entries(
-                archive, path.name, max_members=MAX_MEMBERS, max_bytes=max_bytes
-            )
+            for info in safe_entries(archive, name, max_members=MAX_MEMBERS, max_bytes=max_bytes)
         }
         # the folder itself may be the archive's one top-level entry
-        configs = [n for n in files if PurePosixPath(n).name == CONFIG]
-        if len(configs) != 1 or len(PurePosixPath(configs[0]).parts) > 2:
-            raise CheckpointError(f"'{path.name}' must hold one model folder with a {CONFIG}")
-        prefix = str(PurePosixPath(configs[0]).parent)
+        config_name = _one_config(list(files), where)
+        prefix = str(PurePosixPath(config_name).parent)
         prefix = "" if prefix == "." else prefix + "/"
         if prefix + WEIGHTS not in files:
-            _refuse_pickles(list(files))
-        copy_entry(archive, files[configs[0]], path.name, scratch / CONFIG, MAX_CONFIG_BYTES)
+            _refuse_pickles(list(files), where)
+        copy_entry(archive, files[config_name], name, scratch / CONFIG, MAX_CONFIG_BYTES)
         # the config is checked before the (large) weights are copied out
-        config = _check_config((scratch / CONFIG).read_bytes(), f"{path.name}: {CONFIG}")
-        copy_entry(archive, files[prefix + WEIGHTS], path.name, scratch / WEIGHTS, max_bytes)
-    return HubFolder(config, scratch / WEIGHTS)
+        config = _check_config((scratch / CONFIG).read_bytes(), f"{CONFIG} in {where}")
+        copy_entry(archive, files[prefix + WEIGHTS], name, scratch / WEIGHTS, max_bytes)
+    return HubFolder(config, scratch / WEIGHTS, where)
 
 
 def read_hub(
-    source: str | os.PathLike[str], scratch: str | os.PathLike[str], *, max_bytes: int = 0
+    source: str | os.PathLike[str],
+    scratch: str | os.PathLike[str],
+    *,
+    max_bytes: int = 0,
+    name: str | None = None,
 ) -> HubFolder:
-    """Parse a model folder (a directory or a ``.zip``); archive members go to ``scratch``."""
+    """Parse a model folder (a directory or a ``.zip``); archive members go to ``scratch``.
+
+    ``name``: the archive as its owner knows it (an upload's file name; default its own
+    name), which every refusal names.
+    """
     path = Path(source)
     if path.is_dir():
         return _from_directory(path)
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist")
-    if path.suffix.lower() in _PICKLE_SUFFIXES:
-        raise CheckpointError(pickle_refusal(path.name))
+    name = name or path.name
+    if PurePosixPath(name).suffix.lower() in _PICKLE_SUFFIXES:
+        raise CheckpointError(pickle_refusal(f"'{name}'", f"and zip it with the folder's {CONFIG}"))
     if not zipfile.is_zipfile(path):
-        raise CheckpointError(f"{path.name} is neither a model folder nor a .zip of one")
+        raise CheckpointError(
+            f"'{name}' is not a zip archive; a model folder ({CONFIG} and {WEIGHTS}) is "
+            "imported as a folder or as a .zip of one"
+        )
     try:
-        return _from_zip(path, Path(scratch), max_bytes or DEFAULT_MAX_BYTES)
+        return _from_zip(path, Path(scratch), max_bytes or DEFAULT_MAX_BYTES, name)
     except ArchiveError as exc:
         raise CheckpointError(str(exc)) from None
 
 
 def load_hub(folder: HubFolder) -> tuple[nn.Module, dict[str, Any]]:
     """Build the folder's architecture and load its weights strictly (safetensors only)."""
-    model, meta = load(folder.weights, arch=folder.architecture, **folder.kwargs())
+    try:
+        model, meta = load(folder.weights, arch=folder.architecture, **folder.kwargs())
+    except CheckpointError as exc:  # name the folder's weights, not where they were unpacked
+        shown = str(exc).replace(str(folder.weights), f"{WEIGHTS} in {folder.name}")
+        raise CheckpointError(shown) from exc.__cause__
     pipeline = data_config(model, pretrained_cfg=folder.config.get("pretrained_cfg") or None)
     model.atlas_preprocessing = pipeline  # type: ignore[assignment]
     meta["preprocessing"] = pipeline
@@ -174,12 +204,15 @@ def import_hub(
     scratch: str | os.PathLike[str],
     *,
     max_bytes: int = 0,
+    name: str | None = None,
 ) -> Path:
     """Convert a model folder into a cka-atlas checkpoint at ``out``; return its weights path.
+
+    ``name``: the archive as its owner knows it (see :func:`read_hub`).
 
     The sidecar records the architecture, its keywords, the pipeline from the folder's data
     config, and the whole ``config.json`` under ``extra.hub_config``.
     """
-    folder = read_hub(source, scratch, max_bytes=max_bytes)
+    folder = read_hub(source, scratch, max_bytes=max_bytes, name=name)
     model, meta = load_hub(folder)
     return save(model, out, preprocessing=meta["preprocessing"], hub_config=folder.config)

@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+from app.cli.commands import CommandError
+
 __all__ = ["SERVICE_MODULES", "main"]
 
 # Each of these modules in app.cli exposes ``register(subparsers)``, which adds its parsers and sets
@@ -61,7 +63,8 @@ SERVICE_MODULES = frozenset(
 
 
 def _one_sentence(exc: BaseException) -> bool:
-    """Whether ``exc`` is told as one sentence: a missing file, or an input error of the
+    """Whether ``exc`` is told as one sentence: a command's own refusal
+    (:class:`app.cli.commands.CommandError`), a missing file, or an input error of the
     libraries (:class:`models.errors.InputError`, which every ``ModelError`` and
     ``AnalysisError`` is).
 
@@ -69,7 +72,7 @@ def _one_sentence(exc: BaseException) -> bool:
     command that needs none (``db``, ``token``, ``study list``, ``--help``) does not import
     torch for the check.
     """
-    if isinstance(exc, FileNotFoundError):
+    if isinstance(exc, CommandError | FileNotFoundError):
         return True
     errors = sys.modules.get("models.errors")
     return errors is not None and isinstance(exc, errors.InputError)

@@ -8,7 +8,12 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["command", "no_progress_flag"]
+__all__ = ["CommandError", "command", "no_progress_flag"]
+
+
+class CommandError(Exception):
+    """What stops a command, told as one sentence on stderr (exit status 2), never a traceback."""
+
 
 Run = Callable[[argparse.Namespace], int]
 

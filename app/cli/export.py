@@ -45,13 +45,13 @@ def _format(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from app.cli.store import open_store
     from app.store.cells import Cells
-    from app.store.db import Database
     from app.store.orm import Comparison
     from app.store.settings import Settings
 
     fmt = _format(args)
-    db = Database(Settings().resolved_database_url)
+    db = open_store(Settings())
     try:
         with db.session(readonly=True) as s:
             cmp = s.get(Comparison, args.comparison_id)

@@ -33,16 +33,14 @@ def register(subparsers: Any) -> None:
 
 
 def run_gc(args: argparse.Namespace) -> int:
-    from app.cli.store import ensure_store
+    from app.cli.store import open_store
     from app.store.artifacts import ArtifactStore
-    from app.store.db import Database
     from app.store.gc import collect
     from app.store.settings import Settings
 
     settings = Settings()
-    db = Database(settings.resolved_database_url)
+    db = open_store(settings)
     try:
-        ensure_store(db.engine, settings.data_dir)
         report = collect(
             db, ArtifactStore(settings.data_dir), dry_run=args.dry_run, grace_s=args.grace
         )

@@ -134,6 +134,7 @@ def _embedded_forever(settings: Any, threads: int | None) -> None:
 
 
 def run_db(args: argparse.Namespace) -> int:
+    from app.cli.store import open_store
     from app.store.db import (
         Database,
         SchemaError,
@@ -144,7 +145,11 @@ def run_db(args: argparse.Namespace) -> int:
     )
 
     settings = _settings(args)
-    db = Database(settings.resolved_database_url)
+    # `current` reads the store (and creates none); `upgrade` creates it where there is none.
+    if args.db_command == "current":
+        db = open_store(settings, schema=False)
+    else:
+        db = Database(settings.resolved_database_url)
     try:
         current, head = current_revision(db.engine), head_revision()
         if args.db_command == "upgrade":

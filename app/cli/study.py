@@ -78,10 +78,10 @@ def register(subparsers: Any) -> None:
     )
 
 
-def _services(run_jobs: bool = False) -> Any:
+def _services() -> Any:
     """The store's services (a context manager), from the environment, through the
-    composition root; ``run_jobs``: with no broker, a pool of ``CKA_WORKER_THREADS`` threads
-    (at least one) in this process runs the jobs, as the server's embedded worker would."""
+    composition root; with no broker, a pool of ``CKA_WORKER_THREADS`` threads (at least
+    one) in this process runs the jobs, as the server's embedded worker would."""
     from app.cli.store import ensure_store
     from app.jobs.runtime import running
     from app.store.datasets import register_builtin_datasets
@@ -92,8 +92,7 @@ def _services(run_jobs: bool = False) -> Any:
         register_builtin_datasets(services)
 
     settings = Settings()
-    threads = max(settings.worker_threads, 1) if run_jobs else 0
-    return running(settings, threads=threads, prepare=prepare)
+    return running(settings, threads=max(settings.worker_threads, 1), prepare=prepare)
 
 
 def _requester() -> Any:
@@ -214,7 +213,7 @@ def run_study_command(args: argparse.Namespace) -> int:
     from app.errors import ProblemError
     from app.jobs.studies import submit_study
 
-    with _services(run_jobs=True) as services:
+    with _services() as services:
         body = _request(args.study, args.seeds, args.quick)
         try:
             study_id, _ = submit_study(services, body, local=True, requester=_requester())
@@ -244,12 +243,18 @@ def run_study_command(args: argparse.Namespace) -> int:
 
 
 def list_studies_command(args: argparse.Namespace) -> int:
+    from app.cli.store import open_store
     from app.http.api.studies import study_view
     from app.store import repository
+    from app.store.settings import Settings
 
-    with _services() as services, services.db.session(readonly=True) as s:
-        items, total = repository.list_studies(s, limit=args.limit, offset=0)
-        views = [study_view(st) for st in items]
+    db = open_store(Settings())
+    try:
+        with db.session(readonly=True) as s:
+            items, total = repository.list_studies(s, limit=args.limit, offset=0)
+            views = [study_view(st) for st in items]
+    finally:
+        db.dispose()
     print(f"{'id':>4}  {'name':<16} {'status':<10} {'trainings':>11}  created")
     for v in views:
         tr = v["trainings"]

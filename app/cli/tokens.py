@@ -32,14 +32,12 @@ def register(subparsers: Any) -> None:
 
 
 def _database() -> Any:
-    from app.cli.store import ensure_store
-    from app.store.db import Database
+    """The existing store (tokens are made for a store that a service serves: a new, empty
+    one in the wrong folder would hold them unseen)."""
+    from app.cli.store import open_store
     from app.store.settings import Settings
 
-    settings = Settings()
-    db = Database(settings.resolved_database_url)
-    ensure_store(db.engine, settings.data_dir)
-    return db
+    return open_store(Settings())
 
 
 def run_create(args: argparse.Namespace) -> int:

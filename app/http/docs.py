@@ -4,10 +4,17 @@ FastAPI's own documentation pages load Swagger UI and ReDoc from a CDN, so they 
 offline. Here the assets come from the installed ``fastapi-offline`` package (which ships
 them), and the pages carry a Content-Security-Policy that lets them load nothing from any
 other host: ReDoc's bundle would otherwise fetch its logo from its CDN.
+
+The OpenAPI schema both pages read is built once per process, from a thread started with
+the app, rather than by the first request for it: FastAPI builds it lazily, a quarter of a
+second of CPU that a busy server (a training holding the interpreter) stretched to seconds
+of the first ``/docs`` (BENCHMARKS.md, ``bench/bench_docs.py``). Every app of a process with
+the same routes shares it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from importlib.resources import files
 from typing import Any
@@ -30,8 +37,43 @@ DOCS_CSP = (
 )
 
 
+_SCHEMAS: dict[tuple[Any, ...], dict[str, Any]] = {}
+_BUILDING = threading.Lock()
+
+
+def _identity(app: FastAPI) -> tuple[Any, ...]:
+    """What an app's OpenAPI schema is made of: its title, version, description, routes."""
+    routes = tuple(
+        (
+            getattr(r, "path", ""),
+            tuple(sorted(getattr(r, "methods", None) or ())),
+            getattr(r, "name", ""),
+        )
+        for r in app.routes
+    )
+    return (app.title, app.version, app.description, app.openapi_version, routes)
+
+
+def _shared_schema(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """``app.openapi``, with the schema built once for every app of the process like it."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            with _BUILDING:
+                key = _identity(app)
+                if key not in _SCHEMAS:
+                    _SCHEMAS[key] = build()
+                app.openapi_schema = _SCHEMAS[key]
+        return app.openapi_schema
+
+    return openapi
+
+
 def install_docs(app: FastAPI) -> None:
-    """Add ``/docs``, ``/redoc`` and their assets to ``app`` (built with ``docs_url=None``)."""
+    """Add ``/docs``, ``/redoc`` and their assets to ``app`` (built with ``docs_url=None``),
+    last, once every route is there: a thread builds the schema (or finds it built)."""
+    app.openapi = _shared_schema(app)  # type: ignore[method-assign]
     static = files("fastapi_offline") / "static"
     app.mount(ASSETS, StaticFiles(directory=str(static)), name="docs-assets")
     openapi = app.openapi_url or "/openapi.json"
@@ -63,3 +105,4 @@ def install_docs(app: FastAPI) -> None:
         with_google_fonts=False,
     )
     app.add_api_route("/redoc", redoc, include_in_schema=False, name="redoc")
+    threading.Thread(target=app.openapi, name="openapi-schema", daemon=True).start()

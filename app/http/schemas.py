@@ -67,6 +67,13 @@ class ModelOut(BaseModel):
 
     id: int = Field(examples=[1])
     name: str = Field(examples=["mixer_digits"])
+    aliases: list[str] = Field(
+        default_factory=list,
+        examples=[["mixer_again"]],
+        description="Other names of these weights, oldest first: an upload of weights stored "
+        "already returns the stored model (200), and a name it was sent with that the model "
+        "does not have is added here",
+    )
     arch: str = Field(examples=["mixer_digits"])
     source: str = Field(examples=["upload"], description="upload, timm, training or zoo")
     sha256: str = Field(examples=["9f2c…"], description="sha256 of the safetensors file")
@@ -176,6 +183,13 @@ class ComparisonOut(JobFields):
     dataset_id: int = Field(examples=[1])
     models: list[ComparisonModelOut]
     params: dict[str, Any]
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        examples=[{"feature": "mean_tokens", "baselines": ["random_init"]}],
+        description="The comparison options of `params` that are not their defaults (a "
+        "default that depends on other options taken with them); the list filters on them "
+        "with `option=NAME=VALUE`",
+    )
     diagnostics: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
     created_at: datetime

@@ -36,17 +36,30 @@ def register_checkpoint(
     name: str | None,
     source: str,
     training_key: str | None = None,
+    weights_name: str | None = None,
+    sidecar_name: str | None = None,
 ) -> tuple[Model, bool]:
     """Store a checkpoint pair and add its model row; idempotent by weights sha256.
 
+    ``name`` is the name asked for (None: the sidecar's, else the architecture). Weights
+    stored already return their row, and a name asked for that the row does not have is kept
+    as one of its aliases (:class:`app.store.orm.ModelAlias`), never dropped.
     ``training_key`` (a service training's identity, see :mod:`app.jobs.study`) is recorded
-    on the row, also on an existing row that had none. Returns (model row, created).
+    on the row, also on an existing row that had none. ``weights_name`` and ``sidecar_name``:
+    the files as an uploader sent them, which refusals name. Returns (model row, created).
     """
     store: ArtifactStore = services.store
     # The service's own trainings keep a stored twin's sidecar (a deterministic re-run
     # differs in its timings only); anything uploaded must match it (409 otherwise).
     keep = source in SERVICE_SOURCES
-    sha, size, model = store_checkpoint(store, weights, sidecar, keep_stored=keep)
+    sha, size, model = store_checkpoint(
+        store,
+        weights,
+        sidecar,
+        keep_stored=keep,
+        weights_name=weights_name,
+        sidecar_name=sidecar_name,
+    )
     info = describe_model(model)
     sidecar_meta: dict[str, Any] = repository_sidecar(store, sha)
     with services.db.session() as s:
@@ -55,6 +68,8 @@ def register_checkpoint(
             if training_key and existing.training_key is None:
                 existing.training_key = training_key
                 s.flush()
+            if name is not None:
+                repository.add_alias(s, existing, clean_name(name))
             return existing, False
         row = Model(
             name=(name or _default_name(sidecar_meta, info["arch"]))[:200],
@@ -63,6 +78,7 @@ def register_checkpoint(
             size_bytes=size,
             sidecar=sidecar_meta,
             training_key=training_key,
+            alias_rows=[],
             **info,
         )
         s.add(row)

@@ -10,8 +10,10 @@ sidecar describes. A model row holds the library's description (models.describe)
 
 from __future__ import annotations
 
+import contextlib
 import json
-from pathlib import Path
+import zipfile
+from pathlib import Path, PurePath
 from typing import Any
 
 import timm
@@ -20,6 +22,7 @@ import models
 from analysis.layers import default_layers
 from app.errors import ProblemError
 from app.store.artifacts import ArtifactStore
+from app.store.values import clean_name
 from models import ConfigError, ModelError
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "load_checkpoint",
     "pretrained_checkpoint",
     "refuse_loader_options",
+    "shown",
     "sidecar_differences",
     "store_checkpoint",
     "timm_checkpoint",
@@ -73,10 +77,30 @@ def _bad(detail: str, field: str = "weights") -> ProblemError:
     return ProblemError(422, "invalid_checkpoint", detail, field=field)
 
 
-def check_safetensors(path: Path) -> None:
-    """The library's header check (models.check_safetensors) as a 422 on the weights."""
+def _file_name(name: str | None) -> str | None:
+    """A file name the user sent, as sentences show it: its last part, storable, short."""
+    return clean_name(PurePath(name or "").name, 100) or None
+
+
+def shown(name: str | None, fallback: str) -> str:
+    """How a sentence names a file the user sent: its file name quoted, else ``fallback``."""
+    clean = _file_name(name)
+    return f"'{clean}'" if clean else fallback
+
+
+def check_safetensors(path: Path, name: str | None = None) -> None:
+    """The library's header check (models.check_safetensors) as a 422 on the weights, naming
+    the file as the user sent it (``name``); a zipped model folder is pointed to ``hub``."""
+    what = shown(name, "the weights")
+    if zipfile.is_zipfile(path):
+        with contextlib.suppress(OSError, zipfile.BadZipFile), zipfile.ZipFile(path) as archive:
+            if any(PurePath(n).name == "config.json" for n in archive.namelist()[:10_000]):
+                raise _bad(
+                    f"{what} is a zipped model folder, not safetensors weights: send it as "
+                    "hub, alone (its config.json names the architecture)"
+                )
     try:
-        models.check_safetensors(path)
+        models.check_safetensors(path, _file_name(name))
     except models.CheckpointError as exc:
         raise _bad(str(exc)) from None
 
@@ -129,7 +153,13 @@ def sidecar_differences(stored: Any, new: Any, prefix: str = "") -> list[str]:
 
 
 def store_checkpoint(
-    store: ArtifactStore, weights: Path, sidecar: Path, *, keep_stored: bool = False
+    store: ArtifactStore,
+    weights: Path,
+    sidecar: Path,
+    *,
+    keep_stored: bool = False,
+    weights_name: str | None = None,
+    sidecar_name: str | None = None,
 ) -> tuple[str, int, Any]:
     """Validate the pair and put it into the store. Returns (sha256, size, loaded model).
 
@@ -140,19 +170,23 @@ def store_checkpoint(
     written once, beside them. Weights already stored with a sidecar that differs (beyond
     FILE_FIELDS) are refused with 409 naming the fields, unless ``keep_stored`` (the
     service's own trainings), which keeps the stored sidecar.
+
+    ``weights_name`` and ``sidecar_name``: the files as the user sent them, which refusals
+    name (never the server's paths).
     """
-    check_safetensors(weights)
+    check_safetensors(weights, weights_name)
+    side = "the sidecar" + (f" {shown(sidecar_name, '')}" if _file_name(sidecar_name) else "")
     if sidecar.stat().st_size > MAX_SIDECAR_BYTES:
-        raise _bad(f"the sidecar is larger than {MAX_SIDECAR_BYTES} bytes", field="sidecar")
+        raise _bad(f"{side} is larger than {MAX_SIDECAR_BYTES} bytes", field="sidecar")
     try:
         meta = json.loads(sidecar.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise _bad("the sidecar is not valid JSON", field="sidecar") from None
+        raise _bad(f"{side} is not valid JSON", field="sidecar") from None
     if not isinstance(meta, dict):
-        raise _bad("the sidecar must be a JSON object", field="sidecar")
+        raise _bad(f"{side} must be a JSON object", field="sidecar")
     refuse_loader_options(meta.get("config"), "sidecar")
     try:
-        models.validate_metadata(meta, source="the sidecar")
+        models.validate_metadata(meta, source=side)
     except models.ModelError as exc:
         raise _bad(str(exc), field="sidecar") from None
     with store.scratch() as tmp:
@@ -163,7 +197,9 @@ def store_checkpoint(
         store.link_or_copy(weights, w)
         with store.writing():
             w.with_suffix(".json").write_text(json.dumps(meta), encoding="utf-8")
-        model, _ = _load_upload(lambda: models.load(w), w, options_field="sidecar")
+        model, _ = _load_upload(
+            lambda: models.load(w), w, options_field="sidecar", name=weights_name
+        )
         sha, size = store.put_file(w, ".safetensors")
     # The stored sidecar also records the structure the library measures on the model.
     meta["structure"] = models.model_structure(model)
@@ -186,44 +222,57 @@ def store_checkpoint(
 
 
 def timm_checkpoint(
-    store: ArtifactStore, name: str, weights: Path, config: dict[str, Any]
+    store: ArtifactStore,
+    name: str,
+    weights: Path,
+    config: dict[str, Any],
+    *,
+    weights_name: str | None = None,
 ) -> tuple[str, int, Any]:
-    """Load weights as a plain state dict of timm model ``name``; store them with a sidecar."""
-    check_safetensors(weights)
+    """Load weights as a plain state dict of timm model ``name``; store them with a sidecar.
+    ``weights_name``: the weights' file as the user sent it."""
+    check_safetensors(weights, weights_name)
     refuse_loader_options(config, "config")
     if not timm.is_model(name):  # presets are registered with timm by ``import models``
         raise _bad(f"{name[:200]!r} is not a preset or timm model name", field="timm_name")
     _model, meta = _load_upload(
-        lambda: models.load(weights, arch=name, **config), weights, options_field="config"
+        lambda: models.load(weights, arch=name, **config),
+        weights,
+        options_field="config",
+        name=weights_name,
     )
     sidecar = weights.with_suffix(".json")
     with store.writing():
         sidecar.write_text(json.dumps(meta), encoding="utf-8")
-    return store_checkpoint(store, weights, sidecar)
+    return store_checkpoint(store, weights, sidecar, weights_name=weights_name)
 
 
-def hub_checkpoint(store: ArtifactStore, archive: Path, max_bytes: int) -> tuple[str, int, Any]:
+def hub_checkpoint(
+    store: ArtifactStore, archive: Path, max_bytes: int, name: str | None = None
+) -> tuple[str, int, Any]:
     """Import a zipped Hugging Face / timm model folder; store it as a checkpoint pair.
 
     The folder's ``config.json`` builds the architecture (loader options refused), its
     ``model.safetensors`` must fit strictly, and its data config becomes the pipeline.
+    ``name``: the archive's file name as the user sent it, which refusals name.
     """
     from models.hub import import_hub
 
+    label = _file_name(name) or "the uploaded folder"
     with store.scratch() as tmp:
         unpacked = Path(tmp) / "folder"
         unpacked.mkdir()
         try:
             path = import_hub(
-                archive, Path(tmp) / "model.safetensors", unpacked, max_bytes=max_bytes
+                archive, Path(tmp) / "model.safetensors", unpacked, max_bytes=max_bytes, name=label
             )
         except ModelError as exc:
-            raise _bad(str(exc).replace(str(archive), "the uploaded folder"), field="hub") from None
+            raise _bad(str(exc).replace(str(archive), f"'{label}'"), field="hub") from None
         except OSError:
             raise
         except Exception as exc:  # timm constructors raise anything on hostile model_args
             raise _bad(
-                f"the folder's architecture cannot be built ({type(exc).__name__}: "
+                f"the architecture of '{label}' cannot be built ({type(exc).__name__}: "
                 f"{str(exc)[:300]})",
                 field="hub",
             ) from None
@@ -255,20 +304,24 @@ def pretrained_checkpoint(
         return store_checkpoint(store, path, path.with_suffix(".json"))
 
 
-def _load_upload(load: Any, path: Path, *, options_field: str) -> tuple[Any, dict[str, Any]]:
+def _load_upload(
+    load: Any, path: Path, *, options_field: str, name: str | None = None
+) -> tuple[Any, dict[str, Any]]:
     """Run ``models.load`` on an upload: every way it fails is the uploader's, so a 422.
 
     A config that cannot build its architecture is blamed on ``options_field`` (the sidecar
     or the config form field), anything else (unreadable tensors, missing or unexpected
     keys, wrong shapes, a sha256 the sidecar does not record) on the weights. timm's
     constructors raise whatever they raise on hostile options, hence the broad except.
-    Messages name "the uploaded weights", never the server's scratch path.
+    Messages name the file as the user sent it (``name``; else "the uploaded weights"),
+    never the server's scratch path.
     """
     try:
         result: tuple[Any, dict[str, Any]] = load()
     except ModelError as exc:
         blame = options_field if isinstance(exc.__cause__, ConfigError) else "weights"
-        raise _bad(str(exc).replace(str(path), "the uploaded weights"), field=blame) from None
+        what = shown(name, "the uploaded weights")
+        raise _bad(str(exc).replace(str(path), what), field=blame) from None
     except OSError:  # the server's own I/O (a full or unreadable store) is not the upload's fault
         raise
     except Exception as exc:

@@ -40,6 +40,7 @@ __all__ = [
     "JobRequester",
     "JobState",
     "Model",
+    "ModelAlias",
     "Study",
     "StudyMember",
     "Training",
@@ -140,6 +141,15 @@ class Model(Base):
     # service (analysis.studies.training_key): a study reuses a model with its key.
     training_key: Mapped[str | None] = mapped_column(String(64), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Names the same weights were uploaded under after this one (oldest first).
+    alias_rows: Mapped[list[ModelAlias]] = relationship(
+        lazy="selectin", order_by="ModelAlias.created_at", cascade="all, delete-orphan"
+    )
+
+    @property
+    def aliases(self) -> list[str]:
+        """The model's other names, oldest first (see :class:`ModelAlias`)."""
+        return [a.name for a in self.alias_rows]
 
     @property
     def S(self) -> int | None:
@@ -150,6 +160,23 @@ class Model(Base):
     def C(self) -> int | None:
         """Channels C (the API's name for the ``channels`` column)."""
         return self.channels
+
+
+class ModelAlias(Base):
+    """Another name of a model: stored weights uploaded again under a name they did not have.
+
+    A model is its weights (one row per sha256), so a second upload returns the stored model;
+    the name it was sent with is kept here rather than dropped, shown with the model and
+    matched by the models list's name search.
+    """
+
+    __tablename__ = "model_aliases"
+
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(200), primary_key=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Dataset(Base):

@@ -6,10 +6,13 @@ functions return ``(items, total)`` for pagination.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, delete, exists, func, select
+from sqlalchemy import ColumnElement, Select, String, cast, delete, exists, func, or_, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer
 
 from app.store.orm import (
@@ -20,11 +23,14 @@ from app.store.orm import (
     Job,
     JobState,
     Model,
+    ModelAlias,
     Study,
     Training,
 )
 
 __all__ = [
+    "ParamFilter",
+    "add_alias",
     "comparison_for_job",
     "comparisons_using_dataset",
     "comparisons_using_model",
@@ -69,6 +75,20 @@ def model_by_sha(session: Session, sha: str) -> Model | None:
     return session.scalar(select(Model).where(Model.sha256 == sha))
 
 
+def add_alias(session: Session, model: Model, name: str) -> None:
+    """Record ``name`` as another name of ``model``, unless it is its name or an alias already.
+
+    In a savepoint: a concurrent upload that recorded the same alias first wins, quietly.
+    """
+    if not name or name == model.name or name in model.aliases:
+        return
+    try:
+        with session.begin_nested():
+            model.alias_rows.append(ModelAlias(model_id=model.id, name=name))
+    except IntegrityError:
+        session.refresh(model, ["alias_rows"])
+
+
 def dataset_by_sha(session: Session, sha: str) -> Dataset | None:
     return session.scalar(select(Dataset).where(Dataset.sha256 == sha))
 
@@ -110,7 +130,10 @@ def list_models(
     if source:
         stmt = stmt.where(Model.source == source)
     if q:
-        stmt = stmt.where(Model.name.contains(q, autoescape=True))
+        alias = exists().where(
+            ModelAlias.model_id == Model.id, ModelAlias.name.contains(q, autoescape=True)
+        )
+        stmt = stmt.where(Model.name.contains(q, autoescape=True) | alias)
     return page(session, stmt, limit, offset)
 
 
@@ -123,6 +146,34 @@ def list_datasets(
     return page(session, stmt, limit, offset)
 
 
+@dataclass(frozen=True)
+class ParamFilter:
+    """Comparisons whose stored param ``name`` is ``value`` — holds it, with ``contains`` (a
+    list, or a layer selection that may be one) — or, with ``or_absent``, does not record it
+    (``value`` is its default, and the comparison predates the option)."""
+
+    name: str
+    value: str | int | float | bool
+    contains: bool = False
+    or_absent: bool = False
+
+
+def _param_is(f: ParamFilter) -> ColumnElement[bool]:
+    """:class:`ParamFilter` in SQL, the same on SQLite and PostgreSQL."""
+    field = Comparison.params[f.name]
+    if f.contains:  # the value's JSON text within the stored JSON text: '"x"' in '["x", "y"]'
+        return cast(field, String).contains(json.dumps(f.value), autoescape=True)
+    if isinstance(f.value, bool):
+        match = field.as_boolean() == f.value
+    elif isinstance(f.value, int):
+        match = field.as_integer() == f.value
+    elif isinstance(f.value, float):
+        match = field.as_float() == f.value
+    else:
+        match = field.as_string() == f.value
+    return or_(match, field.as_string().is_(None)) if f.or_absent else match
+
+
 def list_comparisons(
     session: Session,
     *,
@@ -132,7 +183,9 @@ def list_comparisons(
     dataset_id: int | None = None,
     status: JobState | None = None,
     kernel: str | None = None,
+    params: Sequence[ParamFilter] = (),
 ) -> tuple[list[Comparison], int]:
+    """Newest first; ``params``: every one of these filters on the stored options."""
     # Lists never show the atlas itself: leave the (large) result column unloaded.
     stmt = (
         select(Comparison)
@@ -153,6 +206,8 @@ def list_comparisons(
         stmt = stmt.where(Job.status == status)
     if kernel:
         stmt = stmt.where(Comparison.kernel == kernel)
+    for f in params:
+        stmt = stmt.where(_param_is(f))
     return page(session, stmt, limit, offset)
 
 

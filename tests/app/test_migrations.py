@@ -68,8 +68,8 @@ def test_db_cli(
     db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("CKA_DATABASE_URL", db_url)
-    assert main(["db", "current"]) == 1
-    assert "cka-atlas db upgrade" in capsys.readouterr().out
+    assert main(["db", "current"]) == 2  # no store yet: one sentence, and nothing created
+    assert "cka-atlas db upgrade" in capsys.readouterr().err
     assert main(["db", "upgrade"]) == 0
     assert main(["db", "current"]) == 0
     assert "up to date" in capsys.readouterr().out

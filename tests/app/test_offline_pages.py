@@ -69,3 +69,20 @@ def test_every_page_and_asset_stays_on_this_server(
     for path in ("/docs", "/redoc"):
         policy = client.get(path).headers["content-security-policy"]
         assert "default-src 'self'" in policy and "http" not in policy
+
+
+def test_the_openapi_schema_is_built_with_the_app_once_per_process(tmp_path: Path) -> None:
+    """The first ``/docs`` does not wait for the schema: a thread builds it as the app is made,
+    and every app of the process shares it (bench/bench_docs.py measures what it saves)."""
+    import threading
+
+    from app.http.main import create_app
+    from tests.helpers import make_settings
+
+    apps = [create_app(make_settings(f"sqlite:///{tmp_path / n}.db", tmp_path / n)) for n in "ab"]
+    for thread in threading.enumerate():
+        if thread.name == "openapi-schema":
+            thread.join(timeout=120)
+    assert apps[0].openapi_schema is not None  # no request asked for it
+    assert apps[0].openapi() is apps[1].openapi()
+    assert "/v1/comparisons" in apps[1].openapi()["paths"]

@@ -17,6 +17,7 @@ from app.http.api.deps import (
     Svc,
     api_router,
 )
+from app.http.api.options import option_filter
 from app.http.api.rows import cancel_job_of, listing, row_or_404, view_of
 from app.http.api.uploads import answer_registered
 from app.http.api.views import comparison_view
@@ -76,8 +77,20 @@ def list_comparisons(
     dataset_id: int | None = Query(None, ge=1, le=ID_MAX, description="Only over this dataset"),
     status_: StatusFilter = None,
     kernel: Annotated[str | None, Query(max_length=40), NO_NUL] = None,
+    option: Annotated[
+        list[Annotated[str, Query(max_length=300), NO_NUL]],
+        Query(
+            max_length=20,
+            description="NAME=VALUE: only comparisons whose option NAME is VALUE (a list "
+            "option, such as baselines, or the layer selection: holds VALUE); repeat to "
+            "require several. NAME is any comparison option, e.g. feature=mean_tokens, "
+            "estimator=biased, null=permutation, baselines=random_init",
+            examples=["feature=mean_tokens"],
+        ),
+    ] = [],  # noqa: B006 - FastAPI copies a query default; it is never mutated
 ) -> dict[str, Any]:
-    """Newest first."""
+    """Newest first. Each comparison's ``options`` are its options that differ from the
+    defaults; ``option`` filters on any option."""
     return listing(
         services,
         at,
@@ -87,6 +100,7 @@ def list_comparisons(
         dataset_id=dataset_id,
         status=status_,
         kernel=kernel,
+        params=[option_filter(text) for text in option],
     )
 
 

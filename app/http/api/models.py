@@ -20,7 +20,13 @@ from app.http.schemas import NO_NUL, ModelOut, Page
 from app.http.security import ADMIN, READ
 from app.jobs.train import register_checkpoint
 from app.store import gc, repository
-from app.store.checkpoints import hub_checkpoint, pretrained_checkpoint, timm_checkpoint
+from app.store.checkpoints import (
+    check_safetensors,
+    hub_checkpoint,
+    pretrained_checkpoint,
+    shown,
+    timm_checkpoint,
+)
 from app.store.orm import Model
 
 __all__ = ["router"]
@@ -42,7 +48,12 @@ def _config(raw: str | None) -> dict[str, Any]:
     return value
 
 
-@router.post("", **register_route(ModelOut, "Already registered (same sha256)"))
+@router.post(
+    "",
+    **register_route(
+        ModelOut, "Already registered (same sha256); a new `name` is added to its `aliases`"
+    ),
+)
 def upload_model(
     services: Svc,
     response: Response,
@@ -70,7 +81,8 @@ def upload_model(
     config ``{"pretrained": true}`` takes the published weights from the operator's
     CKA_PRETRAINED_DIR instead of an upload (never a download). The weights must load
     strictly into the declared architecture. The same weights again return the existing
-    model with 200.
+    model with 200; a ``name`` it does not have is added to its ``aliases`` (a model is its
+    weights: one row per sha256, so the name is kept rather than dropped or refused).
     """
     if hub is not None:
         if weights is not None or sidecar is not None or timm_name is not None:
@@ -80,37 +92,84 @@ def upload_model(
         return _register_hub(services, response, hub, name)
     options = _config(config)
     pretrained = options.get("pretrained") is True and timm_name is not None and weights is None
-    if (sidecar is None) == (timm_name is None):
-        raise ProblemError(
-            422, "validation_error", "send exactly one of sidecar or timm_name", field="sidecar"
-        )
     if weights is None and not pretrained:
-        raise ProblemError(422, "validation_error", "weights are required", field="weights")
+        raise ProblemError(
+            422, "validation_error", _no_weights(sidecar, timm_name), field="weights"
+        )
 
     with services.store.scratch() as tmp:
         if pretrained:
             assert timm_name is not None
+            if sidecar is not None:
+                raise ProblemError(422, "validation_error", _BOTH, field="sidecar")
             sha, _size, _ = pretrained_checkpoint(
                 services.store, timm_name, options, services.settings.pretrained_dir
             )
             stored = services.store.path(sha, ".safetensors")
             row, created = register_checkpoint(
-                services, stored, stored.with_suffix(".json"), name=name or timm_name, source="timm"
+                services, stored, stored.with_suffix(".json"), name=name, source="timm"
             )
             return _answer(response, row, created)
         assert weights is not None
         w = save_upload(weights, Path(tmp) / "weights.safetensors", services.store)
+        # What is wrong with the file comes first: a pickle sent without its sidecar is
+        # told that it is a pickle, not that a sidecar is missing.
+        check_safetensors(w, weights.filename)
+        if (sidecar is None) == (timm_name is None):
+            what = f"the weights {shown(weights.filename, '')}".rstrip()
+            raise ProblemError(
+                422,
+                "validation_error",
+                _BOTH
+                if sidecar is not None
+                else f"{what} need their sidecar (the .json file models.save writes beside "
+                "them) or a timm_name (the timm architecture they are a state dict of); a "
+                "Hugging Face / timm model folder goes zipped, as hub",
+                field="sidecar",
+            )
         if sidecar is not None:
             side = save_upload(sidecar, Path(tmp) / "sidecar.json", services.store)
-            row, created = register_checkpoint(services, w, side, name=name, source="upload")
+            row, created = register_checkpoint(
+                services,
+                w,
+                side,
+                name=name,
+                source="upload",
+                weights_name=weights.filename,
+                sidecar_name=sidecar.filename,
+            )
         else:
             assert timm_name is not None
-            _sha, _size, _ = timm_checkpoint(services.store, timm_name, w, options)
+            _sha, _size, _ = timm_checkpoint(
+                services.store, timm_name, w, options, weights_name=weights.filename
+            )
             stored = services.store.path(_sha, ".safetensors")
             row, created = register_checkpoint(
-                services, stored, stored.with_suffix(".json"), name=name or timm_name, source="timm"
+                services, stored, stored.with_suffix(".json"), name=name, source="timm"
             )
     return _answer(response, row, created)
+
+
+_BOTH = "send either a sidecar or a timm_name with the weights, not both (the sidecar names the "
+_BOTH += "architecture already)"
+
+
+def _no_weights(sidecar: UploadFile | None, timm_name: str | None) -> str:
+    """What a request without weights (and without pretrained weights) lacks, in words."""
+    if sidecar is not None:
+        return (
+            f"{shown(sidecar.filename, 'the sidecar')} came without the weights it describes: "
+            "send the .safetensors file as weights"
+        )
+    if timm_name is not None:
+        return (
+            f"timm_name {timm_name[:200]!r} needs weights (a .safetensors state dict), or "
+            'config {"pretrained": true} for the published weights in CKA_PRETRAINED_DIR'
+        )
+    return (
+        "send a model: weights with their sidecar, weights with a timm_name, or a zipped "
+        "Hugging Face / timm model folder as hub"
+    )
 
 
 def _answer(response: Response, row: Model, created: bool) -> Model:
@@ -122,12 +181,11 @@ def _register_hub(services: Svc, response: Response, hub: UploadFile, name: str 
     with services.store.scratch() as tmp:
         archive = save_upload(hub, Path(tmp) / "folder.zip", services.store)
         sha, _size, _ = hub_checkpoint(
-            services.store, archive, services.settings.max_upload_bytes * 4
+            services.store, archive, services.settings.max_upload_bytes * 4, hub.filename
         )
         stored = services.store.path(sha, ".safetensors")
-        meta = json.loads(stored.with_suffix(".json").read_text(encoding="utf-8"))
         row, created = register_checkpoint(
-            services, stored, stored.with_suffix(".json"), name=name or meta["arch"], source="hub"
+            services, stored, stored.with_suffix(".json"), name=name, source="hub"
         )
     return _answer(response, row, created)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from app.http.api.options import differing_options
 from app.store.orm import Comparison, Job, JobState, Training
 
 __all__ = ["comparison_view", "held_by", "job_fields", "training_view"]
@@ -48,6 +49,7 @@ def comparison_view(cmp: Comparison, size_bytes: int = 0, frees_bytes: int = 0) 
         "dataset_id": cmp.dataset_id,
         "models": [{"id": m.model_id, "label": m.label} for m in cmp.members],
         "params": cmp.params,
+        "options": differing_options(cmp.params),
         "diagnostics": cmp.diagnostics,
         "provenance": cmp.provenance,
         "created_at": cmp.created_at,

@@ -10,7 +10,9 @@ from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.http.api.options import option_filter, option_suggestions
 from app.http.api.views import comparison_view
+from app.http.problems import ProblemError
 from app.http.web.common import Auth, as_int, as_text, found, paged, services_of
 from app.http.web.rendering import render
 from app.jobs.requests import ComparisonIn
@@ -41,16 +43,28 @@ def comparisons_page(
     dataset: str | None = None,
     status: str | None = None,
     kernel: str | None = None,
+    option: str | None = None,
     page: str | None = None,
 ) -> Response:
-    """Newest comparisons first, filtered by model, dataset, status and kernel."""
+    """Newest comparisons first, filtered by model, dataset, status, kernel and options
+    (``option``: NAME=VALUE filters separated by spaces, as ``GET /v1/comparisons`` reads
+    them one by one)."""
     model_id, dataset_id = as_int(model, minimum=1), as_int(dataset, minimum=1)
     state = JobState(status) if status in JOB_STATES else None
     kernel = as_text(kernel, 40)
+    wanted = " ".join((as_text(option, 300) or "").split())
+    try:
+        params = [option_filter(text) for text in wanted.split()]
+        refused = None
+    except ProblemError as exc:
+        params, refused = [], exc.detail
     filters = {"model": model_id, "dataset": dataset_id, "status": state, "kernel": kernel}
+    filters["option"] = wanted or None
     models, datasets, kernels = _catalog(request)
     where = {"model_id": model_id, "dataset_id": dataset_id, "status": state, "kernel": kernel}
-    rows, pager = paged(request, page, "/", filters, repository.list_comparisons, _rows, **where)
+    rows, pager = paged(
+        request, page, "/", filters, repository.list_comparisons, _rows, params=params, **where
+    )
     return render(
         request,
         "comparisons.html",
@@ -63,6 +77,8 @@ def comparisons_page(
         datasets={d.id: d for d in datasets},
         kernels=kernels,
         statuses=JOB_STATES,
+        option_suggestions=option_suggestions(),
+        option_refused=refused,
     )
 
 

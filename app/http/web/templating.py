@@ -91,6 +91,29 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
+def _option_value(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def option_chips(options: dict[str, Any], skip: tuple[str, ...] = ()) -> list[dict[str, str]]:
+    """A comparison's differing options (its view's ``options``) as the list shows them: each
+    its ``text`` (``baselines=random_init,seed_ceiling``) and the ``filter`` that selects the
+    comparisons with it (``baselines=random_init baselines=seed_ceiling``), ``skip`` aside."""
+    chips = []
+    for name, value in options.items():
+        if name in skip:
+            continue
+        values = value if isinstance(value, list | tuple) else [value]
+        shown = [_option_value(v) for v in values]
+        chips.append(
+            {
+                "text": f"{name}={','.join(shown)}",
+                "filter": " ".join(f"{name}={v}" for v in shown),
+            }
+        )
+    return chips
+
+
 def job_states() -> dict[str, Any]:
     """The job states for the page's scripts (``window.cka.states``): each by its enum name,
     and ``LIVE``, those that may still change."""
@@ -113,6 +136,7 @@ def _make() -> Jinja2Templates:
     env.filters["bytes"] = fmt_bytes
     env.filters["when"] = fmt_time
     env.filters["duration"] = fmt_duration
+    env.globals["option_chips"] = option_chips
     return t
 
 

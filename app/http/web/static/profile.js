@@ -39,11 +39,24 @@
     return out;
   }
 
+  // Tick labels of the layers are rotated by this much (degrees), anchored at their end.
+  const ANGLE = 35;
+  const COS = Math.cos(ANGLE * Math.PI / 180);
+  const SIN = Math.sin(ANGLE * Math.PI / 180);
+
+  /* Widths of ``texts`` in ``svg`` (attached, styled) as elements of class ``cls`` draw them. */
+  function measure(svg, texts, cls) {
+    const probe = el("text", { class: cls }, svg);
+    const widths = texts.map(function (t) { probe.textContent = t; return probe.getComputedTextLength(); });
+    probe.remove();
+    return widths;
+  }
+
+  /* The chart fills ``fit`` (its card's width; else ``width``). Its margins are measured from
+   * the labels it draws, so that every label, the first layer's included, lies inside it. */
   function draw(host, matrix, options) {
-    const o = Object.assign({ width: 460, height: 210 }, options || {});
-    const width = Math.max(260, Math.min(o.width, o.fit || o.width));
-    const height = o.height;
-    const m = { left: 40, right: 12, top: 10, bottom: 58 };
+    const o = Object.assign({ width: 460, height: 230 }, options || {});
+    const width = Math.max(260, Math.floor(o.fit || o.width));
     const nr = matrix.rows.length;
     const series = lines(matrix);
     const all = [];
@@ -60,22 +73,43 @@
     ].filter(function (b) { return b.values && b.values.some(defined); });
     baselines.forEach(function (b) { all.push.apply(all, b.values.filter(defined)); });
     const ymin = Math.min(0, Math.min.apply(null, all.length ? all : [0]));
-    const x = function (i) { return m.left + (nr > 1 ? (i / (nr - 1)) * (width - m.left - m.right) : 0); };
-    const y = function (v) { return m.top + (1 - (v - ymin) / (1 - ymin)) * (height - m.top - m.bottom); };
+    const ticks = [ymin, 0.5, 1];
     const label = "CKA per layer of " + matrix.a + " against " + matrix.b;
-    const svg = window.CkaSvg.chart("profile", width, height, label, matrix);
-    [ymin, 0.5, 1].forEach(function (t) {
+    const svg = window.CkaSvg.chart("profile", width, o.height, label, matrix);
+    host.replaceChildren(svg); // attached first: the labels are measured as the page styles them
+    const fs = parseFloat(window.getComputedStyle(svg).fontSize) || 10;
+    const tickWidth = Math.max.apply(null, measure(svg, ticks.map(function (t) { return t.toFixed(1); }), "tick-label"));
+    const names = measure(svg, matrix.rows, "tick-label");
+    const legendItems = series.map(function (s, k) { return { name: s.name, cls: "series-" + (k === 0 ? "primary" : "secondary") }; })
+      .concat(baselines.map(function (b) { return { name: b.name, cls: b.cls }; }));
+    const legendWidths = measure(svg, legendItems.map(function (i) { return i.name; }), "legend-label");
+    // A rotated label reaches w·cos left of its anchor and w·sin below it (plus its own height).
+    const reachLeft = function (w) { return w * COS + fs * SIN; };
+    const reachDown = function (w) { return w * SIN + fs * COS; };
+    const gap = 8;
+    const legendHeight = fs + 10;
+    const m = { top: 10, right: 14 + fs * SIN };
+    m.left = Math.ceil(Math.max(tickWidth + 10, (names.length ? reachLeft(names[0]) : 0) + 2, 36));
+    const plotWidth = width - m.left - m.right;
+    const step = Math.max(1, Math.ceil((nr * 1.9 * fs) / Math.max(plotWidth, 1)));
+    const shown = matrix.rows.map(function (_, i) { return i; }).filter(function (i) { return i % step === 0; });
+    const deepest = Math.max.apply(null, shown.map(function (i) { return reachDown(names[i]); }).concat([0]));
+    m.bottom = Math.ceil(gap + deepest + gap + legendHeight);
+    const height = Math.max(o.height, m.top + 120 + m.bottom);
+    svg.setAttribute("height", height);
+    svg.setAttribute("viewBox", "0 0 " + width + " " + height);
+    const x = function (i) { return m.left + (nr > 1 ? (i / (nr - 1)) * plotWidth : 0); };
+    const y = function (v) { return m.top + (1 - (v - ymin) / (1 - ymin)) * (height - m.top - m.bottom); };
+    ticks.forEach(function (t) {
       el("line", { class: "grid", x1: m.left, x2: width - m.right, y1: y(t), y2: y(t) }, svg);
       el("text", { class: "tick-label", x: m.left - 6, y: y(t), "text-anchor": "end", "dominant-baseline": "central" }, svg, t.toFixed(1));
     });
-    const step = Math.max(1, Math.ceil(nr / 12));
-    matrix.rows.forEach(function (name, i) {
-      if (i % step) return;
+    shown.forEach(function (i) {
       el("text", {
-        class: "tick-label",
-        transform: "translate(" + x(i) + "," + (height - m.bottom + 8) + ") rotate(-35)",
+        class: "tick-label layer-label",
+        transform: "translate(" + x(i).toFixed(1) + "," + (height - m.bottom + gap + fs * 0.6).toFixed(1) + ") rotate(-" + ANGLE + ")",
         "text-anchor": "end",
-      }, svg, name);
+      }, svg, matrix.rows[i]);
     });
     function path(values) {
       let d = "";
@@ -105,16 +139,13 @@
     baselines.forEach(function (b) {
       el("path", { class: "series " + b.cls, "data-series": b.name, "data-values": JSON.stringify(b.values), d: path(b.values) }, svg);
     });
-    const legend = el("g", { class: "legend", transform: "translate(" + m.left + "," + (height - 12) + ")" }, svg);
+    const legend = el("g", { class: "legend", transform: "translate(" + m.left + "," + (height - legendHeight / 2 - 2) + ")" }, svg);
     let lx = 0;
-    series.map(function (s, k) { return { name: s.name, cls: "series-" + (k === 0 ? "primary" : "secondary") }; })
-      .concat(baselines.map(function (b) { return { name: b.name, cls: b.cls }; }))
-      .forEach(function (item) {
-        el("line", { class: "series " + item.cls, x1: lx, x2: lx + 18, y1: 0, y2: 0 }, legend);
-        el("text", { class: "legend-label", x: lx + 22, y: 0, "dominant-baseline": "central" }, legend, item.name);
-        lx += 30 + item.name.length * 6.5;
-      });
-    host.replaceChildren(svg);
+    legendItems.forEach(function (item, k) {
+      el("line", { class: "series " + item.cls, x1: lx, x2: lx + 22, y1: 0, y2: 0 }, legend);
+      el("text", { class: "legend-label", x: lx + 28, y: 0, "dominant-baseline": "central" }, legend, item.name);
+      lx += 28 + legendWidths[k] + 20;
+    });
     return svg;
   }
 
