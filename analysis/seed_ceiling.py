@@ -166,8 +166,8 @@ def plan_seed_ceiling(
         for b in order[i:]:
             pairs = [(sib(a, s), me(b)) for s in siblings.get(a, ())]
             pairs += [(me(a), sib(b, s)) for s in siblings.get(b, ())]
-            who = a if a == b else f"{a} or {b}"
-            blocks[a, b] = Candidates(tuple(pairs), f"no seed sibling of {who} {where}", "sibling")
+            # the block names its models: one reason for every block without a sibling
+            blocks[a, b] = Candidates(tuple(pairs), f"no seed sibling {where}", "sibling")
     return choose(blocks)
 
 
