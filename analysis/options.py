@@ -327,6 +327,7 @@ class CompareOptions(BaseModel):
     bootstrap: int | None = Field(
         default=None,
         ge=0,
+        le=MAX_RESAMPLES,
         description=(
             "Deprecated: `interval` and `resamples` say it apart. 0 is `interval` `none`; N > 0 "
             "is `resamples` N, with the unit in `interval` (`images` when none is given). Read, "
@@ -342,7 +343,7 @@ class CompareOptions(BaseModel):
         if not isinstance(data, dict) or data.get("bootstrap") is None:
             return data
         count = data["bootstrap"]
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_RESAMPLES:
             return data  # refused by the field itself, located at "bootstrap"
         out = {k: v for k, v in data.items() if k != "bootstrap"}
         if count == 0:

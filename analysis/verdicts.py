@@ -190,8 +190,9 @@ def learned(
     var = se**2 + between
     with np.errstate(divide="ignore", invalid="ignore"):
         df = np.where(between > 0, var**2 * (draws - 1) / between**2, np.inf)
-    q = np.where(np.isfinite(var), stats.t.ppf(0.5 + level / 2, df), np.inf)
-    half = np.where(np.isfinite(var), q * np.sqrt(np.where(np.isfinite(var), var, 0.0)), np.inf)
+    known = np.isfinite(var)
+    half = np.full(diff.shape, np.inf)  # one draw, or a cell without its interval: unbounded
+    half[known] = stats.t.ppf(0.5 + level / 2, df[known]) * np.sqrt(var[known])
     usable = np.isfinite(diff) & np.isfinite(se)
     with np.errstate(invalid="ignore"):
         return _judge(
