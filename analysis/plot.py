@@ -69,7 +69,8 @@ def learned_limit(values: np.ndarray) -> float:
     up to :data:`LEARNED_STEP`, at least one step. The page computes the same."""
     finite = np.abs(values[np.isfinite(values)])
     top = float(finite.max()) if finite.size else 0.0
-    return max(LEARNED_STEP, float(np.ceil(round(top / LEARNED_STEP, 9))) * LEARNED_STEP)
+    steps = float(np.ceil(round(top / LEARNED_STEP, 9)))
+    return max(LEARNED_STEP, round(steps * LEARNED_STEP, 6))
 
 
 def render_atlas(atlas: Atlas, fmt: str = "png", *, dpi: int = 100, colour: str = "cka") -> bytes:

@@ -245,14 +245,18 @@ def cell_verdicts(
     margin: float = MARGIN,
     level: float = LEVEL,
 ) -> dict[str, np.ndarray]:
-    """Both verdicts of every cell, as the arrays named in :data:`VERDICT_KEYS` (only those
-    of the baselines given; none without the cells' interval).
+    """Both verdicts of every cell of a full (L, L) atlas, as the arrays named in
+    :data:`VERDICT_KEYS` (only those of the baselines given; none without the cells' interval).
+    A layer with itself (the diagonal) is no question, as it is no test for the q-values: NaN
+    and None there.
 
     ``random_init``: (mean, sd, draws); ``seed_ceiling``: (value, low, high), the interval
     bounds None where the ceiling has none.
     """
     if ci_low is None or ci_high is None:
         return {}
+    value = np.array(value, dtype=float)
+    np.fill_diagonal(value, np.nan)
     out: dict[str, np.ndarray] = {}
     if random_init is not None:
         mean, sd, draws = random_init

@@ -182,11 +182,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"verdicts: {VERDICT_LEGEND}")
     for warning in atlas.diagnostics.get("warnings", []):
         print(f"warning: {warning}")
-    for name, stored in result.get("baselines", {}).items():
-        for item in stored["blocks"]:
-            if "reason" in item:
-                pair = item["a"] if item["a"] == item["b"] else f"{item['a']} × {item['b']}"
-                print(f"note: {name.replace('_', ' ')} of {pair} undefined: {item['reason']}")
     for item in atlas.diagnostics["undefined_layers"]:
         print(f"note: {item['model']} {item['layer']}: {item['reason']}")
     return 0

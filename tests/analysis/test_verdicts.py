@@ -197,6 +197,11 @@ def test_compare_with_baselines_judges_every_cell(
     assert list(verdicts["seed_verdict"].ravel()) == _seed_rule(lows, highs)
     own = atlas.verdicts("g", "g")
     assert own is not None and all(v is None for v in own["seed_verdict"].ravel())
+    # a layer with itself is no question (as it is no test for the q-values)
+    assert [own["learned_verdict"][k, k] for k in range(len(own["learned"]))] == [None] * len(
+        own["learned"]
+    )
+    assert np.isnan(np.diag(own["learned"])).all()
     # q-values over the atlas; the JSON form carries all of it and reads back equal
     q = atlas.q_values("s0", "g")
     assert q is not None and np.all(q >= atlas.p_values("s0", "g"))

@@ -135,10 +135,12 @@ def test_the_service_q_values_and_verdicts_are_the_librarys(
                 )
         for key in ("learned_verdict", "seed_verdict"):
             assert m["verdicts"][key] == verdicts[key].tolist(), (a, b, key)
-    # the learned part exists wherever the twins do; the seed verdict where a sibling does
+    # the learned part exists wherever the twins do, but for a layer with itself (no question);
+    # the seed verdict where a sibling does
     m = run.client.get(f"{run.url}/matrix", params={"a": "gmlp_digits", "b": "gmlp_digits"})
     assert all(v is None for row in m.json()["verdicts"]["seed_verdict"] for v in row)
-    assert all(v is not None for row in m.json()["verdicts"]["learned_verdict"] for v in row)
+    own = m.json()["verdicts"]["learned_verdict"]
+    assert all((v is None) == (i == j) for i, row in enumerate(own) for j, v in enumerate(row))
 
 
 def test_the_cell_table_and_the_page_carry_the_verdicts(run: Run) -> None:

@@ -177,7 +177,8 @@ def glance(summary: list[list[dict[str, Any]]]) -> dict[str, Any]:
                 without_ceiling.append(c)
             said += _count_words(c.get("learned_verdicts"), "learned")
             said += _count_words(c.get("seed_verdicts"), "seed")
-            out.append(c | {"marks": " ".join(m for m in (learned, seed) if m)})
+            # learned first, then the seed verdict, apart ("?" is undecided in both)
+            out.append(c | {"marks": " · ".join(m for m in (learned, seed) if m)})
             out[-1]["title"] = " · ".join(said)
         rows.append(out)
     notes = []

@@ -8,8 +8,8 @@
  * Colours are viridis over [0, 1], the range of CKA; values outside it (the unbiased
  * estimator can dip below 0) keep the end colour but the tooltip shows the exact number.
  * With options.colour "learned" a cell is coloured by CKA minus its untrained twins' mean
- * (matrix.learned) on a diverging map centred at 0, over ±options.limit (the PNG's
- * analysis.plot.learned_limit). Undefined cells (null) are grey.
+ * (matrix.learned) on a diverging map centred at 0, over ±options.limit (the server gives the
+ * PNG's analysis.plot.learned_limit). Undefined cells (null) are grey.
  *
  * matrix: {a, b, rows: [layer names], cols: [layer names], values: [[number|null]]}, and
  * optionally blocks of the same shape: ci_low, ci_high (bootstrap interval), p_value,
@@ -65,14 +65,6 @@
   /* A learned value on the diverging scale over [-limit, limit]. */
   function divergingColor(v, limit) {
     return defined(v) ? interpolate(DIVERGING, (v / limit + 1) / 2) : null;
-  }
-
-  /* The half-range of the learned scale: the largest |value| rounded up to 0.05, at least
-   * 0.05 (as analysis.plot.learned_limit). */
-  function learnedLimit(values) {
-    let top = 0;
-    values.forEach(function (v) { if (defined(v)) top = Math.max(top, Math.abs(v)); });
-    return Math.max(0.05, Math.ceil(Math.round(top / 0.05 * 1e9) / 1e9) * 0.05);
   }
 
   function formatValue(v) {
@@ -280,7 +272,8 @@
           "data-j": j,
           "data-value": defined(v) ? String(v) : "null",
         }, cells);
-        if (showValues && defined(v)) {
+        const shown = learned ? at(matrix.learned, i, j) : v;
+        if (showValues && defined(shown)) {
           el("text", {
             class: "cell-value",
             x: j * cell + cell / 2,
@@ -289,7 +282,7 @@
             "dominant-baseline": "central",
             fill: learned ? (Math.abs(at(matrix.learned, i, j) || 0) > 0.6 * o.limit ? "#ffffff" : "#1d1d1f") : v > 0.6 ? "#1d1d1f" : "#ffffff",
             "font-size": Math.min(fs, Math.floor(cell / 3.2)),
-          }, cells, v.toFixed(2));
+          }, cells, learned ? (shown >= 0 ? "+" : "\u2212") + Math.abs(shown).toFixed(2) : v.toFixed(2));
         }
       }
     }
@@ -418,7 +411,6 @@
     colorbar: colorbar,
     color: color,
     divergingColor: divergingColor,
-    learnedLimit: learnedLimit,
     formatValue: formatValue,
     SIGNIFICANCE: SIGNIFICANCE,
   };
