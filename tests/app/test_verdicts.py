@@ -121,7 +121,7 @@ def test_the_service_q_values_and_verdicts_are_the_librarys(
 ) -> None:
     stored = run.client.get(f"{run.url}/result").json()["atlas"]
     assert stored["verdicts"]["margin"] == 0.05 and "q_value" in stored
-    for a, b in PAIRS + [("gmlp_digits", "mixer_s1")]:
+    for a, b in [*PAIRS, ("gmlp_digits", "mixer_s1")]:
         m = run.client.get(f"{run.url}/matrix", params={"a": a, "b": b}).json()
         q = library.q_values(a, b)
         assert q is not None
