@@ -111,7 +111,7 @@ def _compare(
         nets = {label: loaded[sha] for label, sha in shas.items() if sha in loaded}
         if gathered is not None:
             atlas = analysis.combine(gathered[0])
-            control.progress = share
+            control.progress = max(control.progress, share)
         else:
             atlas = run_engine(services, params, nets, shas, data, cache, phases.callback(0))
         if opts.baselines:
