@@ -102,7 +102,9 @@ class Atlas:
             start += len(self.layers[name])
         if self.hsic.shape != (start, start):
             raise ValueError(f"hsic has shape {self.hsic.shape}; the layers need {(start, start)}")
-        self._verdicts: dict[float, dict[str, np.ndarray]] = {}
+        # per margin and the baselines and intervals they were computed from (which a caller,
+        # add_baselines say, may set after construction)
+        self._verdicts: dict[float, tuple[Any, Any, dict[str, np.ndarray]]] = {}
 
     def _check(self, *names: str) -> None:
         for name in names:
@@ -183,10 +185,11 @@ class Atlas:
         return out
 
     def _verdicts_full(self, margin: float = MARGIN) -> dict[str, np.ndarray]:
-        if margin not in self._verdicts:
+        cached = self._verdicts.get(margin)
+        if cached is None or cached[0] is not self.baselines or cached[1] is not self.ci_low:
             floor, ceiling = self._baseline_full("random_init"), self._baseline_full("seed_ceiling")
             draws = int(((self.baselines or {}).get("random_init") or {}).get("draws") or 0)
-            self._verdicts[margin] = cell_verdicts(
+            computed = cell_verdicts(
                 self.cka,
                 self.ci_low,
                 self.ci_high,
@@ -202,7 +205,8 @@ class Atlas:
                 ),
                 margin=margin,
             )
-        return self._verdicts[margin]
+            cached = self._verdicts[margin] = (self.baselines, self.ci_low, computed)
+        return cached[2]
 
     def verdicts(
         self, a: str, b: str | None = None, *, margin: float = MARGIN
