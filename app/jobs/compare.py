@@ -55,16 +55,15 @@ def _identity(row: Model) -> Identity:
 
 
 def _ceiling(
-    services: Services, members: dict[str, Model], layers: dict[str, list[str]]
+    services: Services, members: dict[str, Identity], layers: dict[str, list[str]]
 ) -> CeilingPlan:
     """The seed ceiling's plan, its siblings taken from every checkpoint in the store of a
     member's architecture (lowest id first)."""
-    archs = {row.arch for row in members.values()}
+    archs = {ident.arch for ident in members.values()}
     with services.db.session(readonly=True) as s:
         rows = s.scalars(select(Model).where(Model.arch.in_(archs)).order_by(Model.id)).all()
         candidates = [_identity(r) for r in rows]
-    idents: dict[str, Identity | None] = {label: _identity(r) for label, r in members.items()}
-    return plan_ceiling(idents, layers, candidates)
+    return plan_ceiling(dict(members), layers, candidates)
 
 
 def _layer_diagnostics(result: dict[str, Any]) -> dict[str, Any]:
@@ -95,8 +94,9 @@ def _compare(
     shas = {label: row.sha256 for label, row in rows.items()}
     data = services.datasets.get(dataset_key(ds))
     opts = stored_options(params)
-    layers = params["resolved_layers"]
-    ceiling = _ceiling(services, rows, layers) if "seed_ceiling" in opts.baselines else None
+    idents = {label: _identity(row) for label, row in rows.items()}
+    wanted = "seed_ceiling" in opts.baselines
+    ceiling = _ceiling(services, idents, params["resolved_layers"]) if wanted else None
     phases = Phases(control.on_batch, phase_weights(len(rows), opts, ceiling))
     # Sharded: the first run starts the shards and parks (shards.gather raises Parked); the
     # run after the last shard combines their terms.
@@ -105,7 +105,6 @@ def _compare(
     gathered = shards.gather(services, job, control, cmp.id, ranges, share=share)
     # The members are loaded unless their shards ran them and no baseline needs them.
     members = list(shas.values()) if gathered is None or opts.baselines else []
-    idents = {label: _identity(row) for label, row in rows.items()}
     extra = needed_siblings(ceiling.chosen, idents) if ceiling is not None else []
     with services.models.lease(members + extra) as loaded:
         nets = {label: loaded[sha] for label, sha in shas.items() if sha in loaded}
