@@ -24,7 +24,7 @@ from analysis.datasets import (
     load_dataset,
     training_data,
 )
-from analysis.engine import cka_from_features, compare
+from analysis.engine import add_baselines, cka_from_features, compare
 from analysis.errors import (
     AnalysisError,
     Cancelled,
@@ -55,6 +55,7 @@ __all__ = [
     "LayerError",
     "OptionsError",
     "Partial",
+    "add_baselines",
     "batch_count",
     "cka_from_features",
     "cka_test",

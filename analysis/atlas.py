@@ -25,6 +25,18 @@ Present only when computed (so an atlas without them serialises as before):
     the whole sample's top principal direction, else a batch average.
 ``cka_without_top_pc``
     (L_total, L_total), ``sensitivity=True``: CKA with the *row* layer's top direction removed.
+``q_value``
+    (L_total, L_total) with a null: Benjamini–Hochberg over the atlas's cells
+    (:func:`analysis.verdicts.atlas_q_values`); derived, for readers.
+``baselines``
+    with ``baselines=...`` (:mod:`analysis.baselines`, :mod:`analysis.seed_ceiling`): per
+    baseline its full matrices (``random_init``: ``cka`` the mean over the draws, ``sd``,
+    ``min``, ``max``, ``draws``, ``seeds``; ``seed_ceiling``: ``cka`` and, with intervals,
+    ``ci_low``/``ci_high``) and per block what stood in, or the ``reason`` it is undefined.
+``verdicts``
+    with baselines and intervals: each cell's difference from its baselines with its interval
+    and verdict (:func:`analysis.verdicts.cell_verdicts`, the arrays of
+    :data:`analysis.verdicts.VERDICT_KEYS`, with the ``margin`` and ``level``); derived.
 
 Warnings about these (a list of sentences) and their structured flags live in
 ``diagnostics["warnings"]`` and ``diagnostics["flags"]``.
@@ -39,6 +51,13 @@ import numpy as np
 
 from analysis.calibration import NullSummary
 from analysis.hsic import cka_from_hsic
+from analysis.verdicts import (
+    LEVEL,
+    MARGIN,
+    atlas_q_values,
+    cell_verdicts,
+    verdicts_json,
+)
 
 __all__ = ["Atlas"]
 
@@ -71,6 +90,7 @@ class Atlas:
     layer_effective_dim: np.ndarray | None = None
     layer_top_share: np.ndarray | None = None
     cka_drop: np.ndarray | None = None
+    baselines: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.hsic = np.asarray(self.hsic, dtype=np.float64)
@@ -82,6 +102,9 @@ class Atlas:
             start += len(self.layers[name])
         if self.hsic.shape != (start, start):
             raise ValueError(f"hsic has shape {self.hsic.shape}; the layers need {(start, start)}")
+        # per margin and the baselines and intervals they were computed from (which a caller,
+        # add_baselines say, may set after construction)
+        self._verdicts: dict[float, tuple[Any, Any, dict[str, np.ndarray]]] = {}
 
     def _check(self, *names: str) -> None:
         for name in names:
@@ -126,6 +149,81 @@ class Atlas:
     def null_q95(self, a: str, b: str | None = None) -> np.ndarray | None:
         """95 % quantile of the null CKA per cell, or None without a null."""
         return self._optional(None if self.null is None else self.null.null_q95, a, b)
+
+    def q_values(self, a: str, b: str | None = None) -> np.ndarray | None:
+        """Benjamini–Hochberg q-value per cell over every cell of the atlas (each pair of
+        distinct layers one test; NaN for a layer with itself), or None without a null."""
+        return self._optional(self._q_full(), a, b)
+
+    def _q_full(self) -> np.ndarray | None:
+        return atlas_q_values(None if self.null is None else self.null.p_value)
+
+    def _baseline_full(self, name: str, key: str = "cka") -> np.ndarray | None:
+        stored = (self.baselines or {}).get(name) or {}
+        return _from_json(stored.get(key))
+
+    def baseline(self, name: str, a: str, b: str | None = None) -> np.ndarray | None:
+        """The baseline ``name`` per cell (``random_init``: the twins' mean over their draws;
+        ``seed_ceiling``), NaN where its block is undefined; None when not computed."""
+        return self._optional(self._baseline_full(name), a, b)
+
+    def baseline_sd(self, a: str, b: str | None = None) -> np.ndarray | None:
+        """The random-init twins' standard deviation over their draws, per cell (NaN with one
+        draw); None without the random-init baseline."""
+        return self._optional(self._baseline_full("random_init", "sd"), a, b)
+
+    def undefined_baselines(self, a: str, b: str | None = None) -> dict[str, str]:
+        """Per baseline undefined for the block (a, b), why (no baseline compares a model with
+        itself; see :func:`analysis.baselines.choose`)."""
+        b = a if b is None else b
+        self._check(a, b)
+        out = {}
+        for name, stored in (self.baselines or {}).items():
+            for item in stored.get("blocks") or ():
+                if "reason" in item and {item["a"], item["b"]} == {a, b}:
+                    out[name] = item["reason"]
+        return out
+
+    def _verdicts_full(self, margin: float = MARGIN) -> dict[str, np.ndarray]:
+        cached = self._verdicts.get(margin)
+        if cached is None or cached[0] is not self.baselines or cached[1] is not self.ci_low:
+            floor, ceiling = self._baseline_full("random_init"), self._baseline_full("seed_ceiling")
+            draws = int(((self.baselines or {}).get("random_init") or {}).get("draws") or 0)
+            computed = cell_verdicts(
+                self.cka,
+                self.ci_low,
+                self.ci_high,
+                random_init=None
+                if floor is None
+                else (floor, self._baseline_full("random_init", "sd"), draws),
+                seed_ceiling=None
+                if ceiling is None
+                else (
+                    ceiling,
+                    self._baseline_full("seed_ceiling", "ci_low"),
+                    self._baseline_full("seed_ceiling", "ci_high"),
+                ),
+                margin=margin,
+            )
+            cached = self._verdicts[margin] = (self.baselines, self.ci_low, computed)
+        return cached[2]
+
+    def verdicts(
+        self, a: str, b: str | None = None, *, margin: float = MARGIN
+    ) -> dict[str, np.ndarray] | None:
+        """Both verdicts of each cell of the block, where its baselines exist: ``learned``
+        (CKA minus the untrained twins' mean) with ``learned_low``/``learned_high`` and
+        ``learned_verdict`` (``above_untrained | not_above_untrained | undecided``), and
+        ``seed_gap`` (CKA minus the seed ceiling) with its bounds and ``seed_verdict``
+        (``within_seed_spread | below_seed_ceiling | undecided``); verdicts are strings, None
+        where a cell has none. None without baselines or intervals. ``margin``: how wide an
+        interval may reach past 0 and still decide (:mod:`analysis.verdicts`)."""
+        full = self._verdicts_full(margin)
+        if not full:
+            self._check(a, a if b is None else b)
+            return None
+        b = a if b is None else b
+        return {key: self._block(values, a, b) for key, values in full.items()}
 
     def _per_layer(self, full: np.ndarray | None, name: str) -> np.ndarray | None:
         if full is None:
@@ -210,6 +308,13 @@ class Atlas:
                 out[key] = {m: _to_json(per_layer[self._offsets[m]][None])[0] for m in self.models}
         if self.cka_drop is not None:
             out["cka_without_top_pc"] = _to_json(self.cka_drop)
+        q = self._q_full()
+        if q is not None:
+            out["q_value"] = _to_json(q)
+        if self.baselines is not None:
+            out["baselines"] = self.baselines
+            if verdicts := self._verdicts_full():
+                out["verdicts"] = verdicts_json(verdicts, margin=MARGIN, level=LEVEL)
         return out
 
     def _null_parts(self) -> dict[str, np.ndarray]:
@@ -245,6 +350,7 @@ class Atlas:
             layer_effective_dim=_per_layer_from_json(data, "effective_dim"),
             layer_top_share=_per_layer_from_json(data, "top_pc_share"),
             cka_drop=_from_json(data.get("cka_without_top_pc")),
+            baselines=data.get("baselines"),
         )
 
 

@@ -37,9 +37,11 @@ from analysis.errors import AnalysisError
 from analysis.options import CompareOptions
 
 __all__ = [
+    "TWINS_PER_MODEL",
     "Block",
     "Candidates",
     "StandIn",
+    "Substituted",
     "choose",
     "matrix_json",
     "random_init_baseline",
@@ -52,6 +54,10 @@ __all__ = [
 Block = tuple[str, str]
 # The options a baseline's own atlas shares with the comparison (the rest is calibration).
 _SHARED = ("kernel", "estimator", "mode", "batch_size", "feature", "dtype")
+# ... and, where the baseline needs its own intervals, the intervals' options.
+_INTERVALS = ("interval", "resamples", "seed")
+# Each random-init draw runs two twins of every model: one per side of its block with itself.
+TWINS_PER_MODEL = 2
 
 
 def random_init_twin(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -137,33 +143,50 @@ def choose(blocks: Mapping[Block, Candidates]) -> dict[Block, Pair | str]:
     return out
 
 
+@dataclass(frozen=True)
+class Substituted:
+    """What :func:`substituted_cka` gives: the full matrix of the chosen stand-ins' CKA (NaN
+    where undefined), per block what stood in (or why none), and the interval when asked."""
+
+    cka: np.ndarray
+    blocks: list[dict[str, Any]]
+    ci_low: np.ndarray | None = None
+    ci_high: np.ndarray | None = None
+
+
 def substituted_cka(
     sizes: Mapping[str, int],
     chosen: Mapping[Block, Pair | str],
     resolve: Callable[[StandIn], nn.Module],
     data: Any,
     options: CompareOptions,
+    *,
+    intervals: bool = False,
     **plumbing: Any,
-) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """The full matrix of the chosen stand-ins' CKA, and per block what stood in (or why none).
+) -> Substituted:
+    """The chosen stand-ins' CKA in the comparison's layer order, and per block what stood in.
 
     ``sizes``: layers per model, in the comparison's order; ``resolve`` gives a stand-in's
-    network; ``plumbing`` goes to :func:`analysis.compare` (device, gram_cache, progress).
+    network; ``intervals``: also their 95 % intervals, as ``options`` ask for them; ``plumbing``
+    goes to :func:`analysis.compare` (device, gram_cache, progress, on_batch).
     """
     from analysis.engine import compare
 
     starts = dict(zip(sizes, np.cumsum([0, *sizes.values()]).tolist(), strict=False))
     total = sum(sizes.values())
     full = np.full((total, total), np.nan)
+    low, high = np.full((total, total), np.nan), np.full((total, total), np.nan)
     stand_ins: dict[str, StandIn] = {}
     for pick in chosen.values():
         for s in () if isinstance(pick, str) else pick:
             if stand_ins.setdefault(s.label, s) != s:
                 raise AnalysisError(f"two stand-ins are labelled {s.label!r}")
     described: list[dict[str, Any]] = []
+    shared = _SHARED + (_INTERVALS if intervals else ())
     if stand_ins:
         own = CompareOptions.build(
-            **{k: getattr(options, k) for k in _SHARED},
+            **{k: getattr(options, k) for k in shared},
+            null="none",  # a baseline is a reference value, not a test
             layers={lb: s.layers for lb, s in stand_ins.items()},
         )
         keys = {lb: s.cache_key for lb, s in stand_ins.items() if s.cache_key}
@@ -179,14 +202,19 @@ def substituted_cka(
             described.append({"a": a, "b": b, "reason": pick})
             continue
         row, col = pick
-        block = atlas.matrix(row.label, col.label)
         ra, rb = slice(starts[a], starts[a] + sizes[a]), slice(starts[b], starts[b] + sizes[b])
-        full[ra, rb] = block
-        if a != b:
-            full[rb, ra] = block.T
+        parts = [(full, atlas.matrix(row.label, col.label))]
+        ci = atlas.interval(row.label, col.label)
+        if ci is not None:
+            parts += [(low, ci[0]), (high, ci[1])]
+        for target, block in parts:
+            target[ra, rb] = block
+            if a != b:
+                target[rb, ra] = block.T
         pair = {"rows": _about(row), "columns": _about(col)}
         described.append({"a": a, "b": b, "stand_ins": [pair]})
-    return full, described
+    with_ci = intervals and stand_ins and atlas.ci_low is not None
+    return Substituted(full, described, low if with_ci else None, high if with_ci else None)
 
 
 def _about(s: StandIn) -> dict[str, Any]:
@@ -214,12 +242,14 @@ def random_init_baseline(
     model_keys: Mapping[str, str] | None = None,
     device: str | torch.device | None = None,
     progress: bool = False,
+    on_draw: Callable[[int], Callable[[int, int], bool | None] | None] | None = None,
     **shortcuts: Any,
 ) -> dict[str, Any]:
     """The random-init baseline of ``nets`` (see the module doc), as JSON.
 
     ``layers``: the resolved layer names of each model (the atlas's ``layers``); ``options``
     and ``shortcuts`` as for :func:`analysis.compare` (``random_init_draws`` among them).
+    ``on_draw(d)`` gives the ``on_batch`` callback of draw ``d`` (progress, cancellation).
     Returns ``cka`` (the mean over draws), ``sd``, ``min``, ``max`` (full matrices, None
     where undefined), ``draws``, the per-model ``seeds`` and per block what stood in.
     """
@@ -238,7 +268,7 @@ def random_init_baseline(
     for d in range(opts.random_init_draws):
         twins = [
             {m: _twin(m, nets[m], layers[m], twin_seed(keys[m], d, copy, opts.seed)) for m in order}
-            for copy in (0, 1)
+            for copy in range(TWINS_PER_MODEL)
         ]
         for m in order:
             seeds[m].append(twins[0][m].about["seed"])
@@ -248,11 +278,18 @@ def random_init_baseline(
             )
             for a, b in blocks
         }
-        full, described = substituted_cka(
-            sizes, choose(candidates), resolve, data, opts, device=device, progress=progress
+        run = substituted_cka(
+            sizes,
+            choose(candidates),
+            resolve,
+            data,
+            opts,
+            device=device,
+            progress=progress,
+            on_batch=None if on_draw is None else on_draw(d),
         )
-        runs.append(full)
-        for item in described:
+        runs.append(run.cka)
+        for item in run.blocks:
             slot = merged[item["a"], item["b"]]
             if "reason" in item:  # undefined in one draw: undefined
                 slot["reason"] = item["reason"]

@@ -11,7 +11,14 @@ float64 matrix. Terms are summed over batches in float64, so memory does not gro
 
 A comparison is :func:`analysis.partial.combine` of one :class:`analysis.partial.Partial`
 over the whole batch plan; the plan can also be run in ranges of batches on different
-workers and combined to the same atlas (:mod:`analysis.partial`).
+workers and combined to the same atlas (:mod:`analysis.partial`). Its ``baselines`` run after
+it (:func:`add_baselines`): the random-init twins (:mod:`analysis.baselines`) and the seed
+ceiling (:mod:`analysis.seed_ceiling`), each through the same pipeline; the atlas then carries
+each cell's verdicts (:mod:`analysis.verdicts`).
+
+Progress counts every phase: ``on_batch(done, total)`` counts batches weighted by the networks
+each phase runs (the compared models, every random-init draw's twins, the ceiling's stand-ins),
+so ``done == total`` only after the last batch of the last phase.
 
 Batch plan (``minibatch``): fixed consecutive batches of ``batch_size`` in data order (a
 DataLoader's own batches as they come). A batch smaller than the estimator's minimum (4
@@ -25,6 +32,7 @@ through n×n Grams: memory grows with n, so use it for a few thousand samples at
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -32,6 +40,7 @@ import torch
 from torch import nn
 
 from analysis.atlas import Atlas
+from analysis.baselines import TWINS_PER_MODEL, random_init_baseline
 from analysis.batches import sum_batches
 from analysis.errors import EstimatorError
 from analysis.gram_cache import GramCache
@@ -39,10 +48,21 @@ from analysis.hsic import MIN_SAMPLES, cka_from_hsic, hsic_from_grams
 from analysis.kernels import Kernel, gram
 from analysis.options import CompareOptions
 from analysis.partial import combine, run_partial
+from analysis.seed_ceiling import (
+    AMONG_THE_MODELS,
+    CeilingPlan,
+    Identity,
+    plan_ceiling,
+    seed_ceiling_baseline,
+    stand_ins,
+    undefined_blocks,
+)
 from analysis.sources import DataLike
-from analysis.streaming import RunSettings, full_hsic
+from analysis.streaming import RunSettings, full_hsic, selected_layers
 
-__all__ = ["cka_from_features", "compare"]
+__all__ = ["add_baselines", "cka_from_features", "compare", "phase_weights"]
+
+OnBatch = Callable[[int, int], bool | None]
 
 
 def compare(
@@ -56,6 +76,7 @@ def compare(
     model_keys: Mapping[str, str] | None = None,
     on_batch: Callable[[int, int], bool | None] | None = None,
     dataset_key: str | None = None,
+    siblings: Mapping[str, nn.Module] | None = None,
     **shortcuts: Any,
 ) -> Atlas:
     """CKA between every selected layer of every pair of ``models`` (each with itself too).
@@ -69,15 +90,23 @@ def compare(
     input pipeline (``model.atlas_preprocessing``, set by :func:`models.load`): image files
     (an ImageFolder, of any sizes and modes) are decoded and resized, cropped and normalised
     per model; arrays must have the model's input shape and are normalised. ``dtype``
-    (``"bf16"``/``"fp16"``) autocasts the forward pass; Grams
-    stay fp32. ``bootstrap=B`` adds 95 % percentile intervals from B minibatch resamples
-    (seeded with ``seed``).
+    (``"bf16"``/``"fp16"``) autocasts the forward pass; Grams stay fp32. ``interval="images"``
+    adds image-level 95 % intervals, ``interval="batches"`` percentile intervals from
+    ``resamples`` minibatch resamples (seeded with ``seed``).
+
+    ``baselines=("random_init", "seed_ceiling")`` adds untrained twins of every model and, for
+    a model with a seed sibling among ``models`` or ``siblings`` (networks that are only
+    candidates, never compared), the sibling in its place; each cell then has its verdicts
+    (:meth:`Atlas.verdicts`), and ``interval`` ``"none"`` becomes ``"images"``. A sibling is the
+    same architecture and options with another seed, trained on the same data as recorded by
+    :func:`models.load` (see :mod:`analysis.seed_ceiling`); ``model_keys`` may name siblings too.
 
     The rest is plumbing. ``gram_cache`` with ``model_keys`` (a stable identity per model,
     e.g. its checkpoint sha256) reuses stored Grams instead of running a model;
     ``dataset_key`` names a DataLoader's data for that purpose (tensors and datasets are
-    hashed). ``on_batch(done, total)`` is called after every batch (``total`` is 0 when
-    unknown); returning False stops with :class:`analysis.Cancelled`. Models are moved to
+    hashed). ``on_batch(done, total)`` is called after every batch of every phase, counting
+    batches weighted by the networks each phase runs (``total`` is 0 when unknown); returning
+    False stops with :class:`analysis.Cancelled`. Models are moved to
     ``device`` (default: CUDA if available) and run in eval mode; their mode is restored.
 
     Calibration (minibatch mode): ``permutations=P`` adds a permutation null per cell from
@@ -88,7 +117,157 @@ def compare(
     """
     settings = RunSettings(device, progress, gram_cache, model_keys, on_batch, dataset_key)
     opts = CompareOptions.build(options, **shortcuts)
-    return combine([run_partial(models, data, opts, None, settings)])
+    if not opts.baselines:
+        return combine([run_partial(models, data, opts, None, settings)])
+    ceiling = None
+    keys = dict(model_keys or {})
+    pool: dict[str, nn.Module] = {}
+    if "seed_ceiling" in opts.baselines:
+        members = {m: Identity.of_model(m, net, keys.get(m)) for m, net in models.items()}
+        candidates = [i for i in members.values() if i is not None]
+        pool |= {i.key: models[m] for m, i in members.items() if i is not None}
+        for name, net in (siblings or {}).items():
+            ident = Identity.of_model(name, net, keys.get(name))
+            if ident is not None:
+                candidates.append(ident)
+                pool[ident.key] = net
+        layers = selected_layers(models, opts)  # fails before any forward pass, as the run's
+        ceiling = plan_ceiling(members, layers, candidates, AMONG_THE_MODELS)
+    phases = Phases(on_batch, phase_weights(len(models), opts, ceiling))
+    main = replace(settings, on_batch=phases.callback(0))
+    atlas = combine([run_partial(models, data, opts, None, main)])
+    return add_baselines(
+        atlas,
+        models,
+        data,
+        opts,
+        ceiling=ceiling,
+        pool=pool,
+        model_keys={m: k for m, k in keys.items() if m in models},
+        device=device,
+        progress=progress,
+        gram_cache=gram_cache,
+        on_batch=on_batch,
+    )
+
+
+def phase_weights(members: int, options: CompareOptions, ceiling: CeilingPlan | None) -> list[int]:
+    """The networks each phase of a comparison runs over the batch plan: the ``members``, then
+    the random-init twins of every draw, then the seed ceiling's stand-ins (those asked for)."""
+    weights = [members]
+    if "random_init" in options.baselines:
+        weights.append(TWINS_PER_MODEL * members * options.random_init_draws)
+    if ceiling is not None and "seed_ceiling" in options.baselines:
+        weights.append(stand_ins(ceiling.chosen))
+    return weights
+
+
+@dataclass
+class Phases:
+    """``on_batch(done, total)`` over several phases that each run the same batch plan: phase
+    ``k``'s batches weigh ``weights[k]`` (its networks), so a caller's fraction done moves at
+    the rate the work does and is 1 only at the end of the last phase."""
+
+    on_batch: OnBatch | None
+    weights: list[int]
+
+    def callback(self, k: int) -> OnBatch | None:
+        """Phase ``k``'s callback: its (done, total) batches as work of all the phases."""
+        if self.on_batch is None:
+            return None
+        report = self.on_batch
+        before, whole = sum(self.weights[:k]), sum(self.weights)
+
+        def on_batch(done: int, total: int) -> bool | None:
+            if not total:  # an iterable of unknown length: count batches as they come
+                return report(done, 0)
+            return report(before * total + self.weights[k] * done, whole * total)
+
+        return on_batch
+
+
+def add_baselines(
+    atlas: Atlas,
+    models: Mapping[str, nn.Module],
+    data: DataLike,
+    options: CompareOptions | None = None,
+    *,
+    ceiling: CeilingPlan | None = None,
+    pool: Mapping[str, nn.Module] | None = None,
+    model_keys: Mapping[str, str] | None = None,
+    device: str | torch.device | None = None,
+    progress: bool = False,
+    gram_cache: GramCache | None = None,
+    on_batch: OnBatch | None = None,
+    **shortcuts: Any,
+) -> Atlas:
+    """``atlas`` (of ``models``, run with ``options``) with the baselines those ask for, and
+    with them the cells' verdicts: ``atlas.baselines``, the diagnostics' ``undefined_baselines``
+    and ``siblings``, and one warning per baseline and reason a block is undefined.
+
+    The random-init twins are drawn from the models themselves (seeded by ``model_keys``, see
+    :mod:`analysis.baselines`); the seed ceiling follows ``ceiling``
+    (:func:`analysis.seed_ceiling.plan_ceiling`; without it none is computed), its siblings
+    taken from ``pool`` (by key) or ``models``. ``on_batch`` reports progress as
+    :func:`compare` does, the comparison itself counted as done (a sharded comparison's
+    baselines run after its shards are combined).
+    """
+    opts = CompareOptions.build(options, **shortcuts)
+    phases = Phases(on_batch, phase_weights(len(models), opts, ceiling))
+    layers = {m: list(atlas.layers[m]) for m in atlas.models}
+    nets = {m: models[m] for m in atlas.models}
+    stored: dict[str, Any] = {}
+    phase = 1
+    if "random_init" in opts.baselines:
+        draws, start = opts.random_init_draws, phase
+        per_draw = Phases(phases.callback(start), [1] * draws)  # the draws share their phase evenly
+        stored["random_init"] = random_init_baseline(
+            nets,
+            data,
+            opts,
+            layers=layers,
+            model_keys=model_keys,
+            device=device,
+            progress=progress,
+            on_draw=per_draw.callback,
+        )
+        phase += 1
+    if ceiling is not None and "seed_ceiling" in opts.baselines:
+        stored["seed_ceiling"] = seed_ceiling_baseline(
+            nets,
+            layers,
+            ceiling.chosen,
+            dict(pool or {}),
+            data,
+            opts,
+            device=device,
+            progress=progress,
+            gram_cache=gram_cache,
+            on_batch=phases.callback(phase),
+        )
+        atlas.diagnostics["siblings"] = {
+            label: [s.describe() for s in sibs] for label, sibs in ceiling.siblings.items()
+        }
+    atlas.baselines = stored
+    if undefined := undefined_blocks(stored):
+        atlas.diagnostics["undefined_baselines"] = undefined
+        atlas.diagnostics["warnings"] = [
+            *atlas.diagnostics.get("warnings", []),
+            *_undefined_warnings(undefined),
+        ]
+    return atlas
+
+
+def _undefined_warnings(undefined: list[dict[str, Any]]) -> list[str]:
+    """One warning per baseline and reason, naming its blocks."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for item in undefined:
+        where = item["a"] if item["a"] == item["b"] else f"{item['a']} × {item['b']}"
+        grouped.setdefault((item["baseline"], item["reason"]), []).append(where)
+    return [
+        f"{name.replace('_', ' ')} undefined for {', '.join(blocks)}: {reason}"
+        for (name, reason), blocks in grouped.items()
+    ]
 
 
 def cka_from_features(

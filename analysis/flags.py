@@ -35,24 +35,31 @@ MIN_CKA = 0.1
 
 
 def _small_n(atlas: Atlas, batch: float) -> tuple[list[str], list[dict[str, Any]]]:
+    """One flag per layer, one sentence per model (naming its flagged layers)."""
     sentences: list[str] = []
     flags: list[dict[str, Any]] = []
     for m in atlas.models:
         dims = atlas.effective_dim(m)
         if dims is None:
             continue
+        hit = []
         for layer, d in zip(atlas.layers[m], dims, strict=True):
             if not np.isfinite(d) or batch >= MIN_SAMPLES_PER_DIM * d:
                 continue
+            hit.append((layer, float(d)))
             flags.append(
                 {"kind": "small_n", "model": m, "layer": layer, "effective_dim": float(d)}
                 | {"batch_size": batch, "min_samples_per_dim": MIN_SAMPLES_PER_DIM}
             )
-            sentences.append(
-                f"Layer {layer} of {m} has effective dimension {d:.0f} against batches of "
-                f"{batch:.0f} samples (fewer than {MIN_SAMPLES_PER_DIM:g} per dimension), so "
-                "its CKA values are noisy; use larger batches."
-            )
+        if not hit:
+            continue
+        named = ", ".join(f"{layer} ({d:.0f})" for layer, d in hit)
+        which = f"Layer {named} of {m} has" if len(hit) == 1 else f"Layers {named} of {m} have"
+        sentences.append(
+            f"{which} an effective dimension above batches of {batch:.0f} samples can resolve "
+            f"(fewer than {MIN_SAMPLES_PER_DIM:g} samples per dimension), so "
+            f"{'its' if len(hit) == 1 else 'their'} CKA values are noisy; use larger batches."
+        )
     return sentences, flags
 
 

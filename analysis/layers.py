@@ -33,6 +33,7 @@ __all__ = [
     "LayerReader",
     "LayerSelection",
     "available_layers",
+    "check_feature",
     "default_layers",
     "resolve_layers",
     "to_features",
@@ -214,6 +215,17 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
+def check_feature(model: nn.Module, feature: str, model_name: str | None = None) -> None:
+    """Raise :class:`LayerError` if ``model`` cannot give the ``feature`` policy: ``cls`` needs
+    a class token (a weightless skeleton of the architecture answers as well as the model)."""
+    if feature == "cls" and not prefix_tokens(model):
+        name = model_name or type(model).__name__
+        raise LayerError(
+            f"the cls feature policy needs a model with a class token; {name} has none "
+            "(use flatten or mean_tokens)"
+        )
+
+
 class LayerReader:
     """Runs a model once on a batch and returns the selected layers as (b, d) features."""
 
@@ -224,11 +236,7 @@ class LayerReader:
             )
         self.model, self.layers, self.feature = model, list(layers), feature
         self.prefix = prefix_tokens(model)
-        if feature == "cls" and not self.prefix:
-            raise LayerError(
-                f"the cls feature policy needs a model with a class token; "
-                f"{type(model).__name__} has none (use flatten or mean_tokens)"
-            )
+        check_feature(model, feature)
         self.use_intermediates = (
             not self.prefix  # forward_intermediates drops prefix tokens; hooks keep them
             and _has_blocks(model)

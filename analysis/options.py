@@ -15,9 +15,17 @@ Values are canonical once validated: the kernel is the string :func:`analysis.ke
 reads back (``"RBF:0.50"`` becomes ``"rbf:0.5"``), the dtype one of ``"fp32"``, ``"bf16"``,
 ``"fp16"`` (``None``, torch dtypes and the long names are read too), a list of layers a tuple.
 
-Two options depend on others, and are checked after them (fields validate in order):
+Options that depend on others are checked after them (fields validate in order):
 ``batch_size`` must reach the estimator's smallest batch (:data:`analysis.hsic.MIN_SAMPLES`),
-and ``bootstrap`` needs ``minibatch`` mode. Invalid values make the constructor raise pydantic's
+an ``interval`` needs ``minibatch`` mode, and ``baselines`` turn ``interval`` ``"none"`` into
+``"images"`` (a verdict weighs a cell's difference from its baseline against the cell's own
+interval, :mod:`analysis.verdicts`).
+
+``interval`` is the intervals' switch and unit, ``resamples`` the batch bootstrap's count.
+``bootstrap``, the single number that used to mean both, is still read (deprecated):
+``bootstrap=0`` is ``interval="none"``; ``bootstrap=N`` is ``resamples=N`` with the unit given
+in ``interval`` (``"images"`` when none is given). It is never kept: a validated value's
+``bootstrap`` is None. Invalid values make the constructor raise pydantic's
 ``ValidationError``, each error located at its field and typed (``invalid_kernel``,
 ``batch_too_small``, … see :data:`ERROR_TYPES`; the rest are pydantic's own types);
 :meth:`CompareOptions.build`, which :func:`analysis.compare` uses, raises :class:`OptionsError`
@@ -41,6 +49,7 @@ from pydantic import (
     ValidatorFunctionWrapHandler,
     WrapValidator,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -50,14 +59,19 @@ from analysis.kernels import Kernel, parse_kernel
 from analysis.layers import FeaturePolicy
 
 __all__ = [
+    "BASELINES",
     "DTYPES",
     "ERROR_TYPES",
+    "KERNEL_PATTERN",
     "MAX_RANDOM_INIT_DRAWS",
+    "MAX_RESAMPLES",
     "MIN_BOOTSTRAP_BATCHES",
     "MODES",
     "NULLS",
+    "Baseline",
     "CompareOptions",
     "Dtype",
+    "IntervalUnit",
     "Layers",
     "Mode",
     "NullKind",
@@ -70,7 +84,9 @@ Mode = Literal["minibatch", "full"]
 NullKind = Literal["analytic", "permutation", "none"]
 NULLS: tuple[NullKind, ...] = get_args(NullKind)
 MODES: tuple[Mode, ...] = get_args(Mode)
-IntervalUnit = Literal["images", "batches"]
+IntervalUnit = Literal["none", "images", "batches"]
+Baseline = Literal["random_init", "seed_ceiling"]
+BASELINES: tuple[Baseline, ...] = get_args(Baseline)
 # Fewer batches than this give a batch bootstrap too few distinct resamples to mean anything.
 MIN_BOOTSTRAP_BATCHES = 20
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -85,6 +101,9 @@ _TORCH_DTYPES: dict[torch.dtype, Dtype] = {
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 MAX_PERMUTATIONS = 10_000
 MAX_RANDOM_INIT_DRAWS = 20
+MAX_RESAMPLES = 10_000
+# What a kernel spec looks like (the validator parses it; the pattern is for schemas and forms).
+KERNEL_PATTERN = r"^(linear|rbf(:[0-9.eE+-]{1,20})?)$"
 
 # The error types of this module's own checks; a service may map them to its problem codes.
 ERROR_TYPES = (
@@ -92,7 +111,8 @@ ERROR_TYPES = (
     "invalid_dtype",
     "invalid_layers",
     "batch_too_small",
-    "bootstrap_needs_minibatch",
+    "interval_needs_minibatch",
+    "invalid_baselines",
     "calibration_needs_minibatch",
     "null_needs_permutations",
     "too_few_batches",
@@ -145,6 +165,7 @@ DtypeName = Annotated[Dtype, BeforeValidator(_dtype)]
 LayerIndex = Annotated[int, Strict()]
 Selection = str | LayerIndex | tuple[str | LayerIndex, ...]
 Layers = Annotated[Selection | dict[str, Selection | None] | None, WrapValidator(_layers)]
+Baselines = tuple[Baseline, ...]
 
 
 class OptionsError(EstimatorError):
@@ -191,7 +212,7 @@ class CompareOptions(BaseModel):
             "(T, a positive number, times that bandwidth)."
         ),
         examples=["linear", "rbf", "rbf:0.5"],
-        json_schema_extra={"pattern": r"^(linear|rbf(:[0-9.eE+-]+)?)$"},
+        json_schema_extra={"pattern": KERNEL_PATTERN},
     )
     estimator: Estimator = Field(
         default="unbiased",
@@ -230,22 +251,35 @@ class CompareOptions(BaseModel):
             "HSIC stay fp32/float64)."
         ),
     )
-    bootstrap: int = Field(
-        default=0,
-        ge=0,
+    baselines: Baselines = Field(
+        default=(),
         description=(
-            "95 % intervals per cell; 0 for none. With `interval` `images` (the default) any "
-            "positive value asks for the image-level interval, which needs no resamples; with "
-            "`batches`, the number of bootstrap resamples of whole batches. Needs minibatch mode."
+            "References for every cell, run through the same pipeline: `random_init` "
+            "(untrained twins of each model, `random_init_draws` of them, each its own seed) and "
+            "`seed_ceiling` (a model replaced by a seed sibling: the same architecture, options "
+            "and training data, another seed). No baseline compares a model with itself; where "
+            "it would, the block is undefined, with its reason. Each cell then carries its "
+            "verdicts (learned: above the untrained twins? within the seed spread?), which weigh "
+            "the difference against the cell's interval: baselines turn `interval` `none` into "
+            "`images`. A comma-separated string is read too."
         ),
+        examples=[(), ("random_init", "seed_ceiling")],
     )
     interval: IntervalUnit = Field(
-        default="images",
+        default="none",
+        validate_default=True,  # baselines turn the default on
         description=(
-            "The unit of the intervals: `images` (every image a draw: the first-order Hoeffding "
-            "projection of HSIC, valid at any batch size) or `batches` (a percentile bootstrap "
-            f"over whole batches, refused below {MIN_BOOTSTRAP_BATCHES} batches)."
+            "95 % intervals per cell, and their unit: `none`, `images` (every image a draw: the "
+            "first-order Hoeffding projection of HSIC, valid at any batch size, no resamples) "
+            "or `batches` (a percentile bootstrap over whole batches, `resamples` of them, "
+            f"refused below {MIN_BOOTSTRAP_BATCHES} batches). Needs minibatch mode."
         ),
+    )
+    resamples: int = Field(
+        default=1000,
+        ge=1,
+        le=MAX_RESAMPLES,
+        description="Resamples of the batch bootstrap (`interval` `batches`); unused otherwise.",
     )
     permutations: int = Field(
         default=0,
@@ -290,6 +324,35 @@ class CompareOptions(BaseModel):
             "seed, per model); the baseline is their mean, with its spread."
         ),
     )
+    bootstrap: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_RESAMPLES,
+        description=(
+            "Deprecated: `interval` and `resamples` say it apart. 0 is `interval` `none`; N > 0 "
+            "is `resamples` N, with the unit in `interval` (`images` when none is given). Read, "
+            "never kept (None once validated)."
+        ),
+        json_schema_extra={"deprecated": True},
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_bootstrap(cls, data: Any) -> Any:
+        """The deprecated ``bootstrap`` count as ``interval`` and ``resamples``."""
+        if not isinstance(data, dict) or data.get("bootstrap") is None:
+            return data
+        count = data["bootstrap"]
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_RESAMPLES:
+            return data  # refused by the field itself, located at "bootstrap"
+        out = {k: v for k, v in data.items() if k != "bootstrap"}
+        if count == 0:
+            out["interval"] = "none"
+        else:
+            out["resamples"] = count
+            if out.get("interval") in (None, "none"):
+                out["interval"] = "images"
+        return out
 
     @field_validator("batch_size")
     @classmethod
@@ -303,14 +366,29 @@ class CompareOptions(BaseModel):
             )
         return value
 
-    @field_validator("bootstrap")
+    @field_validator("baselines", mode="before")
     @classmethod
-    def _bootstrap_needs_minibatch(cls, value: int, info: ValidationInfo) -> int:
+    def _split_baselines(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(item.strip() for item in value.split(",") if item.strip())
+        return value
+
+    @field_validator("baselines")
+    @classmethod
+    def _canonical_baselines(cls, value: tuple[Baseline, ...]) -> tuple[Baseline, ...]:
+        # Order and repetition change nothing: one canonical tuple (one request hash).
+        return tuple(b for b in BASELINES if b in value)
+
+    @field_validator("interval")
+    @classmethod
+    def _interval_fits(cls, value: IntervalUnit, info: ValidationInfo) -> IntervalUnit:
         mode = info.data.get("mode")
-        if value and mode not in (None, "minibatch"):
+        if value == "none" and info.data.get("baselines") and mode == "minibatch":
+            return "images"  # a verdict needs the cell's interval (analysis.verdicts)
+        if value != "none" and mode not in (None, "minibatch"):
             raise _error(
-                "bootstrap_needs_minibatch",
-                f"bootstrap intervals resample minibatches and need minibatch mode, not {mode}",
+                "interval_needs_minibatch",
+                f"intervals are computed per minibatch and need minibatch mode, not {mode}",
             )
         return value
 
@@ -371,7 +449,7 @@ class CompareOptions(BaseModel):
     def check_batches(self, batches: int) -> None:
         """Raise :class:`OptionsError` if the batch bootstrap is asked for over ``batches``
         batches, fewer than :data:`MIN_BOOTSTRAP_BATCHES`."""
-        if self.bootstrap and self.interval == "batches" and batches < MIN_BOOTSTRAP_BATCHES:
+        if self.interval == "batches" and batches < MIN_BOOTSTRAP_BATCHES:
             raise OptionsError(
                 "interval",
                 "too_few_batches",
@@ -395,20 +473,23 @@ class CompareOptions(BaseModel):
 class OptionSpec:
     """One option as plain values, for a command line or a form.
 
-    ``kind``: ``choice`` (one of ``choices``), ``int`` (within ``minimum``..``maximum`` where
-    given; a bound that depends on another option is in the description), ``text`` (a string
-    checked by the option's validator; ``examples`` shows valid ones), ``flag`` (a boolean) or
-    ``layers`` (see :data:`Layers`).
+    ``kind``: ``choice`` (one of ``choices``), ``choices`` (any of ``choices``, a list; a
+    comma-separated string is read too), ``int`` (within ``minimum``..``maximum`` where given;
+    a bound that depends on another option is in the description), ``text`` (a string checked
+    by the option's validator; ``examples`` shows valid ones), ``flag`` (a boolean) or
+    ``layers`` (see :data:`Layers`). ``deprecated``: still read, superseded (its description
+    says by what).
     """
 
     name: str
-    kind: Literal["choice", "int", "text", "flag", "layers"]
+    kind: Literal["choice", "choices", "int", "text", "flag", "layers"]
     default: Any
     description: str
     choices: tuple[str, ...] = ()
     minimum: int | None = None
     maximum: int | None = None
     examples: tuple[Any, ...] = ()
+    deprecated: bool = False
 
 
 def option_specs() -> dict[str, OptionSpec]:
@@ -416,25 +497,33 @@ def option_specs() -> dict[str, OptionSpec]:
     props: dict[str, dict[str, Any]] = CompareOptions.model_json_schema()["properties"]
     specs = {}
     for name, prop in props.items():
-        kind: Literal["choice", "int", "text", "flag", "layers"]
-        if "enum" in prop:
+        # an optional value (``int | None``): its non-null member says what it is
+        members = [p for p in prop.get("anyOf", ()) if p.get("type") != "null"]
+        typed = members[0] if len(members) == 1 else prop
+        kind: Literal["choice", "choices", "int", "text", "flag", "layers"]
+        items = typed.get("items") if typed.get("type") == "array" else None
+        if "enum" in typed:
             kind = "choice"
-        elif prop.get("type") == "integer":
+        elif isinstance(items, dict) and "enum" in items:
+            kind = "choices"
+        elif typed.get("type") == "integer":
             kind = "int"
-        elif prop.get("type") == "string":
+        elif typed.get("type") == "string":
             kind = "text"
-        elif prop.get("type") == "boolean":
+        elif typed.get("type") == "boolean":
             kind = "flag"
         else:
             kind = "layers"
+        choices = typed.get("enum") or (items or {}).get("enum") or ()
         specs[name] = OptionSpec(
             name=name,
             kind=kind,
             default=prop.get("default"),
             description=prop.get("description", ""),
-            choices=tuple(prop.get("enum", ())),
-            minimum=prop.get("minimum"),
-            maximum=prop.get("maximum"),
+            choices=tuple(choices),
+            minimum=typed.get("minimum"),
+            maximum=typed.get("maximum"),
             examples=tuple(prop.get("examples", ())),
+            deprecated=bool(prop.get("deprecated")),
         )
     return specs

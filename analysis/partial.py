@@ -156,21 +156,13 @@ def run_partial(
     if src.total is not None:
         opts.check_batches(src.total)
     amp, layers = opts.autocast, opts.layers
-    config: dict[str, Any] = {
-        "kernel": opts.kernel,
-        "estimator": opts.estimator,
-        "mode": opts.mode,
-        "batch_size": opts.batch_size,
-        "feature": opts.feature,
+    # Every option as recorded with the atlas (the deprecated bootstrap is never kept), with the
+    # layers as resolved for a per-model selection, the dtype by its torch name, and the device.
+    config: dict[str, Any] = opts.model_dump(mode="json", exclude={"bootstrap"})
+    config |= {
         "layers": run.selected if isinstance(layers, Mapping) else _jsonable(layers),
         "device": str(dev),
         "dtype": None if amp is None else str(amp).removeprefix("torch."),
-        "bootstrap": opts.bootstrap,
-        "interval": opts.interval,
-        "permutations": opts.permutations,
-        "null": opts.null,
-        "sensitivity": opts.sensitivity,
-        "seed": opts.seed,
     }
     training = {m: models[m].training for m in names}
     try:
@@ -185,7 +177,7 @@ def run_partial(
     config["dataset"] = src.key  # hashed only when the cache needed it
     span = window if window is not None else range(0, run.sums.seen)
     kept = None  # the per-batch terms, for the bootstrap
-    if opts.mode != "full" and opts.bootstrap and opts.interval == "batches":
+    if opts.mode != "full" and opts.interval == "batches":
         width, per_batch = run.total_layers, run.sums.per_batch
         kept = np.stack(per_batch) if per_batch else np.zeros((0, width, width))
     feats = run.kept_features()
@@ -312,14 +304,11 @@ def combine(partials: Sequence[Partial]) -> Atlas:
         sums = {k: _sum([(p.spectra or {}).get(k) for p in parts], "spectra") for k in SPECTRA}
         spectra = {k: v for k, v in sums.items() if v is not None}
     ci_low = ci_high = None
-    unit = config.get("interval", "images")
-    if config["bootstrap"] and unit == "batches" and all(p.per_batch is not None for p in parts):
-        CompareOptions.build(bootstrap=config["bootstrap"], interval=unit).check_batches(
-            counters["batches"]
-        )
+    if config["interval"] == "batches" and all(p.per_batch is not None for p in parts):
+        CompareOptions.build(interval="batches").check_batches(counters["batches"])
         per_batch = np.concatenate([np.asarray(p.per_batch) for p in parts])
         if len(per_batch):
-            ci_low, ci_high = bootstrap_intervals(per_batch, config["bootstrap"], config["seed"])
+            ci_low, ci_high = bootstrap_intervals(per_batch, config["resamples"], config["seed"])
     moments = None
     if any(p.moments is not None for p in parts):
         moments = {k: _sum([(p.moments or {}).get(k) for p in parts], "moments") for k in MOMENTS}

@@ -19,13 +19,27 @@ from matplotlib.text import Text
 
 from analysis.atlas import Atlas
 
-__all__ = ["HEATMAP_COLORMAP", "UNDEFINED_COLOR", "plain_text", "render_atlas"]
+__all__ = [
+    "COLOURS",
+    "HEATMAP_COLORMAP",
+    "LEARNED_COLORMAP",
+    "UNDEFINED_COLOR",
+    "learned_limit",
+    "plain_text",
+    "render_atlas",
+]
 
 # The colours of a CKA heatmap, shared with the web page (app/http/web/static/heatmap.js
-# draws the same map, and a test checks that its stops are this one's): viridis over [0, 1],
-# grey where a cell is undefined.
+# draws the same maps, and a test checks that its stops are these): viridis over [0, 1] for CKA,
+# a diverging map centred at 0 for ``learned`` (CKA minus the untrained twins' mean), grey where
+# a cell is undefined.
 HEATMAP_COLORMAP = "viridis"
+LEARNED_COLORMAP = "RdBu_r"
 UNDEFINED_COLOR = "#bbbbbb"
+# What a heatmap's colour can show: the value, or how far it lies above untrained twins.
+COLOURS = ("cka", "learned")
+# The learned scale runs over ±limit, the largest |learned| rounded up to this step.
+LEARNED_STEP = 0.05
 
 _METADATA = {
     "png": {"Software": None},
@@ -50,24 +64,50 @@ def _ticks(labels: list[str], most: int = 24) -> tuple[list[int], list[str]]:
     return idx, [labels[i] for i in idx]
 
 
-def render_atlas(atlas: Atlas, fmt: str = "png", *, dpi: int = 100) -> bytes:
+def learned_limit(values: np.ndarray) -> float:
+    """The half-range of the learned colour scale: the largest |value| (NaN ignored) rounded
+    up to :data:`LEARNED_STEP`, at least one step. The page computes the same."""
+    finite = np.abs(values[np.isfinite(values)])
+    top = float(finite.max()) if finite.size else 0.0
+    steps = float(np.ceil(round(top / LEARNED_STEP, 9)))
+    return max(LEARNED_STEP, round(steps * LEARNED_STEP, 6))
+
+
+def render_atlas(atlas: Atlas, fmt: str = "png", *, dpi: int = 100, colour: str = "cka") -> bytes:
     """The atlas as PNG or SVG bytes: rows are models ``a`` (first layer on top), columns
-    models ``b`` (first layer on the left)."""
+    models ``b`` (first layer on the left). ``colour="learned"`` colours each cell by CKA minus
+    its untrained twins' mean (:meth:`Atlas.verdicts`) on a diverging scale centred at 0; it
+    needs the random-init baseline (a :class:`ValueError` without it)."""
     if fmt not in ("png", "svg"):
         raise ValueError(f"heatmaps are 'png' or 'svg', not {fmt!r}")
+    if colour not in COLOURS:
+        raise ValueError(f"a heatmap's colour is 'cka' or 'learned', not {colour!r}")
     k = len(atlas.models)
     size = max(3.2, 0.18 * max(len(v) for v in atlas.layers.values()) + 1.6)
     fig = Figure(figsize=(size * k + 1.0, size * k), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
-    cmap = colormaps[HEATMAP_COLORMAP].with_extremes(bad=UNDEFINED_COLOR)
+    blocks = {(a, b): atlas.matrix(a, b) for a in atlas.models for b in atlas.models}
+    low, high, name, label = 0.0, 1.0, HEATMAP_COLORMAP, "CKA"
+    if colour == "learned":
+        for a, b in blocks:
+            judged = atlas.verdicts(a, b)
+            if judged is None or "learned" not in judged:
+                raise ValueError(
+                    "colour 'learned' needs the random-init baseline and intervals "
+                    "(baselines=('random_init',))"
+                )
+            blocks[a, b] = judged["learned"]
+        high = learned_limit(np.concatenate([m.ravel() for m in blocks.values()]))
+        low, name, label = -high, LEARNED_COLORMAP, "CKA − untrained twins' mean"
+    cmap = colormaps[name].with_extremes(bad=UNDEFINED_COLOR)
     axes = fig.subplots(k, k, squeeze=False)
     image = None
     for i, a in enumerate(atlas.models):
         for j, b in enumerate(atlas.models):
             ax = axes[i][j]
-            m = np.ma.masked_invalid(atlas.matrix(a, b))
+            m = np.ma.masked_invalid(blocks[a, b])
             # Row 0 (the input side) on top, as on the page.
-            image = ax.imshow(m, vmin=0.0, vmax=1.0, cmap=cmap, origin="upper", aspect="auto")
+            image = ax.imshow(m, vmin=low, vmax=high, cmap=cmap, origin="upper", aspect="auto")
             ys, ylabels = _ticks(atlas.layers[a])
             xs, xlabels = _ticks(atlas.layers[b])
             ax.set_yticks(ys, ylabels, fontsize=6)
@@ -75,11 +115,12 @@ def render_atlas(atlas: Atlas, fmt: str = "png", *, dpi: int = 100) -> bytes:
             ax.set_ylabel(a, fontsize=8)
             ax.set_xlabel(b, fontsize=8)
     assert image is not None
-    fig.colorbar(image, ax=axes, shrink=0.8, label="CKA")
+    fig.colorbar(image, ax=axes, shrink=0.8, label=label)
     cfg = atlas.config
+    what = "CKA above untrained twins" if colour == "learned" else "CKA"
     fig.suptitle(
-        f"CKA ({cfg.get('kernel', '?')}, {cfg.get('estimator', '?')}, {cfg.get('mode', '?')}), "
-        f"n = {atlas.n}",
+        f"{what} ({cfg.get('kernel', '?')}, {cfg.get('estimator', '?')}, "
+        f"{cfg.get('mode', '?')}), n = {atlas.n}",
         fontsize=10,
     )
     plain_text(fig)

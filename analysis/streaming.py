@@ -52,7 +52,7 @@ from analysis.options import CompareOptions
 from analysis.sources import BatchSource
 from analysis.spectrum import SpectrumAccumulator
 
-__all__ = ["RunSettings", "StreamingRun", "diagnostics", "full_hsic"]
+__all__ = ["RunSettings", "StreamingRun", "diagnostics", "full_hsic", "selected_layers"]
 
 Rows = tuple[torch.Tensor, torch.Tensor]
 
@@ -77,6 +77,24 @@ class RunSettings:
     def torch_device(self) -> torch.device:
         """The device the models run on."""
         return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def selected_layers(
+    models: Mapping[str, nn.Module], options: CompareOptions
+) -> dict[str, list[str]]:
+    """Each model's layers as ``options.layers`` selects them (a bad selection fails here, before
+    any forward pass)."""
+    layers = options.layers
+    return {
+        m: list(
+            resolve_layers(
+                models[m],
+                layers.get(m) if isinstance(layers, Mapping) else layers,
+                model_name=f"model {m!r}",
+            )
+        )
+        for m in models
+    }
 
 
 class StreamingRun:
@@ -105,15 +123,7 @@ class StreamingRun:
         """
         self.options = options
         self.names = list(models)
-        layers = options.layers
-        self.selected = {
-            m: resolve_layers(
-                models[m],
-                layers.get(m) if isinstance(layers, Mapping) else layers,
-                model_name=f"model {m!r}",
-            )
-            for m in self.names
-        }
+        self.selected = selected_layers(models, options)
         self.readers = {
             m: LayerReader(models[m], self.selected[m], options.feature) for m in models
         }
@@ -151,7 +161,7 @@ class StreamingRun:
             self.spectra = SpectrumAccumulator(total, self.estimator, top=not options.sensitivity)
         # image-level intervals: sums over images of their per-image HSIC terms
         self.moments: ImageMoments | None = None
-        if options.mode == "minibatch" and options.bootstrap and options.interval == "images":
+        if options.mode == "minibatch" and options.interval == "images":
             self.moments = ImageMoments(total, device)
         # sensitivity: every layer's features of every kept batch, for the whole-sample top
         # direction (analysis.spectrum.whole_sample_sensitivity)
@@ -260,7 +270,8 @@ class StreamingRun:
 
     def minibatch(self, window: range | None = None) -> np.ndarray:
         """Summed per-batch HSIC (L_total, L_total) over the batches in ``window`` (None: all;
-        zeros when none was kept); with ``bootstrap``, ``self.sums.per_batch`` keeps each batch's.
+        zeros when none was kept); with ``interval="batches"``, ``self.sums.per_batch`` keeps
+        each batch's.
 
         The models named in the store's keys have their Grams and blocks read from and written
         to the store.
@@ -272,7 +283,7 @@ class StreamingRun:
                 self._loop(window),
                 self.estimator,
                 step,
-                keep=bool(self.options.bootstrap) and self.options.interval == "batches",
+                keep=self.options.interval == "batches",
                 sums=self.sums,
             )
         if self.sums.hsic is None:
@@ -465,9 +476,8 @@ def diagnostics(
     atlas: Atlas, counters: Mapping[str, Any], config: Mapping[str, Any]
 ) -> dict[str, Any]:
     """What a run did (its :meth:`StreamingRun.counters`) and what to be careful about in its
-    result ``atlas``; ``config`` gives the bootstrap settings."""
-    bootstrap, seed = config["bootstrap"], config["seed"]
-    unit = config.get("interval", "images")
+    result ``atlas``; ``config`` gives the interval settings."""
+    unit, seed = config["interval"], config["seed"]
     owners = [(m, name) for m in atlas.models for name in atlas.layers[m]]
     undefined = [
         {"model": owners[i][0], "layer": owners[i][1], "reason": why}
@@ -495,10 +505,12 @@ def diagnostics(
         },
         "undefined_layers": undefined,
         "negative_cells": negative,
-        "bootstrap": {"replicates": bootstrap, "seed": seed, "level": 0.95}
-        if bootstrap and unit == "batches"
+        "bootstrap": {"replicates": config["resamples"], "seed": seed, "level": 0.95}
+        if unit == "batches"
         else None,
-        "interval": {"unit": unit, "method": _METHODS[unit], "level": 0.95} if bootstrap else None,
+        "interval": None
+        if unit == "none"
+        else {"unit": unit, "method": _METHODS[unit], "level": 0.95},
     }
 
 

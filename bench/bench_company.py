@@ -4,7 +4,7 @@ The demo atlas: the zoo (``models.training.ZOO``; those of its checkpoints found
 all of them trained there first with ``--train``) over the digits test split (450 images) at
 the demo's batch size, 150, linear unbiased minibatch CKA on the CPU. Timed, best of
 ``--repeats`` rounds, each running every kind once: the plain atlas; with image-level
-intervals (``bootstrap=1``); with the whole-sample sensitivity (``sensitivity=True``); with
+intervals (``interval="images"``); with the whole-sample sensitivity (``sensitivity=True``); with
 both; and, of the runs with both, the whole-sample step alone (every layer's top direction,
 then what it carries in each batch: :func:`analysis.spectrum.whole_sample_sensitivity`),
 which wall times on a noisy machine blur. Then, on the atlas with
@@ -76,9 +76,9 @@ def main() -> None:
     base = {"batch_size": batch, "device": "cpu"}
     runs = {
         "plain atlas": {},
-        "image-level intervals": {"bootstrap": 1},
+        "image-level intervals": {"interval": "images"},
         "whole-sample sensitivity": {"sensitivity": True},
-        "both": {"bootstrap": 1, "sensitivity": True},
+        "both": {"interval": "images", "sensitivity": True},
     }
     print(f"{', '.join(nets)} over {len(data)} images, batches of {batch}")
     print("\n| run | seconds | × plain |\n|---|---|---|")

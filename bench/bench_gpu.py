@@ -14,7 +14,7 @@ zip of ``--images`` random photos of mixed sizes.
 2. Agreement: every cell over the first ``--check`` photos on the GPU (fp32 and bf16)
    against the same cells computed on the CPU in fp32.
 3. A cell's company (issue 24) where forwards are cheap: the plain atlas against image-level
-   intervals with the whole-sample sensitivity (``bootstrap=1, sensitivity=True``), over
+   intervals with the whole-sample sensitivity (``interval="images", sensitivity=True``), over
    ``--company`` tensors in batches of 32 (``bench_company.py --timm``'s setting), and the
    whole-sample step alone. Then the deflated CKA of that run against the CPU's, with the
    features kept on the GPU, moved to the host once they outgrow the room allowed
@@ -116,7 +116,9 @@ def main() -> None:
         print("\n| run | seconds | × plain |\n|---|---|---|")
         plain, _ = timed(nets, data, args.repeats, batch_size=32)
         whole_sample.clear()
-        both, _ = timed(nets, data, args.repeats, batch_size=32, bootstrap=1, sensitivity=True)
+        both, _ = timed(
+            nets, data, args.repeats, batch_size=32, interval="images", sensitivity=True
+        )
         print(f"| plain atlas | {plain:.2f} | 1.00 |\n| both | {both:.2f} | {both / plain:.2f} |")
         print(f"\nthe whole-sample step alone (best): {min(whole_sample):.2f} s")
 

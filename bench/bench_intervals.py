@@ -3,7 +3,7 @@
 A fixed pair of trained digits networks (the zoo presets ``mixer_digits`` and
 ``rp_mixer_digits``, trained into ``--zoo`` if missing) and a pool, the 1797 digits images.
 Each draw takes 450 images from the pool with replacement (independent draws from the pool's
-distribution), runs ``analysis.compare(..., bootstrap=1)`` (the image-level interval) at the
+distribution), runs ``analysis.compare(..., interval="images")`` (the image-level interval) at the
 batch size, and checks, for every cell between the two networks, whether the 95 % interval
 holds the CKA of that distribution: the pool's CKA in full mode with the biased estimator (the
 population value of the unbiased minibatch estimate the draws make). Target: 93-97 % at both
@@ -62,7 +62,9 @@ def main() -> None:
     for batch in (50, 150):
         hits, widths, estimates = [], [], []
         for idx in draws:
-            atlas = analysis.compare(nets, pool[idx], batch_size=batch, bootstrap=1, device="cpu")
+            atlas = analysis.compare(
+                nets, pool[idx], batch_size=batch, interval="images", device="cpu"
+            )
             low, high = atlas.interval(a, b)  # type: ignore[misc]
             hits.append((low <= truth) & (truth <= high))
             widths.append(high - low)

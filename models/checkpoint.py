@@ -360,7 +360,9 @@ def load(
 
     Without ``arch`` the sidecar describes the model and the weights' sha256 is verified.
     With ``arch`` (a preset or any timm name) and ``overrides`` the file is treated as a
-    plain safetensors state dict, sidecar or not. Keys and shapes must match exactly.
+    plain safetensors state dict, sidecar or not. Keys and shapes must match exactly. The
+    model carries ``atlas_preprocessing`` (its input pipeline) and ``atlas_checkpoint`` (the
+    file's sha256, training dataset and seed: what tells seed siblings apart).
     """
     weights = weights_path(path)
     if not weights.is_file():
@@ -399,6 +401,12 @@ def load(
     else:  # sidecars written before pipelines were recorded, and plain state dicts
         pipeline = data_config(model)
     model.atlas_preprocessing = pipeline  # type: ignore[assignment]
+    # What makes two checkpoints seed siblings besides the architecture (analysis.seed_ceiling).
+    model.atlas_checkpoint = {  # type: ignore[assignment]
+        "sha256": digest,
+        "dataset": meta.get("dataset"),
+        "seed": meta.get("seed"),
+    }
     if not meta:
         meta = {
             "format": FORMAT,

@@ -31,13 +31,6 @@ def register(subparsers: Any) -> None:
     )
     _add_option_flags(p)
     p.add_argument(
-        "--baselines",
-        default="",
-        metavar="LIST",
-        help="comma-separated: random_init (untrained twins, same pipeline), seed_ceiling "
-        "(a checkpoint's seed sibling among CKPT and --sibling in its place)",
-    )
-    p.add_argument(
         "--sibling",
         type=Path,
         action="append",
@@ -53,31 +46,35 @@ def register(subparsers: Any) -> None:
 
 def _add_option_flags(p: argparse.ArgumentParser) -> None:
     """One flag per :class:`analysis.CompareOptions` field, typed, bounded and described by it
-    (``--layers`` is taken above, with ``nargs``)."""
+    (``--layers`` is taken above, with ``nargs``); a deprecated one is hidden from the help
+    but still read. Left out, an option keeps its default (None here: the options' own)."""
     from analysis import option_specs
 
     for spec in option_specs().values():
         flag = "--" + spec.name.replace("_", "-")
         described = spec.description.replace("%", "%%")  # argparse formats help with %
-        help_text = f"{described} (default {spec.default})"
+        shown = argparse.SUPPRESS if spec.deprecated else f"{described} (default {spec.default})"
         if spec.kind == "flag":
-            p.add_argument(flag, action="store_true", help=described)
+            p.add_argument(flag, action="store_true", default=None, help=described)
         elif spec.kind == "choice":
-            p.add_argument(flag, choices=spec.choices, default=spec.default, help=help_text)
+            p.add_argument(flag, choices=spec.choices, help=shown)
+        elif spec.kind == "choices":
+            listed = ",".join(spec.choices)
+            p.add_argument(flag, metavar="LIST", help=f"{shown}; comma-separated: {listed}")
         elif spec.kind == "int":
-            p.add_argument(flag, type=int, default=spec.default, help=help_text)
+            p.add_argument(flag, type=int, help=shown)
         elif spec.kind == "text":
-            p.add_argument(flag, default=spec.default, help=help_text)
+            p.add_argument(flag, help=shown)
 
 
-def _names(paths: list[Path]) -> list[str]:
-    names: list[str] = []
+def _names(paths: list[Path], taken: list[str] | None = None) -> list[str]:
+    names: list[str] = list(taken or [])
     for p in paths:
         name, i = p.stem, 2
         while name in names:
             name, i = f"{p.stem}-{i}", i + 1
         names.append(name)
-    return names
+    return names[len(taken or []) :]
 
 
 def _number(v: float | None, digits: int = 4) -> str:
@@ -92,73 +89,31 @@ def _probability(v: float | None) -> str:
     return "<1e-300" if v < 1e-300 else f"{v:.0e}"
 
 
-def _calibration(args: argparse.Namespace) -> Any:
-    """The calibration options, validated by the same model as a REST request."""
-    from pydantic import ValidationError
+def _options(args: argparse.Namespace) -> Any:
+    """The :class:`analysis.CompareOptions` the flags ask for, validated once (by the same type
+    as a REST request); a bad value exits with one sentence naming its flag."""
+    from analysis import CompareOptions, OptionsError, option_specs
 
-    from app.jobs.requests import Calibration
-
+    given = {name: getattr(args, name, None) for name in option_specs() if name != "layers"}
     try:
-        return Calibration(
-            permutations=args.permutations,
-            null=args.null,
-            sensitivity=args.sensitivity,
-            random_init_draws=args.random_init_draws,
-            baselines=args.baselines,
+        return CompareOptions.build(
+            layers=args.layers, **{k: v for k, v in given.items() if v is not None}
         )
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        field = ".".join(str(part) for part in first["loc"][:1])
-        raise SystemExit(f"error: --{field}: {first['msg']}") from None
+    except OptionsError as exc:
+        flag = "--" + exc.field.split(".")[0].replace("_", "-")
+        raise SystemExit(f"error: {flag}: {exc}") from None
 
 
-def _baselines(
-    calibration: Any,
-    atlas: Any,
-    loaded: dict[str, Any],
-    metas: dict[str, dict[str, Any]],
-    keys: dict[str, str],
-    dataset: Any,
-    args: argparse.Namespace,
-    options: dict[str, Any],
-) -> dict[str, Any]:
+def _siblings(paths: list[Path], keys: dict[str, str], taken: list[str]) -> dict[str, Any]:
+    """The ``--sibling`` checkpoints (candidate seed siblings, never compared), by name; their
+    sha256 goes into ``keys``."""
     import models
-    from analysis.baselines import random_init_baseline
-    from app.jobs.baselines import (
-        Identity,
-        find_siblings,
-        plan_seed_ceiling,
-        seed_ceiling_baseline,
-    )
 
-    def identity(name: str, meta: dict[str, Any], key: str) -> Identity:
-        return Identity.of(key, name, str(meta["arch"]), meta.get("config") or {}, meta)
-
-    out: dict[str, Any] = {}
-    layers = {m: list(atlas.layers[m]) for m in atlas.models}
-    if "random_init" in calibration.baselines:
-        out["random_init"] = random_init_baseline(
-            loaded,
-            dataset,
-            layers=layers,
-            model_keys=keys,
-            seed=args.seed,
-            random_init_draws=calibration.random_init_draws,
-            **options,
-        )
-    if "seed_ceiling" in calibration.baselines:
-        idents = {m: identity(m, metas[m], keys[m]) for m in loaded}
-        pool = {idents[m].key: loaded[m] for m in loaded}
-        candidates = list(idents.values())
-        for path in args.sibling:
-            net, meta = models.load(path)
-            key = str(meta.get("weights_sha256") or models.file_sha256(path))
-            candidates.append(identity(path.stem, meta, key))
-            pool[key] = net
-        chosen = plan_seed_ceiling(idents, layers, find_siblings(idents, candidates))
-        out["seed_ceiling"] = seed_ceiling_baseline(
-            loaded, layers, chosen, pool, dataset, **options
-        )
+    out = {}
+    for name, path in zip(_names(paths, taken), paths, strict=True):
+        net, meta = models.load(path)
+        out[name] = net
+        keys[name] = str(meta.get("weights_sha256") or models.file_sha256(path))
     return out
 
 
@@ -166,52 +121,30 @@ def run(args: argparse.Namespace) -> int:
     import analysis
     import models  # heavy imports stay out of `cka-atlas --help`
     from analysis.plot import render_atlas
-    from app.store.cells import Cells
+    from app.store.cells import VERDICT_LEGEND, Cells, verdict_marks
 
-    calibration = _calibration(args)
+    options = _options(args)
     dataset = analysis.load_dataset(args.dataset, split=args.split)
     paths = [Path(c) for c in args.checkpoints]
     loaded = {}
     keys = {}
-    metas = {}
     for name, path in zip(_names(paths), paths, strict=True):
         model, meta = models.load(path)
         loaded[name] = model
-        metas[name] = meta
         keys[name] = str(meta.get("weights_sha256") or models.file_sha256(path))
+    siblings = _siblings(args.sibling, keys, list(loaded))
     cache = analysis.DirectoryGramCache(args.gram_cache) if args.gram_cache else None
-    options: dict[str, Any] = {
-        "kernel": args.kernel,
-        "estimator": args.estimator,
-        "mode": args.mode,
-        "batch_size": args.batch_size,
-        "feature": args.feature,
-        "device": args.device,
-        "dtype": args.dtype,
-    }
-    extra: dict[str, Any] = {"null": calibration.null}
-    if calibration.permutations:
-        extra["permutations"] = calibration.permutations
-    if calibration.sensitivity:
-        extra["sensitivity"] = True
     atlas = analysis.compare(
         loaded,
         dataset,
-        layers=args.layers,
-        bootstrap=args.bootstrap,
-        interval=args.interval,
-        seed=args.seed,
+        options,
+        siblings=siblings,
         progress=True,
         gram_cache=cache,
         model_keys=keys,
-        **options,
-        **extra,
+        device=args.device,
     )
     result = atlas.to_dict()
-    if calibration.baselines:
-        result["baselines"] = _baselines(
-            calibration, atlas, loaded, metas, keys, dataset, args, options | {"null": "none"}
-        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, allow_nan=False) + "\n")
@@ -222,9 +155,12 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(n) for n in atlas.models)
     print(f"n = {atlas.n} samples of {dataset.name}, {atlas.diagnostics['batches']} batches")
     cells = Cells(result)
+    judged = cells.has("learned_verdict") or cells.has("seed_verdict")
     print(
         f"{'a':<{width}}  {'b':<{width}}  {'mean diagonal CKA':>17}  {'95 % interval':>16}  "
-        f"{'max p':>6}  {'max q':>6}  {'random init ± sd':>20}  {'seed ceiling':>12}  over"
+        f"{'max p':>6}  {'max q':>6}  {'random init ± sd':>20}  {'seed ceiling':>12}  "
+        + (f"{'learned':>8}  {'seed':>8}  " if judged else "")
+        + "over"
     )
     for a, b in atlas.pairs():
         sm = cells.summary(a, b)
@@ -232,18 +168,20 @@ def run(args: argparse.Namespace) -> int:
         init = _number(sm.random_init)
         if sm.random_init_sd is not None:
             init += f" ± {_number(sm.random_init_sd)}"
+        marks = ""
+        if judged:
+            learned = verdict_marks(sm.learned_verdicts or {}, "learned") or "-"
+            seed = verdict_marks(sm.seed_verdicts or {}, "seed") or "-"
+            marks = f"{learned:>8}  {seed:>8}  "
         print(
             f"{a:<{width}}  {b:<{width}}  {_number(sm.cka):>17}  {ci:>16}  "
             f"{_probability(sm.max_p_value):>6}  {_probability(sm.max_q_value):>6}  {init:>20}  "
-            f"{_number(sm.seed_ceiling):>12}  {sm.kind}"
+            f"{_number(sm.seed_ceiling):>12}  {marks}{sm.kind}"
         )
+    if judged:
+        print(f"verdicts: {VERDICT_LEGEND}")
     for warning in atlas.diagnostics.get("warnings", []):
         print(f"warning: {warning}")
-    for name, stored in result.get("baselines", {}).items():
-        for item in stored["blocks"]:
-            if "reason" in item:
-                pair = item["a"] if item["a"] == item["b"] else f"{item['a']} × {item['b']}"
-                print(f"note: {name.replace('_', ' ')} of {pair} undefined: {item['reason']}")
     for item in atlas.diagnostics["undefined_layers"]:
         print(f"note: {item['model']} {item['layer']}: {item['reason']}")
     return 0

@@ -13,8 +13,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from analysis.options import BASELINES
 from app.cli.store import ensure_store
-from app.jobs.requests import BASELINES, ComparisonIn
+from app.jobs.requests import ComparisonIn
 from app.jobs.runtime import running
 from app.jobs.submit import submit_comparison
 from app.jobs.train import register_checkpoint
@@ -57,8 +58,9 @@ def setup_demo(settings: Settings, zoo_dir: str | Path, *, progress: bool = True
             model_ids=ids,
             dataset_id=digits.id,
             batch_size=DEMO_BATCH_SIZE,
-            bootstrap=DEMO_BOOTSTRAP,
-            baselines=list(BASELINES),
+            interval="images",
+            resamples=DEMO_BOOTSTRAP,  # unused by image intervals; hashes as bootstrap=200 did
+            baselines=BASELINES,
         )
         cmp_id, created = submit_comparison(services, body)
         print(

@@ -24,6 +24,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from analysis.options import ERROR_TYPES as OPTION_ERRORS
 from app.errors import LIBRARY_STATUSES, AtlasError, ProblemError, problem_of
 from app.store.artifacts import StoreError
 from app.store.db import is_transient
@@ -141,8 +142,11 @@ def install_problem_handlers(app: FastAPI) -> None:
         first = errors[0] if errors else {"field": None, "message": "invalid request"}
         message = str(first["message"])
         detail = f"{first['field']}: {message}" if first["field"] else message
+        # A comparison option's own check (batch too small for the estimator, an interval in
+        # full mode, …) has its type as its code, as when analysis.CompareOptions raises it.
+        code = first.get("type") if first.get("type") in OPTION_ERRORS else "validation_error"
         return problem_response(
-            422, "validation_error", detail, field=first["field"], errors=_json_safe(errors)
+            422, str(code), detail, field=first["field"], errors=_json_safe(errors)
         )
 
     @app.exception_handler(StarletteHTTPException)

@@ -11,7 +11,6 @@ from app.jobs.requests import (
     ComparisonIn,
     Estimator,
     Feature,
-    Kernel,
     Mode,
     StudyIn,
     TrainingIn,
@@ -28,7 +27,6 @@ __all__ = [
     "DatasetOut",
     "Estimator",
     "Feature",
-    "Kernel",
     "MatrixOut",
     "Mode",
     "ModelOut",
@@ -225,10 +223,10 @@ class MatrixOut(BaseModel):
         description="CKA, rows × cols; null where undefined", examples=[[[0.98, 0.5], [0.4, 0.9]]]
     )
     ci_low: Cells | None = Field(
-        default=None, description="95 % interval (image-level), lower bound (with `bootstrap`)"
+        default=None, description="95 % interval, lower bound (with `interval`)"
     )
     ci_high: Cells | None = Field(
-        default=None, description="95 % interval (image-level), upper bound (with `bootstrap`)"
+        default=None, description="95 % interval, upper bound (with `interval`)"
     )
     p_value: Cells | None = Field(
         default=None,
@@ -267,6 +265,19 @@ class MatrixOut(BaseModel):
         description="Per baseline left undefined for this pair, why: e.g. `no sibling other "
         "than the compared model` (a baseline never compares a model with itself)",
         examples=[{"seed_ceiling": "no sibling other than the compared model"}],
+    )
+    verdicts: dict[str, list[list[float | str | None]]] | None = Field(
+        default=None,
+        description="Each cell against its baselines (with `baselines`; docs/reading-a-cell.md): "
+        "`learned` (CKA minus the untrained twins' mean) with its 95 % interval `learned_low`, "
+        "`learned_high` (the cell's interval and the twins' spread over their draws, "
+        "Welch–Satterthwaite) and `learned_verdict`: `above_untrained` (the interval lies above "
+        "0), `not_above_untrained` (it reaches below 0 and stays under the margin 0.05) or "
+        "`undecided` (it covers both 0 and 0.05); `seed_gap` (CKA minus the seed ceiling) with "
+        "`seed_gap_low`, `seed_gap_high` and `seed_verdict`: `below_seed_ceiling` (the interval "
+        "lies below 0), `within_seed_spread` (it reaches 0 and stays above −0.05) or "
+        "`undecided`; null where a cell has none",
+        examples=[{"learned": [[0.12]], "learned_verdict": [["above_untrained"]]}],
     )
 
 

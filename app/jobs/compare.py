@@ -4,8 +4,10 @@ Loads every checkpoint once (the process LRU), streams the dataset through
 :func:`analysis.compare` with the Gram cache under ``DATA_DIR/grams`` (so a model already
 computed on the same dataset and batch plan is not run again), and writes the atlas,
 diagnostics and provenance in the same transaction that marks the job succeeded. Asked for,
-the baselines (:mod:`app.jobs.baselines`) run through the same pipeline afterwards and are
-stored in the result under ``baselines``.
+the baselines run through the same pipeline afterwards (:func:`analysis.add_baselines`), the
+seed ceiling's siblings taken from every checkpoint in the store. The stored result is the
+library's own JSON form (:meth:`analysis.Atlas.to_dict`: q-values, baselines and verdicts
+included); progress counts every phase (:func:`analysis.engine.phase_weights`).
 
 A sharded comparison (:mod:`app.jobs.shards`) comes here twice: the first run starts its
 shards and parks the job; the run after the last shard combines their terms instead of
@@ -26,18 +28,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 import analysis
-from analysis.baselines import random_init_baseline
+from analysis.engine import Phases, phase_weights
+from analysis.seed_ceiling import CeilingPlan, Identity, needed_siblings, plan_ceiling
 from app.jobs import shards
-from app.jobs.baselines import (
-    Identity,
-    find_siblings,
-    needed_siblings,
-    plan_seed_ceiling,
-    seed_ceiling_baseline,
-    undefined_blocks,
-)
 from app.jobs.control import JobControl
-from app.jobs.inputs import engine_options, load_comparison, member_rows
+from app.jobs.inputs import load_comparison, member_rows, stored_options
 from app.jobs.queue import LostJob
 from app.store import gc
 from app.store.artifacts import StoreGramCache
@@ -59,13 +54,16 @@ def _identity(row: Model) -> Identity:
     return Identity.of(row.sha256, row.name, row.arch, row.config, row.sidecar, row.id)
 
 
-def _siblings(services: Services, members: dict[str, Model]) -> dict[str, list[Identity]]:
-    """Per comparison member, its siblings in the store (lowest id first)."""
-    archs = {row.arch for row in members.values()}
+def _ceiling(
+    services: Services, members: dict[str, Identity], layers: dict[str, list[str]]
+) -> CeilingPlan:
+    """The seed ceiling's plan, its siblings taken from every checkpoint in the store of a
+    member's architecture (lowest id first)."""
+    archs = {ident.arch for ident in members.values()}
     with services.db.session(readonly=True) as s:
         rows = s.scalars(select(Model).where(Model.arch.in_(archs)).order_by(Model.id)).all()
         candidates = [_identity(r) for r in rows]
-    return find_siblings({label: _identity(row) for label, row in members.items()}, candidates)
+    return plan_ceiling(dict(members), layers, candidates)
 
 
 def _layer_diagnostics(result: dict[str, Any]) -> dict[str, Any]:
@@ -95,60 +93,46 @@ def _compare(
     rows = member_rows(services, cmp)
     shas = {label: row.sha256 for label, row in rows.items()}
     data = services.datasets.get(dataset_key(ds))
+    opts = stored_options(params)
+    idents = {label: _identity(row) for label, row in rows.items()}
+    wanted = "seed_ceiling" in opts.baselines
+    ceiling = _ceiling(services, idents, params["resolved_layers"]) if wanted else None
+    phases = Phases(control.on_batch, phase_weights(len(rows), opts, ceiling))
     # Sharded: the first run starts the shards and parks (shards.gather raises Parked); the
     # run after the last shard combines their terms.
-    gathered = shards.gather(services, job, control, cmp.id, shards.plan(services, params, data))
-    baselines = list(params.get("baselines") or [])
-    layers = params["resolved_layers"]
-    idents = {label: _identity(row) for label, row in rows.items()}
-    siblings = _siblings(services, rows) if "seed_ceiling" in baselines else {}
-    ceiling = plan_seed_ceiling(idents, layers, siblings) if "seed_ceiling" in baselines else None
-    common = engine_options(params, services.device)
-    for k in ("permutations", "null", "sensitivity"):
-        common.pop(k, None)
-    plain = common | {"null": "none"}  # a baseline is a reference value, not a test
-    stored: dict[str, Any] = {}
+    share = phases.weights[0] / sum(phases.weights)  # of the progress, the shards' part
+    ranges = shards.plan(services, params, data)
+    gathered = shards.gather(services, job, control, cmp.id, ranges, share=share)
     # The members are loaded unless their shards ran them and no baseline needs them.
-    members = list(shas.values()) if gathered is None or baselines else []
-    extra = needed_siblings(ceiling, idents) if ceiling is not None else []
+    members = list(shas.values()) if gathered is None or opts.baselines else []
+    extra = needed_siblings(ceiling.chosen, idents) if ceiling is not None else []
     with services.models.lease(members + extra) as loaded:
         nets = {label: loaded[sha] for label, sha in shas.items() if sha in loaded}
         if gathered is not None:
             atlas = analysis.combine(gathered[0])
+            control.progress = max(control.progress, share)
         else:
-            atlas = run_engine(services, params, nets, shas, data, cache, control.on_batch)
-        if "random_init" in baselines:
-            stored["random_init"] = random_init_baseline(
+            atlas = run_engine(services, params, nets, shas, data, cache, phases.callback(0))
+        if opts.baselines:
+            atlas = analysis.add_baselines(
+                atlas,
                 nets,
                 data,
-                layers=layers,
+                opts,
+                ceiling=ceiling,
+                pool=loaded,
                 model_keys=shas,
-                **_draws(params),
-                **plain,
-            )
-        if ceiling is not None:
-            stored["seed_ceiling"] = seed_ceiling_baseline(
-                nets, layers, ceiling, loaded, data, gram_cache=cache, **plain
+                device=services.device,
+                gram_cache=cache,
+                on_batch=control.on_batch,
             )
     result = atlas.to_dict()
-    if stored:
-        result["baselines"] = stored
     blob = json.dumps(result, sort_keys=True, allow_nan=False).encode()
     diagnostics = dict(atlas.diagnostics)
     if gathered is not None:
         diagnostics["shards"] = gathered[1]
     if layer_notes := _layer_diagnostics(result):
         diagnostics["layers"] = layer_notes
-    if ceiling is not None:
-        diagnostics["siblings"] = {
-            label: [s.describe() for s in sibs] for label, sibs in siblings.items()
-        }
-    if undefined := undefined_blocks(stored):
-        diagnostics["undefined_baselines"] = undefined
-        diagnostics["warnings"] = [
-            *diagnostics.get("warnings", []),
-            *_undefined_warnings(undefined),
-        ]
     provenance = {
         "checkpoints": shas,
         "dataset": {"id": ds.id, "name": ds.name, "sha256": data.sha256, "n": len(data)},
@@ -160,11 +144,8 @@ def _compare(
         "accumulator": "float64",
         "worker": control.worker_id,
     }
-    if "random_init" in stored:
-        provenance["random_init"] = {
-            "draws": stored["random_init"]["draws"],
-            "seeds": stored["random_init"]["seeds"],
-        }
+    if random_init := (atlas.baselines or {}).get("random_init"):
+        provenance["random_init"] = {"draws": random_init["draws"], "seeds": random_init["seeds"]}
 
     def write(s: Session) -> None:
         row = s.get(Comparison, cmp.id)
@@ -188,10 +169,10 @@ def run_engine(
     shas: dict[str, str],
     data: Any,
     cache: StoreGramCache,
-    on_batch: Callable[[int, int], bool],
+    on_batch: Callable[[int, int], bool | None] | None,
 ) -> analysis.Atlas:
     """:func:`analysis.compare` of ``nets`` (labels of the comparison, a subset or all) as
-    the stored ``params`` ask, through the store's Gram cache.
+    the stored ``params`` ask, through the store's Gram cache, without the baselines.
 
     The one call of the engine for an unsharded comparison, and for a study's training that
     stores its model's Grams for the study's atlas (:mod:`app.jobs.study_grams`): the same
@@ -200,31 +181,12 @@ def run_engine(
     return analysis.compare(
         nets,
         data,
-        layers={label: params["resolved_layers"][label] for label in nets},
-        bootstrap=params["bootstrap"],
+        analysis.CompareOptions.build(stored_options(params), baselines=()),
         gram_cache=cache,
         model_keys={label: shas[label] for label in nets},
         on_batch=on_batch,
-        **engine_options(params, services.device),
+        device=services.device,
     )
-
-
-def _draws(params: dict[str, Any]) -> dict[str, Any]:
-    """The requested random-init draws; params stored before they existed take the default."""
-    draws = params.get("random_init_draws")
-    return {"random_init_draws": int(draws)} if draws else {}
-
-
-def _undefined_warnings(undefined: list[dict[str, Any]]) -> list[str]:
-    """One warning per baseline and reason, naming its blocks."""
-    grouped: dict[tuple[str, str], list[str]] = {}
-    for item in undefined:
-        where = item["a"] if item["a"] == item["b"] else f"{item['a']} × {item['b']}"
-        grouped.setdefault((item["baseline"], item["reason"]), []).append(where)
-    return [
-        f"{name.replace('_', ' ')} undefined for {', '.join(blocks)}: {reason}"
-        for (name, reason), blocks in grouped.items()
-    ]
 
 
 def _torch_version() -> str:

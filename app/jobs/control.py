@@ -36,13 +36,15 @@ class JobControl:
         shutdown: threading.Event | None = None,
         retry_timeout: float = 60.0,
         time_limit_s: float | None = None,
+        progress: float = 0.0,
     ) -> None:
         self.db = db
         self.job_id = job_id
         self.worker_id = worker_id
         self.retry_timeout = retry_timeout
         self.interval = interval
-        self.progress = 0.0
+        # where the job stands: 0 when claimed, its shards' share when taken back after them
+        self.progress = progress
         self.cancel_requested = False
         self.lost = False
         self.shutdown = shutdown or threading.Event()

@@ -1,4 +1,4 @@
-"""What a comparison job reads: its member checkpoints, its dataset and its engine options.
+"""What a comparison job reads: its member checkpoints, its dataset and its options.
 
 Shared by the comparison handler (:mod:`app.jobs.compare`) and its shards
 (:mod:`app.jobs.shards`), so a shard runs exactly the comparison its parent would have.
@@ -14,7 +14,7 @@ from app.store import repository
 from app.store.orm import Comparison, Dataset, Model
 from app.store.services import Services
 
-__all__ = ["engine_options", "load_comparison", "member_rows"]
+__all__ = ["load_comparison", "member_rows", "stored_options"]
 
 
 def load_comparison(services: Services, job_id: int) -> tuple[Comparison, Dataset]:
@@ -37,25 +37,15 @@ def member_rows(services: Services, cmp: Comparison) -> dict[str, Model]:
     return {label: row for label, row in members if row is not None}
 
 
-def engine_options(params: dict[str, Any], device: str) -> dict[str, Any]:
-    """The keyword options of :func:`analysis.compare` that the stored ``params`` ask for.
-
-    Permutations and sensitivity are passed only when asked for (older params lack them, and
-    lack a null unless they have permutations).
-    """
-    options: dict[str, Any] = {
-        "kernel": params["kernel"],
-        "estimator": params["estimator"],
-        "mode": params["mode"],
-        "batch_size": params["batch_size"],
-        "feature": params["feature"],
-        "device": device,
-        "progress": False,
+def stored_options(params: dict[str, Any]) -> analysis.CompareOptions:
+    """The :class:`analysis.CompareOptions` that stored ``params`` ask for, the layers as
+    resolved per member; params of every release are read (see :mod:`app.jobs.submit`)."""
+    values = {
+        k: params[k] for k in analysis.CompareOptions.model_fields if params.get(k) is not None
     }
-    if params.get("permutations"):
-        options["permutations"] = params["permutations"]  # the permutation null
-    else:  # params stored before the null option had none
-        options["null"] = params.get("null", "none")
-    if params.get("sensitivity"):
-        options["sensitivity"] = True
-    return options
+    values["layers"] = params["resolved_layers"]
+    if "interval" not in params:  # before interval and resamples: one count said both
+        values["bootstrap"] = int(params.get("bootstrap") or 0)
+    if "null" not in params:  # before the null option: the permutation null, or none
+        values["null"] = "permutation" if params.get("permutations") else "none"
+    return analysis.CompareOptions.build(**values)

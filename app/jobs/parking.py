@@ -43,7 +43,7 @@ def is_parked(job_id: int) -> Any:
     return (Job.id == job_id) & (Job.status == JobState.RUNNING) & (Job.worker_id == PARKED)
 
 
-def progress_plan(parts: int, done: float) -> dict[str, float]:
+def progress_plan(parts: float, done: float) -> dict[str, float]:
     """A parent's ``detail`` entry for :func:`beat_parent`: its progress is ``done`` plus its
     children's progress, out of ``parts`` (without it: the mean of its children's)."""
     return {"parts": float(parts), "parts_done": float(done)}

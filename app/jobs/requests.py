@@ -1,10 +1,13 @@
 """What a client asks a job to do: the bodies of a training and a comparison request.
 
 Validated here once, whether the request came over REST, from the CLI or from the web form;
-:mod:`app.jobs.submit` checks them against the database and queues the job. The comparison
-options are :class:`analysis.CompareOptions`: their types, allowed values, defaults and
-descriptions are taken from it (:func:`option`), with only the service's own caps added here
-(batch and bootstrap sizes a worker accepts, layer-name lengths a column holds).
+:mod:`app.jobs.submit` checks them against the database and queues the job. A comparison
+request *is* an :class:`analysis.CompareOptions` (:class:`ComparisonIn` subclasses it): every
+option, its type, allowed values, default, description and the rules between options come from
+there, and a new option reaches REST, the form and the stored params without a line here. This
+module adds what to compare (models, dataset), how to run it (shards, force) and the service's
+own caps (a batch size a worker accepts, layer-name lengths a column holds); the per-model
+mapping of ``layers`` is the library's alone (the service applies one selection to every model).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pydantic import (
 
 from analysis.hsic import Estimator
 from analysis.layers import FeaturePolicy as Feature
-from analysis.options import MAX_PERMUTATIONS, CompareOptions, Mode, NullKind
+from analysis.options import BASELINES, MAX_PERMUTATIONS, Baseline, CompareOptions, Mode
 from analysis.studies.spec import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_LR, MAX_SEED
 from app.store.values import NO_NUL, Id, Text
 
@@ -37,38 +40,35 @@ __all__ = [
     "MAX_PERMUTATIONS",
     "MAX_SHARDS",
     "Baseline",
-    "Calibration",
     "ComparisonIn",
     "Estimator",
     "Feature",
-    "Kernel",
     "Mode",
     "StudyIn",
     "TrainingIn",
 ]
 
 
-# "linear", "rbf" (median heuristic) or "rbf:T" (bandwidth T × median distance).
-Kernel = Annotated[str, StringConstraints(pattern=r"^(linear|rbf(:[0-9.eE+-]{1,20})?)$")]
 # A layer name or glob, or an index into the default layers (negative counts from the end);
 # an index is a JSON integer, never a boolean.
 LayerName = Annotated[str, StringConstraints(max_length=200), NO_NUL]
 LayerIndex = Annotated[int, Field(strict=True, ge=-10_000, le=10_000)]
-Baseline = Literal["random_init", "seed_ceiling"]
-BASELINES: tuple[Baseline, ...] = ("random_init", "seed_ceiling")
 MAX_MODELS = 32
 MAX_BATCH = 8192
 MAX_LAYER_ITEMS = 200
+RestLayers = (
+    LayerName
+    | LayerIndex
+    | Annotated[list[LayerName | LayerIndex], Field(max_length=MAX_LAYER_ITEMS)]
+    | None
+)
 # More shards than workers only adds per-shard overhead (every shard loads every model); 64
 # covers a host of 8 GPUs several times over.
 MAX_SHARDS = 64
 
 
 # The fields of a comparison request that are CompareOptions (the rest says what to compare).
-COMPARE_FIELDS = frozenset(
-    {"layers", "kernel", "estimator", "mode", "batch_size", "feature", "bootstrap"}
-    | {"permutations", "null", "sensitivity", "random_init_draws"}
-)
+COMPARE_FIELDS = frozenset(CompareOptions.model_fields)
 
 
 def option(name: str, **caps: Any) -> Any:
@@ -111,44 +111,9 @@ class TrainingIn(BaseModel):
     )
 
 
-class Calibration(BaseModel):
-    """What a cell is measured against: a null (analytic or permutation), top-component
-    sensitivity and the
-    baselines. The one place these options are validated, for REST, the form and the CLI."""
+class ComparisonIn(CompareOptions):
+    """A comparison request: the models and dataset, and every :class:`CompareOptions` field."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    permutations: int = option("permutations", ge=0, le=MAX_PERMUTATIONS)
-    null: NullKind = option("null")
-    sensitivity: bool = option("sensitivity")
-    random_init_draws: int = option("random_init_draws")
-    baselines: list[Baseline] = Field(
-        default_factory=list,
-        max_length=8,
-        description="`random_init`: the same architectures and options, untrained "
-        "(`random_init_draws` twins per model, each its own seed), through the same pipeline. "
-        "`seed_ceiling`: for a model with a sibling in the store (same architecture, options "
-        "and dataset, another seed), the sibling's CKA with the other side. No baseline "
-        "compares a model with itself: where it would, the block is undefined, with its "
-        "reason. A comma-separated string is read too.",
-        examples=[[], ["random_init", "seed_ceiling"]],
-    )
-
-    @field_validator("baselines", mode="before")
-    @classmethod
-    def _split_baselines(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [item.strip() for item in value.split(",") if item.strip()]
-        return value
-
-    @field_validator("baselines")
-    @classmethod
-    def _canonical_baselines(cls, value: list[Baseline]) -> list[Baseline]:
-        # Order and repetition do not change the work: one canonical list, one request hash.
-        return [b for b in BASELINES if b in value]
-
-
-class ComparisonIn(Calibration):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
@@ -162,12 +127,9 @@ class ComparisonIn(Calibration):
                     "mode": "minibatch",
                     "batch_size": 128,
                     "feature": "flatten",
-                    "bootstrap": 0,
-                    "permutations": 0,
+                    "interval": "images",
                     "null": "analytic",
-                    "sensitivity": False,
-                    "random_init_draws": 3,
-                    "baselines": [],
+                    "baselines": ["random_init", "seed_ceiling"],
                 }
             ]
         },
@@ -177,26 +139,17 @@ class ComparisonIn(Calibration):
         min_length=1, max_length=MAX_MODELS, description="One or more models"
     )
     dataset_id: Id
-    # The length limits sit on each member of the union: a bare max_length on the field
-    # would also be applied to an integer selection and fail inside pydantic.
-    layers: (
-        LayerName
-        | LayerIndex
-        | Annotated[list[LayerName | LayerIndex], Field(max_length=MAX_LAYER_ITEMS)]
-        | None
-    ) = Field(
+    # The library's selection less its per-model mapping, with the column's limits. The length
+    # limits sit on each member of the union: a bare max_length on the field would also be
+    # applied to an integer selection and fail inside pydantic.
+    layers: RestLayers = Field(  # type: ignore[assignment]
         default=None,
         description="Layer selection applied to every model: null for the default layers, "
         "a name, a glob such as `blocks.*` (`**` crosses dots), an index into the default "
         "layers (negative counts from the end), or a list of these.",
         examples=[None, "blocks.*", ["blocks.0", "norm"]],
     )
-    kernel: Kernel = option("kernel")
-    estimator: Estimator = option("estimator")
-    mode: Mode = option("mode")
-    batch_size: int = option("batch_size", ge=2, le=MAX_BATCH)
-    feature: Feature = option("feature")
-    bootstrap: int = option("bootstrap", ge=0, le=1000)
+    batch_size: int = option("batch_size", le=MAX_BATCH)
     shards: int = Field(
         default=1,
         ge=1,
@@ -221,6 +174,10 @@ class ComparisonIn(Calibration):
                 "layers must be null, a layer name or glob of at most 200 characters, an "
                 f"integer index, or a list of at most {MAX_LAYER_ITEMS} of these"
             ) from None
+
+    def options(self) -> CompareOptions:
+        """The request's :class:`CompareOptions` (the library's own type)."""
+        return CompareOptions.model_validate(self.model_dump(include=set(COMPARE_FIELDS)))
 
 
 MAX_STUDY_SEEDS = 10

@@ -104,6 +104,7 @@ def run_claimed(
             shutdown,
             retry_timeout=retry_s(services.settings),
             time_limit_s=services.settings.job_timeout_s,
+            progress=float(job.progress or 0.0),
         ) as control,
     ):
         log.info("job %s (%s) started on %s", job.id, job.kind, worker_id)

@@ -37,8 +37,8 @@ from sqlalchemy import select
 import analysis
 from app.errors import ProblemError
 from app.jobs.control import JobControl
-from app.jobs.inputs import engine_options, load_comparison, member_rows
-from app.jobs.parking import Parked
+from app.jobs.inputs import load_comparison, member_rows, stored_options
+from app.jobs.parking import Parked, progress_plan
 from app.jobs.queue import LostJob, enqueue, park
 from app.jobs.requests import MAX_SHARDS
 from app.store import gc
@@ -73,14 +73,21 @@ def _file(services: Services, comparison_id: int, index: int) -> Path:
 
 
 def gather(
-    services: Services, job: Job, control: JobControl, comparison_id: int, ranges: list[range]
+    services: Services,
+    job: Job,
+    control: JobControl,
+    comparison_id: int,
+    ranges: list[range],
+    share: float = 1.0,
 ) -> tuple[list[analysis.Partial], list[dict[str, Any]]] | None:
     """Every shard's terms and details once all have succeeded; else start them and park.
 
     None: the comparison has no shards and ``ranges`` (its :func:`plan`) asks for none, so it
     runs in one piece. Creates the shard jobs on the first call; later calls use the shards
-    that exist, whatever the plan says now. Raises when a shard failed or was cancelled (the
-    comparison ends the same way), :class:`app.jobs.parking.Parked` after parking.
+    that exist, whatever the plan says now. ``share``: the part of the comparison's progress
+    that its shards make (its baselines, after them, the rest). Raises when a shard failed or
+    was cancelled (the comparison ends the same way), :class:`app.jobs.parking.Parked` after
+    parking.
     """
     with services.db.session() as s:
         children = list(s.scalars(select(Job).where(Job.parent_id == job.id)))
@@ -90,6 +97,10 @@ def gather(
             for k, r in enumerate(ranges):
                 shard = enqueue(s, "shard", parent_id=job.id, shard=k)
                 shard.detail = {"batches": [r.start, r.stop], "of": len(ranges)}
+            parent = s.get(Job, job.id)
+            if parent is not None:  # the shards' progress fills ``share`` of the parent's
+                plan = progress_plan(len(ranges) / share, 0.0)
+                parent.detail = {**(parent.detail or {}), **plan}
             s.flush()
             children = list(s.scalars(select(Job).where(Job.parent_id == job.id)))
         found = sorted(
@@ -134,13 +145,12 @@ def run_shard(services: Services, job: Job, control: JobControl) -> None:
         part = analysis.compare_partial(
             {label: loaded[sha] for label, sha in shas.items()},
             data,
+            stored_options(params),
             batches=range(start, stop),
-            layers=params["resolved_layers"],
-            bootstrap=params["bootstrap"],
             gram_cache=cache,
             model_keys=shas,
             on_batch=control.on_batch,
-            **engine_options(params, services.device),
+            device=services.device,
         )
     path = _file(services, cmp.id, job.shard)
     with services.store.writing():

@@ -17,19 +17,19 @@ from typing import Any
 
 import torch
 from cachetools import LRUCache, cached
+from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 import models
 from analysis import AnalysisError
-from analysis.kernels import parse_kernel
-from analysis.layers import resolve_layers
+from analysis.layers import check_feature, resolve_layers
 from analysis.options import CompareOptions, OptionsError
 from analysis.studies import training_key
 from app.errors import ProblemError
 from app.jobs.cancel import Requester, lock_job, record
 from app.jobs.queue import enqueue
-from app.jobs.requests import COMPARE_FIELDS, ComparisonIn, TrainingIn
+from app.jobs.requests import ComparisonIn, TrainingIn
 from app.store import repository
 from app.store.checkpoints import refuse_loader_options
 from app.store.datasets import dataset_key
@@ -123,9 +123,10 @@ def validate_comparison(
     if len(set(body.model_ids)) != len(body.model_ids):
         raise _invalid("duplicate_model", "model_ids lists a model twice", "model_ids")
     try:  # the rules between options (batch size per estimator, …) live in CompareOptions
-        options = CompareOptions.build(None, **body.model_dump(include=set(COMPARE_FIELDS)))
-    except OptionsError as exc:
-        raise _invalid(exc.kind, str(exc), exc.field) from None
+        options = CompareOptions.build(body.options())
+    except (OptionsError, ValidationError) as exc:  # a body built in code, not over REST
+        error = OptionsError.from_validation(exc) if isinstance(exc, ValidationError) else exc
+        raise _invalid(error.kind, str(error), error.field) from None
     if body.shards > 1 and body.mode != "minibatch":
         raise _invalid(
             "shards_need_minibatch",
@@ -156,10 +157,6 @@ def validate_comparison(
                 "dataset_id",
             )
 
-    try:
-        kernel = parse_kernel(body.kernel).spec
-    except AnalysisError as exc:
-        raise _invalid("invalid_kernel", str(exc), "kernel") from None
     for i, row in enumerate(rows):
         check_model_budget(
             services,
@@ -169,37 +166,52 @@ def validate_comparison(
             training=False,
             field=f"model_ids.{i}",
         )
+    for row in rows:
+        try:  # before anything is queued: a missing class token fails every batch later
+            check_feature(skeleton(row.arch, row.config), options.feature, _who(row))
+        except AnalysisError as exc:
+            raise _invalid("feature_needs_class_token", str(exc), "feature") from None
     labels = _labels(rows)
     resolved = {label: _resolve(row, body.layers) for label, row in zip(labels, rows, strict=True)}
-    _check_size(body, ds, sum(len(names) for names in resolved.values()))
-    params = {
+    _check_size(body, options, ds, sum(len(names) for names in resolved.values()))
+    params = comparison_params(body, options, labels, resolved, ds.id)
+    return rows, ds, params
+
+
+def _who(row: Model) -> str:
+    return f"model {row.id} ({row.name})"
+
+
+def comparison_params(
+    body: ComparisonIn,
+    options: CompareOptions,
+    labels: list[str],
+    resolved: dict[str, list[str]],
+    dataset_id: int,
+) -> dict[str, Any]:
+    """The stored params of a comparison: what to compare, every option as validated
+    (canonical: permutations mean the permutation null, baselines an interval, full mode no
+    null), and how it runs (``shards``, not part of what it computes)."""
+    values = options.model_dump(mode="json", exclude={"layers", "bootstrap"})
+    if "random_init" not in options.baselines:
+        # Only the random-init baseline draws twins: without it the count changes nothing.
+        values["random_init_draws"] = None
+    return {
         "model_ids": body.model_ids,
         "labels": labels,
-        "dataset_id": ds.id,
+        "dataset_id": dataset_id,
         "layers": body.layers,
         "resolved_layers": resolved,
-        "kernel": kernel,
-        "estimator": body.estimator,
-        "mode": body.mode,
-        "batch_size": body.batch_size,
-        "feature": body.feature,
-        "bootstrap": body.bootstrap,
-        "permutations": body.permutations,
-        "null": options.null,  # canonical: permutations mean "permutation", full mode "none"
-        "sensitivity": body.sensitivity,
-        "baselines": list(body.baselines),
-        # Only the random-init baseline draws twins: without it the count changes nothing.
-        "random_init_draws": body.random_init_draws if "random_init" in body.baselines else None,
-        "shards": body.shards,  # how it runs, not what it computes: not in the request hash
+        **values,
+        "shards": body.shards,
     }
-    return rows, ds, params
 
 
 def _gib(n: float) -> str:
     return f"{n / (1 << 30):.1f} GiB"
 
 
-def _check_size(body: ComparisonIn, ds: Dataset, layers: int) -> None:
+def _check_size(body: ComparisonIn, options: CompareOptions, ds: Dataset, layers: int) -> None:
     """Refuse a comparison whose Grams, bootstrap or result would not fit a worker."""
     if layers > MAX_TOTAL_LAYERS:
         raise _invalid(
@@ -220,14 +232,14 @@ def _check_size(body: ComparisonIn, ds: Dataset, layers: int) -> None:
             + ("use mode minibatch" if full else "lower batch_size or select fewer layers"),
             "mode" if full else "batch_size",
         )
-    boot = body.bootstrap * layers * layers * 8 * 3
+    boot = options.resamples * layers * layers * 8 * 3 if options.interval == "batches" else 0
     if boot > MEMORY_BUDGET_BYTES:
         raise _invalid(
             "bootstrap_too_large",
-            f"{body.bootstrap} bootstrap replicates over {layers} layers need about "
+            f"{options.resamples} bootstrap resamples over {layers} layers need about "
             f"{_gib(boot)}, more than the {_gib(MEMORY_BUDGET_BYTES)} allowed; use fewer "
-            "replicates or select fewer layers",
-            "bootstrap",
+            "resamples, interval images, or select fewer layers",
+            "resamples",
         )
     null = body.permutations * layers * layers * 8
     if null > MEMORY_BUDGET_BYTES:
@@ -242,20 +254,30 @@ def _check_size(body: ComparisonIn, ds: Dataset, layers: int) -> None:
 
 # Options that a request written before they existed leaves out; their defaults hash as absent,
 # so such a request still finds the comparison stored for it.
-_CALIBRATION_DEFAULTS: dict[str, Any] = {"permutations": 0, "sensitivity": False, "baselines": []}
-_CALIBRATION_DEFAULTS["random_init_draws"] = None
+_UNSET: dict[str, Any] = {"permutations": 0, "sensitivity": False, "baselines": []}
+_UNSET |= {"random_init_draws": None, "dtype": "fp32", "seed": 0}
+# What every request hashed, from the first release on.
+_ALWAYS = ("resolved_layers", "kernel", "estimator", "mode", "batch_size", "feature")
 
 
 def request_hash(rows: list[Model], ds: Dataset, params: dict[str, Any]) -> str:
+    """The identity of a request: checkpoints, dataset content and every option, written so
+    that a request means what it meant before an option existed (a stored comparison is found
+    by the same request again)."""
     # Before the null option, a request had the permutation null with permutations, else none.
-    implied = {"null": "permutation" if params.get("permutations") else "none"}
+    unset = _UNSET | {"null": "permutation" if params.get("permutations") else "none"}
+    interval = params["interval"]
     canonical = {
         "checkpoints": [m.sha256 for m in rows],
         "dataset": ds.sha256,
-        **{k: params[k] for k in ("resolved_layers", "kernel", "estimator", "mode")},
-        **{k: params[k] for k in ("batch_size", "feature", "bootstrap")},
-        **{k: v for k, v in params.items() if (_CALIBRATION_DEFAULTS | implied).get(k, v) != v},
+        **{k: params[k] for k in _ALWAYS},
+        # Before interval and resamples, one number said both: 0 for none, N for intervals
+        # (image-level: the only unit a request could ask for).
+        "bootstrap": 0 if interval == "none" else params["resamples"],
+        **{k: v for k, v in params.items() if unset.get(k, v) != v},
     }
+    if interval == "batches":
+        canonical["interval"] = interval
     return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 
 

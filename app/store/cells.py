@@ -4,14 +4,18 @@ the model-level summary.
 A finished comparison's ``result`` holds the CKA blocks of every model pair (``matrices``) and,
 when they were computed, full (L_total, L_total) arrays of the 95 % interval
 (``ci_low``/``ci_high``; image-level unless ``config["interval"]`` is ``batches``), the
-null (``p_value``/``null_mean``/``null_q95``; ``q_value``, the Benjamini–Hochberg q-value over
-the comparison's cells, is derived here), the baselines (``baselines.random_init.cka`` with its
-spread over the draws ``.sd``, exported as ``random_init_sd``; ``baselines.seed_ceiling.cka``;
-an undefined block's reason in ``baselines.*.blocks``) and CKA with the row layer's
-whole-sample top principal component removed (``cka_without_top_pc``, with ``sensitivity``),
-all in the atlas's layer order (model by model). A cell's ``sensitivity`` is the larger move of its
-CKA when either side's top component is removed. :class:`Cells` reads them once and slices any
-of them for a model pair, so the matrix endpoint, the page and the exports agree cell for cell.
+null (``p_value``/``null_mean``/``null_q95``, and ``q_value``, the Benjamini–Hochberg q-value
+over the comparison's cells), the baselines (``baselines.random_init.cka`` with its spread over
+the draws ``.sd``, exported as ``random_init_sd``; ``baselines.seed_ceiling.cka``; an undefined
+block's reason in ``baselines.*.blocks``), each cell's verdicts against them (``verdicts``: the
+arrays of :data:`analysis.verdicts.VERDICT_KEYS`) and CKA with the row layer's whole-sample top
+principal component removed (``cka_without_top_pc``, with ``sensitivity``), all in the atlas's
+layer order (model by model): the library's :meth:`analysis.Atlas.to_dict`. The q-values and
+verdicts are read as the library stored them; a result stored before they were gets them from
+the same functions (:mod:`analysis.verdicts`). A cell's ``sensitivity`` is the larger move of
+its CKA when either side's top component is removed. :class:`Cells` reads them once and slices
+any of them for a model pair, so the matrix endpoint, the page and the exports agree cell for
+cell.
 
 The long table has one row per cell of every model pair (a, b) with a at or before b in the
 comparison's order (a model's block with itself included), the order of ``matrices``:
@@ -26,12 +30,28 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from analysis.null import q_values
+from analysis.verdicts import (
+    MARKS,
+    VERDICT_KEYS,
+    WORDS,
+    atlas_q_values,
+    cell_verdicts,
+    verdicts_from_json,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["COLUMNS", "QUANTITIES", "SIGNIFICANCE", "Cells", "PairSummary", "formula_safe"]
+__all__ = [
+    "COLUMNS",
+    "QUANTITIES",
+    "SIGNIFICANCE",
+    "VERDICT_LEGEND",
+    "Cells",
+    "PairSummary",
+    "formula_safe",
+    "verdict_marks",
+]
 
 # Per-cell quantities besides CKA, in the order of the table's columns.
 QUANTITIES = (
@@ -45,6 +65,7 @@ QUANTITIES = (
     "random_init_sd",
     "seed_ceiling",
     "sensitivity",
+    *VERDICT_KEYS,
 )
 COLUMNS = ("model_a", "layer_a", "model_b", "layer_b", "cka", *QUANTITIES)
 LABEL_COLUMNS = ("model_a", "layer_a", "model_b", "layer_b")
@@ -70,9 +91,11 @@ def _array(rows: Any) -> np.ndarray | None:
     ).reshape(len(rows), -1)
 
 
-def _jsonable(a: np.ndarray | None) -> list[list[float | None]] | None:
+def _jsonable(a: np.ndarray | None) -> list[list[Any]] | None:
     if a is None:
         return None
+    if a.dtype == object:  # verdicts: a string or None
+        return [[v if isinstance(v, str) else None for v in row] for row in a]
     return [[float(v) if np.isfinite(v) else None for v in row] for row in a]
 
 
@@ -81,16 +104,18 @@ def _mean(values: np.ndarray) -> float | None:
     return float(finite.mean()) if finite.size else None
 
 
-def _q_values(p: np.ndarray | None) -> np.ndarray | None:
-    """Benjamini–Hochberg q-values over the comparison's tests: every pair of distinct layers
-    once (a symmetric p-matrix read above its diagonal); a layer with itself is no test (NaN).
-    """
-    if p is None:
-        return None
-    upper = np.triu(np.ones(p.shape, dtype=bool), 1)
-    q = np.full(p.shape, np.nan)
-    q[upper] = q_values(p[upper])
-    return np.where(upper, q, q.T)
+# What the marks say, once: "▲ above untrained twins, ▽ ..., ? undecided (...)".
+VERDICT_LEGEND = (
+    ", ".join(f"{MARKS[q][v]} {WORDS[q][v]}" for q in MARKS for v in MARKS[q] if v != "undecided")
+    + ", ? undecided (the interval is too wide to tell); each mark counts the cells averaged"
+)
+
+
+def verdict_marks(counts: dict[str, int], question: str) -> str:
+    """A pair's verdicts as marks with their counts over its summarised cells, decided first
+    (``"▲7"``, ``"▽2 ?5"``, see :data:`analysis.verdicts.MARKS`); "" without any."""
+    marks = MARKS[question]
+    return " ".join(f"{marks[v]}{counts[v]}" for v in marks if counts.get(v))
 
 
 @dataclass(frozen=True)
@@ -115,6 +140,10 @@ class PairSummary:
     random_init_sd: float | None  # the cells' spreads over the twins' draws, averaged
     seed_ceiling: float | None
     undefined: dict[str, str]  # baseline -> why the pair has none
+    learned: float | None = None  # the cells' CKA minus the twins' mean, averaged
+    learned_verdicts: dict[str, int] | None = None  # per verdict, how many of the cells
+    seed_gap: float | None = None  # the cells' CKA minus the seed ceiling, averaged
+    seed_verdicts: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -141,11 +170,21 @@ class Cells:
         self.full: dict[str, np.ndarray | None] = {"cka": cka}
         for key in ("ci_low", "ci_high", "p_value", "null_mean", "null_q95"):
             self.full[key] = _array(result.get(key))
-        self.full["q_value"] = _q_values(self.full["p_value"])
+        stored_q = _array(result.get("q_value"))
+        self.full["q_value"] = (
+            stored_q if stored_q is not None else atlas_q_values(self.full["p_value"])
+        )
         baselines = result.get("baselines") or {}
         for key in ("random_init", "seed_ceiling"):
             self.full[key] = _array((baselines.get(key) or {}).get("cka"))
         self.full["random_init_sd"] = _array((baselines.get("random_init") or {}).get("sd"))
+        verdicts = (
+            verdicts_from_json(result["verdicts"])
+            if result.get("verdicts")
+            else self._derived_verdicts(baselines)
+        )
+        for key in VERDICT_KEYS:
+            self.full[key] = verdicts.get(key)
         # Why a baseline block is undefined, per baseline and model pair (either order).
         self._reasons: dict[str, dict[tuple[str, str], str]] = {}
         for key, stored in baselines.items():
@@ -159,6 +198,23 @@ class Cells:
             None if drop is None else np.fmax(np.abs(drop - cka), np.abs(drop.T - cka))
         )
 
+    def _derived_verdicts(self, baselines: dict[str, Any]) -> dict[str, np.ndarray]:
+        """A result stored before verdicts were: the same function over its stored arrays
+        (a ceiling stored without an interval counts the cell's own image noise twice)."""
+        floor, ceiling, cka = self.full["random_init"], self.full["seed_ceiling"], self.full["cka"]
+        assert cka is not None
+        draws = int((baselines.get("random_init") or {}).get("draws") or 0)
+        ceiling_json = baselines.get("seed_ceiling") or {}
+        return cell_verdicts(
+            cka,
+            self.full["ci_low"],
+            self.full["ci_high"],
+            random_init=None if floor is None else (floor, self.full["random_init_sd"], draws),
+            seed_ceiling=None
+            if ceiling is None
+            else (ceiling, _array(ceiling_json.get("ci_low")), _array(ceiling_json.get("ci_high"))),
+        )
+
     def has(self, key: str) -> bool:
         """Whether ``key`` (a quantity of :data:`QUANTITIES` or ``cka``) was computed."""
         return self.full.get(key) is not None
@@ -168,7 +224,7 @@ class Cells:
         full = self.full[key]
         return None if full is None else full[self._slices[a], self._slices[b]].copy()
 
-    def blocks_json(self, a: str, b: str) -> dict[str, list[list[float | None]] | None]:
+    def blocks_json(self, a: str, b: str) -> dict[str, list[list[Any]] | None]:
         """Every quantity's block of (a, b) as JSON (null cells where undefined)."""
         return {key: _jsonable(self.block(key, a, b)) for key in ("cka", *QUANTITIES)}
 
@@ -191,7 +247,8 @@ class Cells:
             out["layer_b"] += list(lb) * len(la)
             for key in ("cka", *QUANTITIES):
                 block = self.block(key, a, b)
-                values = np.full(len(la) * len(lb), np.nan) if block is None else block.ravel()
+                empty = None if key.endswith("_verdict") else np.nan
+                values = np.full(len(la) * len(lb), empty) if block is None else block.ravel()
                 out[key].append(values)
         table: dict[str, Any] = {}
         for name in COLUMNS:
@@ -253,6 +310,13 @@ class Cells:
             finite = values[np.isfinite(values)] if values is not None else np.zeros(0)
             return float(finite.max()) if finite.size else None
 
+        def counted(key: str) -> dict[str, int] | None:
+            values = pick(key)
+            if values is None:
+                return None
+            found = [v for v in values if isinstance(v, str)]
+            return {v: found.count(v) for v in dict.fromkeys(found)} or None
+
         return PairSummary(
             a=a,
             b=b,
@@ -266,6 +330,10 @@ class Cells:
             random_init_sd=mean("random_init_sd"),
             seed_ceiling=mean("seed_ceiling"),
             undefined=self.undefined(a, b),
+            learned=mean("learned"),
+            learned_verdicts=counted("learned_verdict"),
+            seed_gap=mean("seed_gap"),
+            seed_verdicts=counted("seed_verdict"),
         )
 
     def summaries(self) -> list[list[dict[str, Any]]]:

@@ -33,13 +33,15 @@ def test_defaults() -> None:
         "batch_size": 256,
         "feature": "flatten",
         "dtype": "fp32",
-        "bootstrap": 0,
-        "interval": "images",
+        "baselines": (),
+        "interval": "none",
+        "resamples": 1000,
         "permutations": 0,
         "null": "analytic",
         "sensitivity": False,
         "seed": 0,
         "random_init_draws": 3,
+        "bootstrap": None,  # deprecated: read, never kept
     }
 
 
@@ -58,7 +60,11 @@ def test_defaults() -> None:
         ({"dtype": "fp8"}, "dtype"),
         ({"dtype": torch.float64}, "dtype"),
         ({"bootstrap": -1}, "bootstrap"),
-        ({"bootstrap": 5, "mode": "full"}, "bootstrap"),
+        ({"bootstrap": 5, "mode": "full"}, "interval"),  # bootstrap 5 asks for an interval
+        ({"interval": "images", "mode": "full"}, "interval"),
+        ({"interval": "bootstrap"}, "interval"),
+        ({"resamples": 0}, "resamples"),
+        ({"baselines": ["random_init", "twins"]}, "baselines.1"),
         ({"permutations": -1}, "permutations"),
         ({"permutations": 10_001}, "permutations"),
         ({"null": "exact"}, "null"),
@@ -87,7 +93,9 @@ def test_a_bad_option_is_refused_naming_its_field_before_any_forward(
     assert not calls
     with pytest.raises(ValidationError) as raw:
         CompareOptions(**bad)
-    assert raw.value.errors()[0]["loc"] == (field,)
+    assert raw.value.errors()[0]["loc"] == tuple(
+        int(part) if part.isdigit() else part for part in field.split(".")
+    )
 
 
 def test_unknown_option_is_a_type_error(images: torch.Tensor) -> None:
@@ -131,14 +139,20 @@ def test_option_specs_describe_what_is_accepted() -> None:
     assert (specs["permutations"].minimum, specs["permutations"].maximum) == (0, 10_000)
     assert specs["batch_size"].minimum == 2 and specs["kernel"].kind == "text"
     assert specs["layers"].kind == "layers" and specs["sensitivity"].kind == "flag"
+    assert specs["interval"].choices == ("none", "images", "batches")
+    assert specs["baselines"].kind == "choices"
+    assert specs["baselines"].choices == ("random_init", "seed_ceiling")
+    assert specs["bootstrap"].kind == "int" and specs["bootstrap"].deprecated
     assert all(s.description for s in specs.values())
     defaults = {name: spec.default for name, spec in specs.items()}
+    assert defaults["interval"] == "none" and defaults["bootstrap"] is None
     assert CompareOptions(**defaults) == CompareOptions()
     for name, spec in specs.items():
         for choice in spec.choices:
             # shuffles need a count of them
             count = {"permutations": 10} if choice == "permutation" else {}
-            assert getattr(CompareOptions(**{name: choice}, **count), name) == choice
+            want = (choice,) if spec.kind == "choices" else choice
+            assert getattr(CompareOptions(**{name: choice}, **count), name) == want
     for example in specs["kernel"].examples:
         CompareOptions(kernel=example)
 
@@ -151,7 +165,7 @@ def test_options_and_shortcuts_run_the_same(images: torch.Tensor) -> None:
         "estimator": "biased",
         "batch_size": 16,
         "feature": "mean_tokens",
-        "bootstrap": 10,
+        "interval": "images",
         "permutations": 7,
         "seed": 3,
     }
@@ -165,7 +179,7 @@ def test_options_and_shortcuts_run_the_same(images: torch.Tensor) -> None:
         "biased",
         16,
     )
-    assert (config["feature"], config["bootstrap"], config["seed"]) == ("mean_tokens", 10, 3)
+    assert (config["feature"], config["interval"], config["seed"]) == ("mean_tokens", "images", 3)
     assert config["permutations"] == 7
     assert by_options.diagnostics["batches"] == 3  # 16, 16 and a ragged 8 (enough for biased)
     # shortcuts override the options they are given with
@@ -173,3 +187,34 @@ def test_options_and_shortcuts_run_the_same(images: torch.Tensor) -> None:
     plain = compare(models, images, device="cpu", **(chosen | {"kernel": "linear"}))
     assert mixed.to_dict() == plain.to_dict()
     assert not np.allclose(mixed.hsic, by_options.hsic)  # and the override did change things
+
+
+@pytest.mark.parametrize(
+    ("given", "interval", "resamples"),
+    [
+        ({"bootstrap": 0}, "none", 1000),
+        ({"bootstrap": 0, "interval": "images"}, "none", 1000),  # 0 always meant none
+        ({"bootstrap": 200}, "images", 200),  # the unit a positive count gave before
+        ({"bootstrap": 50, "interval": "batches"}, "batches", 50),
+        ({"interval": "batches", "resamples": 300}, "batches", 300),
+        ({"interval": "images"}, "images", 1000),
+        ({}, "none", 1000),
+    ],
+)
+def test_the_intervals_switch_is_apart_from_their_count_and_bootstrap_still_reads(
+    given: dict[str, Any], interval: str, resamples: int
+) -> None:
+    opts = CompareOptions(**given)
+    assert (opts.interval, opts.resamples, opts.bootstrap) == (interval, resamples, None)
+    assert CompareOptions.model_validate(opts.model_dump()) == opts  # a round trip
+
+
+def test_baselines_are_canonical_and_turn_the_interval_on() -> None:
+    """A verdict weighs a cell's difference from its baseline against the cell's interval, so
+    asking for baselines asks for image intervals (unless another unit is given, or none can
+    be had: full mode)."""
+    opts = CompareOptions(baselines="seed_ceiling, random_init,seed_ceiling")
+    assert opts.baselines == ("random_init", "seed_ceiling") and opts.interval == "images"
+    assert CompareOptions(baselines=["seed_ceiling"], interval="batches").interval == "batches"
+    assert CompareOptions(baselines=["random_init"], mode="full").interval == "none"
+    assert CompareOptions(baselines=()).interval == "none"

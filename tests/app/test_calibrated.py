@@ -222,7 +222,7 @@ def test_baselines_interval_and_exports(
             np.testing.assert_allclose(_array(m["baselines"][key]), value, atol=1e-6)
         if a == b == "gmlp_digits":
             assert all(v is None for row in m["baselines"]["seed_ceiling"] for v in row)
-            why = "no seed sibling of gmlp_digits in the store"
+            why = "no seed sibling in the store"
             assert m["undefined_baselines"] == {"seed_ceiling": why}
         interval = boot.interval(a, b)
         assert interval is not None

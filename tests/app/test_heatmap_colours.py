@@ -12,7 +12,13 @@ from matplotlib.colors import to_hex, to_rgb
 from PIL import Image
 
 from analysis.atlas import Atlas
-from analysis.plot import HEATMAP_COLORMAP, UNDEFINED_COLOR, render_atlas
+from analysis.plot import (
+    HEATMAP_COLORMAP,
+    LEARNED_COLORMAP,
+    UNDEFINED_COLOR,
+    learned_limit,
+    render_atlas,
+)
 
 HEATMAP_JS = Path(__file__).resolve().parents[2] / "app" / "http" / "web" / "static" / "heatmap.js"
 
@@ -26,6 +32,19 @@ def test_the_page_draws_the_colour_map_and_grey_of_the_png() -> None:
     assert page == [to_hex(cmap(t)) for t in np.linspace(0, 1, len(page))]
     grey = re.search(r'const UNDEFINED = "(#[0-9a-f]{6})"', script)
     assert grey and grey.group(1) == UNDEFINED_COLOR
+
+
+def test_the_page_draws_the_learned_scale_of_the_png() -> None:
+    script = HEATMAP_JS.read_text()
+    stops = re.search(r"const DIVERGING = \[(.*?)\]", script, re.S)
+    assert stops, "heatmap.js names its learned colour stops DIVERGING"
+    page = re.findall(r'"(#[0-9a-f]{6})"', stops.group(1))
+    cmap = colormaps[LEARNED_COLORMAP]
+    assert page == [to_hex(cmap(t)) for t in np.linspace(0, 1, len(page))]
+    # the scale's half-range: the largest |learned| rounded up to 0.05, at least 0.05
+    assert learned_limit(np.array([0.01, -0.02, np.nan])) == 0.05
+    assert learned_limit(np.array([0.12, -0.31])) == 0.35
+    assert learned_limit(np.array([0.1, 0.3])) == 0.3
 
 
 def test_png_rows_run_top_down_from_the_first_layer_as_on_the_page() -> None:

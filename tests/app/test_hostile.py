@@ -404,8 +404,8 @@ def test_comparisons_too_large_for_a_worker(
     assert_problem(r, 422, "batch_too_large", "batch_size")
     r = post_comparison(api, model_ids=[mixer], mode="full", batch_size=16)
     assert_problem(r, 422, "batch_too_large", "mode")
-    r = post_comparison(api, model_ids=[mixer], batch_size=16, bootstrap=1000)
-    assert_problem(r, 422, "bootstrap_too_large", "bootstrap")
+    r = post_comparison(api, model_ids=[mixer], batch_size=16, interval="batches", resamples=1000)
+    assert_problem(r, 422, "bootstrap_too_large", "resamples")
     assert api.get("/v1/comparisons").json()["total"] == 0
 
 

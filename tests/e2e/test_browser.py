@@ -211,7 +211,7 @@ def test_calibrated_cell_tooltip_summary_and_profile(
     diagonal = [m["values"][k][k] for k in range(len(m["rows"]))]
     low = [m["ci_low"][k][k] for k in range(len(m["rows"]))]
     assert f"{sum(diagonal) / len(diagonal):.3f}" in cell.inner_text()
-    assert f"[{sum(low) / len(low):.3f}," in cell.inner_text()
+    assert f"[{sum(low) / len(low):.3f}," in (cell.get_attribute("title") or "")
 
     # The depth profile of the pair: the diagonal, its best matches and the baseline.
     profile = page.locator("#profile svg.profile")
@@ -327,3 +327,55 @@ def test_training_form_refuses_an_option(page: Any, server: Server, results_dir:
     model_id = int(page.locator("#trained-model").get_attribute("href").rsplit("/", 1)[1])
     model = server.api.get(f"/v1/models/{model_id}").json()
     assert model["density"] == 0.125 and model["config"]["num_blocks"] == 2
+
+
+def test_the_tooltip_leads_with_the_verdict_and_colour_shows_what_training_added(
+    page: Any, server: Server, results_dir: Path
+) -> None:
+    page.goto(f"{server.url}/comparisons/{server.calibrated_id}")
+    focus, m = focused_pair(page, server, server.calibrated_id)
+    words = {
+        "above_untrained": "Above untrained twins",
+        "not_above_untrained": "Not above untrained twins",
+        "undecided": "Undecided against untrained twins",
+    }
+    learned = m["verdicts"]["learned"]
+    i, j = 1, 2
+    focus.locator(f'rect.cell[data-i="{i}"][data-j="{j}"]').hover()
+    tooltip = page.locator("#heatmap-tooltip")
+    tooltip.wait_for(state="visible")
+    lines = tooltip.inner_text().splitlines()
+    verdict = m["verdicts"]["learned_verdict"][i][j]
+    assert lines[0].startswith(words[verdict]), lines  # the verdict first, in words
+    sign = "+" if learned[i][j] >= 0 else "\u2212"
+    assert f"{sign}{abs(learned[i][j]):.3f}" in lines[0]
+    assert lines[1] == f"CKA {m['values'][i][j]:.4f}"
+    shot(page, results_dir, "12-verdict-hover")
+
+    # Colour by what training added: every heatmap redrawn on the diverging scale.
+    cell = focus.locator(f'rect.cell[data-i="{i}"][data-j="{j}"]')
+    before = cell.get_attribute("fill")
+    assert page.locator("#colour-by-label").is_visible()
+    page.select_option("#colour-by", "learned")
+    focus = page.locator('#focus svg.heatmap[data-colour="learned"]')
+    focus.wait_for()
+    cell = focus.locator(f'rect.cell[data-i="{i}"][data-j="{j}"]')
+    after = cell.get_attribute("fill")
+    assert after != before
+    limit = page.evaluate("() => JSON.parse(document.getElementById('atlas-data').textContent)")
+    want = page.evaluate(
+        "([v, lim]) => window.CkaHeatmap.divergingColor(v, lim)",
+        [learned[i][j], limit["learned_limit"]],
+    )
+    assert after == want
+    assert page.locator('#colorbar svg[data-colour="learned"]').count() == 1
+    cards = page.locator("#grid-between svg.heatmap")
+    assert cards.count() and all(
+        cards.nth(k).get_attribute("data-colour") == "learned" for k in range(cards.count())
+    )
+    # a cell at 0 is the scale's white middle; the learned scale's ends are the PNG's map's
+    middle = page.evaluate("() => window.CkaHeatmap.divergingColor(0, 0.2)")
+    assert middle == "rgb(247,246,246)"
+    shot(page, results_dir, "13-colour-by-learned")
+    page.select_option("#colour-by", "cka")
+    page.locator('#focus svg.heatmap[data-colour="cka"]').wait_for()

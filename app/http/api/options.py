@@ -2,9 +2,9 @@
 the ``option=NAME=VALUE`` filters that select comparisons by them.
 
 Nothing here lists an option by hand. The options, their kinds, choices and defaults are read
-from their one definition: :class:`analysis.CompareOptions`, then the request's own
-:class:`app.jobs.requests.Calibration` fields that are not CompareOptions (the baselines). An
-option added there is shown and filterable here without a change. A default that depends on
+from their one definition, :class:`analysis.CompareOptions` (a request,
+:class:`app.jobs.requests.ComparisonIn`, is one plus its models and dataset). An option added
+there is shown and filterable here without a change. A default that depends on
 other options (``null`` is ``none`` in full mode and ``permutation`` with permutations) is
 taken in the comparison's context, so a comparison shows only what its request chose.
 """
@@ -20,14 +20,13 @@ from pydantic import BaseModel, ValidationError
 
 from analysis.options import CompareOptions
 from app.http.problems import ProblemError
-from app.jobs.requests import Calibration
 from app.store.repository import ParamFilter
 
 __all__ = ["Option", "differing_options", "option_filter", "option_suggestions", "options"]
 
 Kind = Literal["choice", "int", "float", "flag", "text", "list", "layers"]
 # Where the options come from, first definition first.
-SOURCES: tuple[type[BaseModel], ...] = (CompareOptions, Calibration)
+SOURCES: tuple[type[BaseModel], ...] = (CompareOptions,)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from sqlalchemy.orm import defer
 
 from analysis import Atlas
 from analysis.plot import render_atlas
+from analysis.verdicts import VERDICT_KEYS
 from app.http.api.deps import ComparisonId, Svc, api_router, not_finished
 from app.http.api.rows import row_or_404
 from app.http.problems import ProblemError
@@ -145,15 +146,15 @@ def get_matrix(
 ) -> dict[str, Any] | Response:
     """CKA between every layer of model ``a`` (rows) and every layer of model ``b`` (columns).
 
-    With the cells' company when the comparison computed it: the bootstrap interval
+    With the cells' company when the comparison computed it: the 95 % interval
     (``ci_low``, ``ci_high``), the null (``p_value``, its Benjamini–Hochberg ``q_value`` over
-    the comparison's cells, ``null_mean``, ``null_q95``),
-    the top-component ``sensitivity`` and the ``baselines``; each null when not computed.
+    the comparison's cells, ``null_mean``, ``null_q95``), the top-component ``sensitivity``,
+    the ``baselines`` and each cell's ``verdicts`` against them; each null when not computed.
     """
     cmp = _finished(services, comparison_id, load_result=False)
     la = _pick(cmp, a, "a") if a is not None else cmp.members[0].label
     lb = _pick(cmp, b, "b") if b is not None else la
-    key = hashlib.sha256(f"matrix-v3:{cmp.result_sha256}:{la}:{lb}".encode()).hexdigest()
+    key = hashlib.sha256(f"matrix-v4:{cmp.result_sha256}:{la}:{lb}".encode()).hexdigest()
     headers = _cache_headers(services, f'"{key}"')
     if _not_modified(request, headers["ETag"]):
         return Response(status_code=304, headers=headers)
@@ -162,6 +163,7 @@ def get_matrix(
     blocks = cells.blocks_json(la, lb)
     names = ("random_init", "random_init_sd", "seed_ceiling")
     baselines = {k: blocks[k] for k in names if blocks[k] is not None}
+    verdicts = {k: blocks[k] for k in VERDICT_KEYS if blocks[k] is not None}
     return {
         "comparison_id": cmp.id,
         "a": la,
@@ -176,6 +178,7 @@ def get_matrix(
         "sensitivity": blocks["sensitivity"],
         "baselines": baselines or None,
         "undefined_baselines": cells.undefined(la, lb) or None,
+        "verdicts": verdicts or None,
     }
 
 
@@ -189,17 +192,32 @@ def get_matrix(
     **READ,
 )
 def get_heatmap(
-    services: Svc, request: Request, comparison_id: ComparisonId, fmt: Literal["png", "svg"]
+    services: Svc,
+    request: Request,
+    comparison_id: ComparisonId,
+    fmt: Literal["png", "svg"],
+    colour: Literal["cka", "learned"] = Query(
+        "cka",
+        description="`cka`: CKA on viridis over [0, 1]; `learned`: CKA minus the untrained "
+        "twins' mean, on a diverging scale centred at 0 (needs the `random_init` baseline)",
+    ),
 ) -> Response:
     """The atlas heatmap grid, rendered once and cached in the artifact store; has an ETag."""
     cmp = _finished(services, comparison_id, load_result=False)
+    if colour == "learned" and not _cached_cells(services, cmp).has("learned"):
+        raise ProblemError(
+            422,
+            "needs_random_init",
+            "colour learned needs the random_init baseline and intervals; this comparison has none",
+            field="colour",
+        )
     return _rendered(
         services,
         request,
         cmp,
-        "heatmap-v1",
+        "heatmap-v1" if colour == "cka" else "heatmap-learned-v1",
         fmt,
-        lambda: render_atlas(_cached_atlas(services, cmp), fmt=fmt),
+        lambda: render_atlas(_cached_atlas(services, cmp), fmt=fmt, colour=colour),
         media_type=MEDIA[fmt],
         ref_kind="heatmap",
     )
@@ -219,8 +237,9 @@ def get_cells(
 ) -> Response:
     """Every cell as one long table: ``model_a, layer_a, model_b, layer_b, cka, ci_low,
     ci_high, p_value, q_value, null_mean, null_q95, random_init, random_init_sd, seed_ceiling,
-    sensitivity`` (empty/NaN where not computed or undefined), one row per cell of each model
-    pair (a, b) with a at or before b."""
+    sensitivity``, then the verdicts ``learned, learned_low, learned_high, learned_verdict,
+    seed_gap, seed_gap_low, seed_gap_high, seed_verdict`` (empty/NaN where not computed or
+    undefined), one row per cell of each model pair (a, b) with a at or before b."""
     cmp = _finished(services, comparison_id, load_result=False)
 
     def table() -> bytes:
@@ -231,7 +250,7 @@ def get_cells(
         services,
         request,
         cmp,
-        "cells-v2",
+        "cells-v3",
         fmt,
         table,
         media_type=TABLE_MEDIA[fmt],

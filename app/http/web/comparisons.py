@@ -10,6 +10,8 @@ from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from analysis.plot import learned_limit
+from analysis.verdicts import MARKS, WORDS
 from app.http.api.options import option_filter, option_suggestions
 from app.http.api.views import comparison_view
 from app.http.problems import ProblemError
@@ -17,10 +19,13 @@ from app.http.web.common import Auth, as_int, as_text, found, paged, services_of
 from app.http.web.rendering import render
 from app.jobs.requests import ComparisonIn
 from app.store import gc, repository
-from app.store.cells import QUANTITIES, Cells
+from app.store.cells import QUANTITIES, VERDICT_LEGEND, Cells, verdict_marks
 from app.store.orm import JOB_STATES, Comparison, Dataset, JobState, Model
 
-__all__ = ["atlas_payload", "router"]
+__all__ = ["atlas_payload", "diagnostics_view", "glance", "router"]
+
+# A warning longer than this is folded: its first words shown, the rest on a click.
+FOLD_AT = 160
 
 router = APIRouter(include_in_schema=False)
 KERNEL_CHOICES = ("linear", "rbf")
@@ -135,14 +140,100 @@ def atlas_payload(result: dict[str, Any]) -> dict[str, Any]:
         pair = {"a": a, "b": b, "cka": blocks["cka"], "undefined": cells.undefined(a, b)}
         matrices.append(pair | {k: blocks[k] for k in has})
     random_init = (result.get("baselines") or {}).get("random_init") or {}
+    learned = cells.full.get("learned")
     return {
         "random_init_draws": random_init.get("draws"),
+        "verdict_words": WORDS,
+        "learned_limit": None if learned is None else learned_limit(learned),
         "models": cells.models,
         "layers": cells.layers,
         "n": result.get("n"),
         "has": has,
         "permutations": (result.get("config") or {}).get("permutations") or 0,
         "matrices": matrices,
+    }
+
+
+def _count_words(counts: dict[str, int] | None, question: str) -> list[str]:
+    total = sum((counts or {}).values())
+    return [
+        f"{n} of {total} cells {WORDS[question][v]}"
+        for v in MARKS[question]
+        if (n := (counts or {}).get(v))
+    ]
+
+
+def glance(summary: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """The "Models at a glance" table: per pair one short line (value, verdict marks) and its
+    company in the cell's title; the notes the table needs once (what the marks say, what a
+    missing seed ceiling needs) rather than in every cell."""
+
+    def num(v: float | None) -> str:
+        return "–" if v is None else f"{v:.3f}"
+
+    rows, marked, without_ceiling = [], False, []
+    for row in summary:
+        out = []
+        for c in row:
+            learned = verdict_marks(c.get("learned_verdicts") or {}, "learned")
+            seed = verdict_marks(c.get("seed_verdicts") or {}, "seed")
+            marked = marked or bool(learned or seed)
+            said = [f"mean {'diagonal' if c['kind'] == 'diagonal' else 'best-match'} CKA"]
+            said[0] += f" {num(c['cka'])}"
+            if c.get("ci_low") is not None:
+                said[0] += f" [{num(c['ci_low'])}, {num(c['ci_high'])}]"
+            if c.get("random_init") is not None:
+                sd = c.get("random_init_sd")
+                spread = "" if sd is None else f" ± {num(sd)}"
+                said.append(f"init {num(c['random_init'])}{spread}")
+            if c.get("seed_ceiling") is not None:
+                said.append(f"seed {num(c['seed_ceiling'])}")
+            elif (why := c["undefined"].get("seed_ceiling")) is not None:
+                said.append(f"no seed ceiling: {why}")
+                without_ceiling.append(c)
+            said += _count_words(c.get("learned_verdicts"), "learned")
+            said += _count_words(c.get("seed_verdicts"), "seed")
+            # learned first, then the seed verdict, apart ("?" is undecided in both)
+            out.append(c | {"marks": " · ".join(m for m in (learned, seed) if m)})
+            out[-1]["title"] = " · ".join(said)
+        rows.append(out)
+    notes = []
+    if marked:
+        notes.append(f"Marks: {VERDICT_LEGEND}.")
+    if without_ceiling:
+        pairs = len({tuple(sorted((c["a"], c["b"]))) for c in without_ceiling})
+        notes.append(
+            f"no seed ceiling: add a third seed ({pairs} pair{'s' if pairs != 1 else ''} "
+            "have no other seed of a model's architecture, options and training data in the "
+            "store but the other side of the pair; hover a cell for its reason)."
+        )
+    return {"rows": rows, "notes": notes}
+
+
+def diagnostics_view(diagnostics: dict[str, Any] | None) -> dict[str, Any]:
+    """The diagnostics card's items grouped: undefined baselines once per baseline and reason
+    (naming their blocks), warnings with the long ones folded."""
+    d = diagnostics or {}
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for u in d.get("undefined_baselines") or ():
+        where = u["a"] if u["a"] == u["b"] else f"{u['a']} × {u['b']}"
+        grouped.setdefault((u["baseline"].replace("_", " "), u["reason"]), []).append(where)
+    layers: dict[str, list[str]] = {}
+    for u in d.get("undefined_layers") or ():
+        item = u if isinstance(u, dict) else {"model": "", "layer": str(u), "reason": ""}
+        where = f"{item.get('layer')} of {item.get('model')}".strip()
+        layers.setdefault(str(item.get("reason") or "undefined"), []).append(where)
+    warnings = []
+    for w in d.get("warnings") or ():
+        text = str(w)
+        cut = text.rfind(" ", 0, FOLD_AT - 40) if len(text) > FOLD_AT else -1
+        warnings.append({"short": text[:cut] + " …" if cut > 0 else text, "full": text})
+    return {
+        "undefined_baselines": [
+            {"baseline": b, "reason": r, "blocks": blocks} for (b, r), blocks in grouped.items()
+        ],
+        "undefined_layers": [{"reason": r, "layers": names} for r, names in layers.items()],
+        "warnings": warnings,
     }
 
 
@@ -169,5 +260,7 @@ def comparison_page(request: Request, auth: Auth, comparison_id: int) -> Respons
         dataset=dataset,
         atlas=payload,
         summary=summary,
+        glance=glance(summary) if summary else None,
+        diag=diagnostics_view(view["diagnostics"]),
         meta={"id": comparison_id, "status": view["status"], "progress": view["progress"]},
     )

@@ -4,7 +4,9 @@
  * The stored atlas arrives embedded in the page (#atlas-data: per model pair the CKA block
  * and the blocks of every computed quantity named in `has`); while the job is queued or
  * running the page polls GET /v1/comparisons/{id} every second, moves the progress bar, and
- * when the job succeeds reads the finished page and draws its atlas in place. */
+ * when the job succeeds reads the finished page and draws its atlas in place. With the
+ * random-init baseline, "Colour" switches every heatmap between CKA and CKA above the
+ * untrained twins (a diverging scale centred at 0, over the atlas's ±learned_limit). */
 (function () {
   "use strict";
 
@@ -16,6 +18,12 @@
   let atlas = JSON.parse($("atlas-data").textContent);
   let drawCards = [];
   let resizeTimer = 0;
+  let colour = "cka";
+
+  /* What every heatmap is coloured by, and its scale. */
+  function scale() {
+    return { colour: colour, limit: atlas.learned_limit || 0.05 };
+  }
 
   function transpose(values) {
     return values.length ? values[0].map(function (_, j) { return values.map(function (r) { return r[j]; }); }) : [];
@@ -26,6 +34,7 @@
   function block(a, b) {
     const out = { a: a, b: b, rows: atlas.layers[a], cols: atlas.layers[b], values: [] };
     out.random_init_draws = atlas.random_init_draws;
+    out.words = atlas.verdict_words;
     const keys = (atlas.has || []);
     atlas.matrices.forEach(function (m) {
       if ((m.a === a && m.b === b) || (m.a === b && m.b === a)) out.undefined = m.undefined || {};
@@ -75,7 +84,7 @@
     const b = $("focus-b").value;
     const m = block(a, b);
     const fit = $("focus").parentElement.clientWidth;
-    window.CkaHeatmap.draw($("focus"), m, { maxSize: 460, minCell: 12, maxCell: 64, font: 12, showValues: true, fit: fit });
+    window.CkaHeatmap.draw($("focus"), m, Object.assign({ maxSize: 460, minCell: 12, maxCell: 64, font: 12, showValues: true, fit: fit }, scale()));
     $("focus-json").href = "/v1/comparisons/" + meta.id + "/matrix?a=" + encodeURIComponent(a) + "&b=" + encodeURIComponent(b);
     stats(m);
     $("null-legend").classList.toggle("hidden", !(atlas.has || []).includes("p_value"));
@@ -107,7 +116,7 @@
     host.className = "heatmap-host";
     c.append(h, host);
     pending.push(function () {
-      window.CkaHeatmap.draw(host, block(m.a, m.b), { maxSize: 190, maxCell: 26, font: 10 });
+      window.CkaHeatmap.draw(host, block(m.a, m.b), Object.assign({ maxSize: 190, maxCell: 26, font: 10 }, scale()));
     });
     c.addEventListener("click", function () {
       $("focus-a").value = m.a;
@@ -138,9 +147,18 @@
     between.classList.toggle("hidden", !between.children.length);
     // Draw once the cards are laid out, so each heatmap can fit its card's width.
     drawCards = pending;
-    drawCards.forEach(function (draw) { draw(); });
-    window.CkaHeatmap.colorbar($("colorbar"), 220);
+    const learned = (atlas.has || []).includes("learned");
+    $("colour-by-label").classList.toggle("hidden", !learned);
+    if (!learned) colour = "cka";
+    $("colour-by").value = colour;
+    redraw();
     bindSummary();
+  }
+
+  /* Every heatmap, the focus and the colour bar, in the current colour. */
+  function redraw() {
+    drawCards.forEach(function (draw) { draw(); });
+    window.CkaHeatmap.colorbar($("colorbar"), 220, colour, scale().limit);
     renderFocus();
   }
 
@@ -224,6 +242,10 @@
       }
     });
   }
+  $("colour-by").addEventListener("change", function () {
+    colour = $("colour-by").value;
+    redraw();
+  });
   $("focus-a").addEventListener("change", renderFocus);
   $("focus-b").addEventListener("change", renderFocus);
   $("focus-swap").addEventListener("click", function () {

@@ -3,18 +3,23 @@
  * CkaHeatmap.draw(host, matrix, options) replaces host's content with an <svg> whose
  * cells are <rect class="cell" data-i data-j data-value> (row i = layer i of model a,
  * column j = layer j of model b, input first), labelled with the layer names on both
- * axes and the model names as axis titles. Hovering a cell shows the exact value in a
- * tooltip and highlights its row and column labels. Colours are viridis over [0, 1], the
- * range of CKA; values outside it (the unbiased estimator can dip below 0) keep the end
- * colour but the tooltip shows the exact number. Undefined cells (null) are grey.
+ * axes and the model names as axis titles. Hovering a cell shows its verdicts in words
+ * first, then the exact value, in a tooltip, and highlights its row and column labels.
+ * Colours are viridis over [0, 1], the range of CKA; values outside it (the unbiased
+ * estimator can dip below 0) keep the end colour but the tooltip shows the exact number.
+ * With options.colour "learned" a cell is coloured by CKA minus its untrained twins' mean
+ * (matrix.learned) on a diverging map centred at 0, over ±options.limit (the server gives the
+ * PNG's analysis.plot.learned_limit). Undefined cells (null) are grey.
  *
  * matrix: {a, b, rows: [layer names], cols: [layer names], values: [[number|null]]}, and
  * optionally blocks of the same shape: ci_low, ci_high (bootstrap interval), p_value,
  * q_value (Benjamini–Hochberg over the comparison), null_mean (the null), random_init with
  * random_init_sd (its spread over random_init_draws draws) and seed_ceiling (baselines),
  * sensitivity (how far the value moves without either side's top principal component); and
- * `undefined`, per baseline the pair has none of, the reason. The tooltip shows those present
- * (an undefined baseline with its reason); a cell whose q-value is at least SIGNIFICANCE is
+ * `undefined`, per baseline the pair has none of, the reason; the verdicts (analysis.verdicts):
+ * learned with learned_low/high and learned_verdict, seed_gap with seed_gap_low/high and
+ * seed_verdict, and `words`, each verdict in words. The tooltip shows those present (an
+ * undefined baseline with its reason); a cell whose q-value is at least SIGNIFICANCE is
  * hatched (class "null-like").
  */
 (function () {
@@ -31,19 +36,35 @@
   ].map(function (hex) {
     return [1, 3, 5].map(function (k) { return parseInt(hex.slice(k, k + 2), 16); });
   });
+  // matplotlib's RdBu_r at 17 evenly spaced points: the learned scale (below 0 blue, above red).
+  const DIVERGING = [
+    "#053061", "#175290", "#2a71b2", "#3f8ec0", "#6bacd1", "#9bc9e0", "#c2ddec", "#e0ecf3",
+    "#f7f6f6", "#fbe5d8", "#fbccb4", "#f5aa89", "#e48066", "#d05548", "#ba2832", "#930e26",
+    "#67001f",
+  ].map(function (hex) {
+    return [1, 3, 5].map(function (k) { return parseInt(hex.slice(k, k + 2), 16); });
+  });
   const UNDEFINED = "#bbbbbb"; // the grey of an undefined cell, as in the PNG (analysis/plot.py)
   const CHAR_EM = 0.61; // advance width of a monospace glyph, in em
   const SIGNIFICANCE = 0.05; // at or above this q-value a cell is not told apart from the null
   let tooltip = null;
   let gradientCount = 0;
 
-  function color(v) {
-    if (!defined(v)) return null;
-    const x = Math.min(1, Math.max(0, v)) * (VIRIDIS.length - 1);
-    const i = Math.min(VIRIDIS.length - 2, Math.floor(x));
+  function interpolate(stops, t) {
+    const x = Math.min(1, Math.max(0, t)) * (stops.length - 1);
+    const i = Math.min(stops.length - 2, Math.floor(x));
     const f = x - i;
-    const c = VIRIDIS[i].map(function (lo, k) { return Math.round(lo + f * (VIRIDIS[i + 1][k] - lo)); });
+    const c = stops[i].map(function (lo, k) { return Math.round(lo + f * (stops[i + 1][k] - lo)); });
     return "rgb(" + c.join(",") + ")";
+  }
+
+  function color(v) {
+    return defined(v) ? interpolate(VIRIDIS, v) : null;
+  }
+
+  /* A learned value on the diverging scale over [-limit, limit]. */
+  function divergingColor(v, limit) {
+    return defined(v) ? interpolate(DIVERGING, (v / limit + 1) / 2) : null;
   }
 
   function formatValue(v) {
@@ -92,6 +113,27 @@
     return p < 0.001 ? p.toExponential(1) : p.toFixed(3);
   }
 
+  function signed(v) {
+    return (v >= 0 ? "+" : "\u2212") + Math.abs(v).toFixed(3);
+  }
+
+  /* The cell's verdicts in words, first: is it learned, is it as high as another seed. */
+  function verdicts(tip, matrix, i, j) {
+    const words = matrix.words || {};
+    [["learned", "learned", "CKA \u2212 twins' mean"],
+     ["seed", "seed_gap", "CKA \u2212 seed ceiling"]].forEach(function (q) {
+      const verdict = at(matrix[q[1] === "learned" ? "learned_verdict" : "seed_verdict"], i, j);
+      if (!verdict) return;
+      const diff = at(matrix[q[1]], i, j);
+      const lo = at(matrix[q[1] + "_low"], i, j);
+      const hi = at(matrix[q[1] + "_high"], i, j);
+      const ci = defined(lo) && defined(hi) ? " [" + signed(lo) + ", " + signed(hi) + "]" : " (interval unbounded)";
+      const said = (words[q[0]] || {})[verdict] || verdict;
+      const text = said.charAt(0).toUpperCase() + said.slice(1) + ": " + q[2] + " " + signed(diff) + ci;
+      fact(tip, "tt-verdict tt-" + verdict.replace(/_/g, "-"), text);
+    });
+  }
+
   /* The cell's company: interval, p-value and null mean, baselines (those computed). */
   function company(tip, matrix, i, j) {
     const lo = at(matrix.ci_low, i, j);
@@ -134,6 +176,7 @@
     const tip = ensureTooltip();
     const v = matrix.values[i][j];
     tip.replaceChildren();
+    verdicts(tip, matrix, i, j);
     const value = document.createElement("div");
     value.className = "tt-value";
     value.textContent = "CKA " + formatValue(v);
@@ -165,9 +208,10 @@
   /* Draw matrix into host; returns the <svg>. */
   function draw(host, matrix, options) {
     const o = Object.assign(
-      { maxSize: 220, minCell: 6, maxCell: 28, font: 11, showValues: false, axisTitles: true },
+      { maxSize: 220, minCell: 6, maxCell: 28, font: 11, showValues: false, axisTitles: true, colour: "cka", limit: 0.05 },
       options || {}
     );
+    const learned = o.colour === "learned" && matrix.learned;
     const nr = matrix.rows.length;
     const nc = matrix.cols.length;
     const fs = o.font;
@@ -189,10 +233,12 @@
     const width = Math.ceil(left + w + 8);
     const height = Math.ceil(top + h + colReach + fs + 10 + titleBand);
 
-    const label = "CKA between the layers of " + matrix.a + " (rows) and " + matrix.b + " (columns)";
+    const label = (learned ? "CKA above untrained twins" : "CKA") + " between the layers of " +
+      matrix.a + " (rows) and " + matrix.b + " (columns)";
     const svg = window.CkaSvg.chart("heatmap", width, height, label, matrix, {
       "data-rows": nr,
       "data-cols": nc,
+      "data-colour": learned ? "learned" : "cka",
       "font-size": fs,
     });
     const cells = el("g", { class: "cells", transform: "translate(" + left + "," + top + ")" }, svg);
@@ -211,7 +257,7 @@
     for (let i = 0; i < nr; i++) {
       for (let j = 0; j < nc; j++) {
         const v = matrix.values[i][j];
-        const fill = color(v);
+        const fill = learned ? divergingColor(at(matrix.learned, i, j), o.limit) : color(v);
         const q = at(matrix.q_value, i, j);
         const nullLike = defined(q) && q >= SIGNIFICANCE;
         if (nullLike) overlays.push([i, j]);
@@ -226,16 +272,17 @@
           "data-j": j,
           "data-value": defined(v) ? String(v) : "null",
         }, cells);
-        if (showValues && defined(v)) {
+        const shown = learned ? at(matrix.learned, i, j) : v;
+        if (showValues && defined(shown)) {
           el("text", {
             class: "cell-value",
             x: j * cell + cell / 2,
             y: i * cell + cell / 2,
             "text-anchor": "middle",
             "dominant-baseline": "central",
-            fill: v > 0.6 ? "#1d1d1f" : "#ffffff",
+            fill: learned ? (Math.abs(at(matrix.learned, i, j) || 0) > 0.6 * o.limit ? "#ffffff" : "#1d1d1f") : v > 0.6 ? "#1d1d1f" : "#ffffff",
             "font-size": Math.min(fs, Math.floor(cell / 3.2)),
-          }, cells, v.toFixed(2));
+          }, cells, learned ? (shown >= 0 ? "+" : "\u2212") + Math.abs(shown).toFixed(2) : v.toFixed(2));
         }
       }
     }
@@ -320,9 +367,12 @@
     return svg;
   }
 
-  /* A vertical colour bar for [0, 1], `height` pixels tall. */
-  function colorbar(host, height) {
+  /* A vertical colour bar, `height` pixels tall: CKA over [0, 1], or with mode "learned"
+   * CKA minus the untrained twins' mean over [-limit, limit]. */
+  function colorbar(host, height, mode, limit) {
     const h = height || 200;
+    const learned = mode === "learned";
+    const lim = limit || 0.05;
     const id = "cka-gradient-" + ++gradientCount;
     const width = 64;
     const svg = el("svg", {
@@ -332,19 +382,25 @@
       height: h + 28,
       viewBox: "0 0 " + width + " " + (h + 28),
       role: "img",
-      "aria-label": "Colour scale: CKA from 0 to 1",
+      "data-colour": learned ? "learned" : "cka",
+      "aria-label": learned
+        ? "Colour scale: CKA minus the untrained twins' mean, from " + (-lim).toFixed(2) + " to " + lim.toFixed(2)
+        : "Colour scale: CKA from 0 to 1",
     });
     const grad = el("linearGradient", { id: id, x1: 0, y1: 1, x2: 0, y2: 0 }, el("defs", {}, svg));
-    VIRIDIS.forEach(function (_, k) {
-      const t = k / (VIRIDIS.length - 1);
-      el("stop", { offset: t, "stop-color": color(t) }, grad);
+    const stops = learned ? DIVERGING : VIRIDIS;
+    stops.forEach(function (_, k) {
+      const t = k / (stops.length - 1);
+      el("stop", { offset: t, "stop-color": interpolate(stops, t) }, grad);
     });
-    el("text", { class: "colorbar-title", x: 2, y: 11 }, svg, "CKA");
+    el("text", { class: "colorbar-title", x: 2, y: 11 }, svg, learned ? "learned" : "CKA");
     el("rect", { x: 2, y: 20, width: 16, height: h, fill: "url(#" + id + ")", class: "frame" }, svg);
     [0, 0.25, 0.5, 0.75, 1].forEach(function (t) {
       const y = 20 + (1 - t) * h;
+      const value = learned ? (2 * t - 1) * lim : t;
       el("line", { x1: 18, x2: 23, y1: y, y2: y, class: "tick" }, svg);
-      el("text", { x: 26, y: y, "dominant-baseline": "central", class: "tick-label" }, svg, t.toFixed(2));
+      el("text", { x: 26, y: y, "dominant-baseline": "central", class: "tick-label" }, svg,
+        learned && value > 0 ? "+" + value.toFixed(2) : value.toFixed(2));
     });
     host.replaceChildren(svg);
     return svg;
@@ -354,6 +410,7 @@
     draw: draw,
     colorbar: colorbar,
     color: color,
+    divergingColor: divergingColor,
     formatValue: formatValue,
     SIGNIFICANCE: SIGNIFICANCE,
   };
