@@ -25,7 +25,8 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "tokens": ({"feature": "mean_tokens"}, {"feature": "mean_tokens"}),
     "company": (
         {"bootstrap": 20, "baselines": ["seed_ceiling", "random_init"], "random_init_draws": 2},
-        {"bootstrap": 20, "random_init_draws": 2, "baselines": ["random_init", "seed_ceiling"]},
+        # the deprecated bootstrap: N is read as resamples N (baselines turn the interval on)
+        {"resamples": 20, "random_init_draws": 2, "baselines": ["random_init", "seed_ceiling"]},
     ),
     "full": ({"mode": "full", "estimator": "biased"}, {"estimator": "biased", "mode": "full"}),
     "shuffled": ({"permutations": 50}, {"permutations": 50}),
@@ -84,7 +85,8 @@ def test_the_list_shows_and_filters_the_options_that_differ(
     for bad, needle in (
         ("feature=nope", "feature is one of flatten, mean_tokens, cls"),
         ("nope=1", "NAME one of layers, kernel"),
-        ("bootstrap=many", "bootstrap is an integer"),
+        ("resamples=many", "resamples is an integer"),
+        ("bootstrap=20", "NAME one of"),  # deprecated: read into interval and resamples
         ("feature", "NAME=VALUE"),
     ):
         r = c.get("/v1/comparisons", params={"option": bad})

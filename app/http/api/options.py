@@ -59,10 +59,12 @@ def options() -> dict[str, Option]:
     for source in SOURCES:
         props = source.model_json_schema()["properties"]
         for name, field in source.model_fields.items():
-            if name in found or name not in props:
-                continue
+            if name in found or name not in props or props[name].get("deprecated"):
+                continue  # a deprecated option (bootstrap) is read into others, never kept
             kind, choices = _kind(props[name])
             default = field.get_default(call_default_factory=True)
+            if isinstance(default, tuple):  # as stored params (JSON) hold it
+                default = list(default)
             found[name] = Option(name, kind, default, choices)
     return found
 
