@@ -63,17 +63,16 @@ import numpy as np
 import torch
 from scipy import stats
 
-from analysis.calibration import NullSummary
 from analysis.hsic import cka_from_hsic
 
 __all__ = [
-    "AnalyticNull",
+    "INVARIANTS",
+    "SUMS",
     "NullMoments",
     "batch_moments",
     "layer_invariants",
     "moments_from_sums",
     "q_values",
-    "summarise_moments",
     "u_centre",
 ]
 
@@ -89,8 +88,54 @@ _THIRD = (
 )
 # E[T_u² S] grouped the same way: coefficient of w w' over (n)_m, m = 2..5.
 _MIXED = ((2, 4.0), (3, 20.0), (4, 52.0), (5, 64.0))
+# E[T_u⁴] grouped the same way: (m, symmetric matrix M) with the term x M x'ᵀ / (n)_m, where
+# x = (Q², d, e, f, g) of one layer and x' of the other (the fourth-order invariants of
+# layer_invariants). The m = 7 and 8 terms are 96 and 144 times u u' with
+# u = Q² + 24d - 24e - 32f + 4g, as the third moment's last terms are products.
+_FOURTH = (
+    (2, ((0, 0, 0, 0, 0), (0, 8, 0, 0, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 0))),
+    (3, ((0, 0, 0, 0, 0), (0, 112, -48, 0, 0), (0, -48, 48, 0, 0), (0, 0, 0, 96, 0), (0,) * 5)),
+    (
+        4,
+        (
+            (12, 24, -48, 0, 0),
+            (24, 832, -576, -288, 48),
+            (-48, -576, 672, 192, -96),
+            (0, -288, 192, 1056, 0),
+            (0, 48, -96, 0, 48),
+        ),
+    ),
+    (
+        5,
+        (
+            (48, 192, -288, -96, 0),
+            (192, 4416, -3744, -3840, 384),
+            (-288, -3744, 4176, 3456, -576),
+            (-96, -3840, 3456, 6528, -576),
+            (0, 384, -576, -576, 192),
+        ),
+    ),
+    (
+        6,
+        (
+            (96, 864, -1008, -768, 96),
+            (864, 18624, -17760, -22656, 2496),
+            (-1008, -17760, 18480, 22080, -2784),
+            (-768, -22656, 22080, 31104, -3840),
+            (96, 2496, -2784, -3840, 576),
+        ),
+    ),
+    (7, tuple(tuple(96 * a * b for b in (1, 24, -24, -32, 4)) for a in (1, 24, -24, -32, 4))),
+    (8, tuple(tuple(144 * a * b for b in (1, 24, -24, -32, 4)) for a in (1, 24, -24, -32, 4))),
+)
+# The rows of a run's summed null cumulants (AnalyticNull.sums), each (L, L): mean, variance
+# and third central moment of the estimator's null HSIC, then the variance, third and fourth
+# cumulants of its U-statistic part, which the tail check reads (the same null for the
+# unbiased estimator).
+SUMS = ("mean", "var", "third", "var_u", "third_u", "fourth_u")
 # Per-layer numbers, in this order, in the rows of layer_invariants.
-_NAMES = ("Q", "c", "t", "tau", "q", "k", "w", "v")
+_NAMES = ("Q", "c", "t", "tau", "q", "k", "w", "v", "d", "e", "f", "g")
+INVARIANTS = len(_NAMES)
 
 
 def _falling(n: int, m: int) -> float:
@@ -140,22 +185,27 @@ def layer_invariants(
     """
     n_layers, n, _ = centred.shape
     out = torch.zeros(n_layers, len(_NAMES), dtype=torch.float64, device=centred.device)
+    dot = torch.linalg.vecdot
     if n >= 4:
         a = u_centre(centred, dtype, None if work is None else work[0])
         flat = a.view(n_layers, n * n)
         sq = a * a if work is None else torch.mul(a, a, out=work[1])
-        out[:, 0] = torch.linalg.vecdot(flat, flat)
-        out[:, 1] = torch.linalg.vecdot(sq.view(n_layers, n * n), flat)
-        row_sq = sq.sum(2, dtype=torch.float64) if estimator == "biased" else None  # for w
-        torch.bmm(a, a, out=sq)  # t = tr Ã³ = Σ_ij (Ã²)_ij Ã_ij, in sq's buffer
-        out[:, 2] = torch.linalg.vecdot(sq.view(n_layers, n * n), flat)
+        sq_flat = sq.view(n_layers, n * n)
+        out[:, 0] = dot(flat, flat)
+        out[:, 1] = dot(sq_flat, flat)
+        out[:, 8] = dot(sq_flat, sq_flat)  # d = Σ Ã_ij⁴
+        row_sq = sq.sum(2).to(torch.float64)  # Σ_j Ã_ij², for e and w
+        out[:, 9] = (row_sq**2).sum(1)
+        torch.bmm(a, a, out=sq)  # Ã², in sq's buffer
+        out[:, 11] = dot(sq_flat, sq_flat)  # g = tr Ã⁴ = ‖Ã²‖²
+        out[:, 2] = dot(sq_flat, flat)  # t = tr Ã³ = Σ_ij (Ã²)_ij Ã_ij
+        out[:, 10] = dot(sq.mul_(a).view(n_layers, n * n), flat)  # f = Σ_ij Ã_ij² (Ã²)_ij
     if estimator == "biased" and n >= 3:
         d = centred.diagonal(dim1=1, dim2=2).to(torch.float64)
         tau = d.sum(1)
         dc = d - tau[:, None] / n
         out[:, 3], out[:, 4], out[:, 5] = tau, (dc**2).sum(1), (dc**3).sum(1)
         if n >= 4:
-            assert row_sq is not None
             out[:, 6] = (row_sq * dc).sum(1)
             out[:, 7] = torch.einsum("li,lij,lj->l", dc, a.to(torch.float64), dc)
     elif estimator == "biased":  # n = 2: T_b is the same for both permutations
@@ -163,31 +213,36 @@ def layer_invariants(
     return out
 
 
-def batch_moments(
-    inv: np.ndarray, n: int, estimator: str
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean, variance and third central moment of one batch's null HSIC, each (L, L).
+def batch_moments(inv: np.ndarray, n: int, estimator: str) -> np.ndarray:
+    """One batch's null cumulants per cell, (len(:data:`SUMS`), L, L), rows as SUMS names them.
 
     ``inv``: :func:`layer_invariants` of the batch's L layers; cell (i, j) permutes layer j's
-    samples against layer i's (the moments are symmetric in i, j).
+    samples against layer i's (the moments are symmetric in i, j). The last three rows are
+    the cumulants of the U-statistic part T_u in the estimator's units (for the unbiased
+    estimator the whole null; for the biased one its off-diagonal part, see the module doc).
     """
     col = {name: inv[:, k] for k, name in enumerate(_NAMES)}
     outer = np.outer
     Q, c, t = col["Q"], col["c"], col["t"]
-    zero = np.zeros((len(Q), len(Q)))
-    var, third = zero.copy(), zero.copy()
+    out = np.zeros((len(SUMS), len(Q), len(Q)))
+    mean, var, third, var_u, third_u, fourth_u = out
     if n >= 4:
         var += 2 * outer(Q, Q) / (n * (n - 3))
         for m, cc, ct, tt in _THIRD:
             if m <= n:
                 pairs = cc * outer(c, c) + ct * (outer(c, t) + outer(t, c)) + tt * outer(t, t)
                 third += pairs / _falling(n, m)
-    if estimator == "unbiased":
-        scale = n * (n - 3)
-        return zero, var / scale**2, third / scale**3
-    tau = col["tau"]
-    mean = outer(tau, tau) / (n - 1)
-    if n >= 3:
+        x = np.stack([Q**2, col["d"], col["e"], col["f"], col["g"]])
+        for m, table in _FOURTH:
+            if m <= n:
+                fourth_u += x.T @ np.array(table, dtype=np.float64) @ x / _falling(n, m)
+        fourth_u -= 3 * var**2  # E[T_u⁴] - 3 Var², the fourth cumulant (E[T_u] = 0)
+        var_u += var
+        third_u += third
+    if estimator == "biased":
+        tau = col["tau"]
+        mean += outer(tau, tau) / (n - 1)
+    if estimator == "biased" and n >= 3:
         lam = n / (n - 2)
         q, k, w, v = col["q"], col["k"], col["w"], col["v"]
         var += lam**2 * outer(q, q) / (n - 1)
@@ -195,17 +250,22 @@ def batch_moments(
         if n >= 4:
             mixed = sum(coef / _falling(n, m) for m, coef in _MIXED if m <= n)
             third += 3 * lam * mixed * outer(w, w) + 3 * lam**2 * 2 * outer(v, v) / (n * (n - 3))
-    scale = (n - 1) ** 2
-    return mean / scale, var / scale**2, third / scale**3
+    scale = float(n * (n - 3) if estimator == "unbiased" else (n - 1) ** 2)
+    for row, power in zip(out, (1, 2, 3, 2, 3, 4), strict=True):
+        row /= scale**power
+    return out
 
 
 @dataclass(frozen=True)
 class NullMoments:
-    """Per cell (L, L): the null CKA's mean, standard deviation and skewness."""
+    """Per cell (L, L): the null CKA's mean, standard deviation and skewness, and how far the
+    tails depart from the Pearson type III fitted to them: the null's exact excess kurtosis
+    minus the fit's, 1.5 skew² (of the U-statistic part, see :data:`SUMS`)."""
 
     mean: np.ndarray
     sd: np.ndarray
     skew: np.ndarray
+    departure: np.ndarray
 
     def p_values(self, observed: np.ndarray) -> np.ndarray:
         """P(null ≥ observed) under the Pearson type III with these moments; NaN where the
@@ -230,54 +290,26 @@ class NullMoments:
         return np.where(defined, q, np.nan)
 
 
-class AnalyticNull:
-    """Sums the null cumulants of every cell over the batches of one run (float64, on host)."""
-
-    def __init__(
-        self, total_layers: int, estimator: str, dtype: torch.dtype = torch.float64
-    ) -> None:
-        self.estimator, self.dtype = estimator, dtype
-        self.sums = np.zeros((3, total_layers, total_layers))
-        self._work: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def invariants(self, centred: torch.Tensor) -> np.ndarray:
-        """:func:`layer_invariants` (L, 8) of one batch's double-centred Grams (L, n, n)."""
-        work = self._work
-        if work is None or work[0].shape != centred.shape or work[0].device != centred.device:
-            made = torch.empty(2, *centred.shape, dtype=self.dtype, device=centred.device)
-            work = self._work = (made[0], made[1])
-        return layer_invariants(centred, self.estimator, self.dtype, work).cpu().numpy()
-
-    def add(self, centred: torch.Tensor) -> None:
-        """One batch, given its double-centred Grams (L, n, n) (see :func:`layer_invariants`)."""
-        self.add_invariants(self.invariants(centred), centred.shape[-1])
-
-    def add_invariants(self, inv: np.ndarray, n: int) -> None:
-        """One batch of ``n`` samples, given every layer's invariants (L, 8), in layer order."""
-        self.sums += np.stack(batch_moments(inv, n, self.estimator))
-
-    def summary(self, hsic: np.ndarray) -> NullSummary:
-        """p-value, mean and 95 % quantile per cell against the run's summed HSIC ``hsic``."""
-        return summarise_moments(self.sums, hsic)
-
-
 def moments_from_sums(sums: np.ndarray, hsic: np.ndarray) -> NullMoments:
-    """The null CKA's moments per cell from summed cumulants ``sums`` (3, L, L) of the null
-    HSIC and the summed observed HSIC (its diagonal: each side's self-HSIC); NaN where the
-    cell's CKA is undefined."""
-    mean, var, third = sums
+    """The null CKA's moments per cell from summed cumulants ``sums`` (rows :data:`SUMS`) of
+    the null HSIC and the summed observed HSIC (its diagonal: each side's self-HSIC); NaN where
+    the cell's CKA is undefined."""
+    mean, var, third, var_u, third_u, fourth_u = sums
     d = np.diag(hsic)
     sd = np.sqrt(np.maximum(var, 0.0))
     with np.errstate(divide="ignore", invalid="ignore"):
         skew = np.where(sd > 0, third / np.where(sd > 0, sd, 1.0) ** 3, 0.0)
+        spread = var_u > 0
+        v = np.where(spread, var_u, 1.0)
+        departure = np.where(spread, fourth_u / v**2 - 1.5 * third_u**2 / v**3, 0.0)
     sd_cka = cka_from_hsic(sd, d, d)
-    return NullMoments(cka_from_hsic(mean, d, d), sd_cka, np.where(np.isnan(sd_cka), np.nan, skew))
-
-
-def summarise_moments(sums: np.ndarray, hsic: np.ndarray) -> NullSummary:
-    """The analytic null's :class:`analysis.calibration.NullSummary` (NaN where undefined)."""
-    moments = moments_from_sums(sums, hsic)
-    return NullSummary(moments.p_values(cka_from_hsic(hsic)), moments.mean, moments.quantile(0.95))
+    undefined = np.isnan(sd_cka)
+    return NullMoments(
+        cka_from_hsic(mean, d, d),
+        sd_cka,
+        np.where(undefined, np.nan, skew),
+        np.where(undefined, np.nan, departure),
+    )
 
 
 def q_values(p: np.ndarray) -> np.ndarray:
