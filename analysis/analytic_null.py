@@ -89,20 +89,20 @@ class AnalyticNull:
         layers ``first``, ``first + 1``, …"""
         work = self._buffers(centred)
         inv = layer_invariants(centred, self.estimator, self.dtype, work).cpu().numpy()
-        if self.kept is not None and batch is not None and centred.shape[-1] >= 4:
+        if self.kept is not None and batch is not None:  # work[0]: the U-centred copy
             self.kept.add(batch, first, work[0] if self.estimator == "unbiased" else centred)
         return inv
 
     def keep_features(self, batch: int, layer: int, features: torch.Tensor) -> None:
         """Where a layer's kernel is linear, keep its features (n, …) of batch ``batch`` instead
         of its Gram when they are the smaller (call before :meth:`add` for that batch)."""
-        if self.kept is not None and features.shape[0] >= 4:
+        if self.kept is not None:
             self.kept.add_features(batch, layer, features)
 
     def keep(self, centred: torch.Tensor, batch: int, first: int = 0) -> None:
         """Keep one batch's Grams (as :meth:`invariants` does) whose invariants came from
         elsewhere (the Gram store)."""
-        if self.kept is None or centred.shape[-1] < 4:
+        if self.kept is None:
             return
         if self.estimator == "unbiased":
             centred = u_centre(centred, self.dtype, self._buffers(centred)[0])
@@ -211,7 +211,7 @@ def finish(
         method[a, b] = method[b, a] = how
         draws[a, b] = draws[b, a] = counts
     summary = NullSummary(p, moments.mean, moments.quantile(0.95), draws, method)
-    record = {
+    record: dict[str, Any] = {
         "check": f"|excess kurtosis - Pearson III's| > {DEPARTURE}",
         "tests": int(tests.sum()),
         "flagged": len(cells),
@@ -229,14 +229,15 @@ def _kept_note(state: dict[str, np.ndarray]) -> str:
         return "none: the plan's Grams would exceed the budget"
     if int(state["kept.overflow"]):
         return "none: the Grams outgrew the budget"
-    return f"{int(np.asarray(state['kept.values']).nbytes)} bytes"
+    return f"{np.asarray(state['kept.values']).nbytes / 2**20:.1f} MiB"
 
 
 def tail_warning(record: dict[str, Any]) -> str:
     """The sentence for flagged cells that kept their fitted p (``record``: :func:`finish`'s)."""
-    count = record["without_draws"]
+    count, kept = record["without_draws"], record["kept"]
+    why = kept if kept.startswith("none") else "some batches of their layers were not kept"
     return (
-        f"{count} cell{'s' if count != 1 else ''} failed the analytic null's tail check "
-        f"but kept the fitted p-value, which can be too small at small α: no Grams to draw "
-        f"permutations from ({record['kept']}); use null: permutation for them"
+        f"{count} cell{'s' if count != 1 else ''} failed the analytic null's tail check but "
+        f"kept the fitted p-value, which can be too small at small α (Grams kept: {why}); "
+        f"use null: permutation for them"
     )

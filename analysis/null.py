@@ -1,8 +1,8 @@
-"""The permutation null of every CKA cell in closed form: its first three exact moments.
+"""The permutation null of every CKA cell in closed form: its first four exact moments.
 
 **The statistic.** Shuffling the samples of one side within a batch gives, for centred Grams A, B
 of that batch and a uniformly random permutation π, the statistic ``T(π) = Σ_ij A_ij B_π(i)π(j)``
-(:mod:`analysis.calibration` draws it P times). Its mean, variance and third central moment over
+(:mod:`analysis.calibration` draws it P times). Its mean, variance, third and fourth moments over
 *all* n! permutations have closed forms in a few per-layer numbers, so every cell's null costs a
 handful of (L, L) products per batch instead of P Gram gathers.
 
@@ -21,8 +21,13 @@ factor is diagonal; with three factors only Σ Ã_ij³ (c) and Σ Ã_ij Ã_jk Ã
           = [4(n⁴-8n³+19n²-4n-16) cc' - 8(3n²-15n+16)(ct' + tc') + 8(n³-9n²+26n-22) tt'] / (n)_6
 
 (primes: the other layer). Terms with m > n are absent (no m distinct indices exist), so the
-per-m form also holds for batches of 4 and 5. A test checks all three moments against every one
-of the n! permutations of small batches.
+per-m form also holds for batches of 4 and 5. With four factors the surviving unrestricted sums
+are d = Σ Ã_ij⁴, e = Σ_i (Σ_j Ã_ij²)², f = Σ_ij Ã_ij² (Ã²)_ij, g = tr Ã⁴ and Q² (two disjoint
+double edges), and ``E[T⁴] = Σ_m x M_m x'ᵀ / (n)_m`` with x = (Q², d, e, f, g) and the integer
+matrices M_m of :data:`_FOURTH` (m = 2…8, found by enumerating the 4,140 partitions of the 8
+indices). The fourth cumulant E[T⁴] - 3 Var² is what :mod:`analysis.analytic_null` checks the
+fit against. A test checks all four moments against every one of the n! permutations of
+batches of 4 to 8.
 
 **Biased estimator.** HSIC_b = ⟨A, B⟩ / (n-1)² with A = HKH, diagonal a, τ = Σ a_i, ã = a - τ/n.
 Off the diagonal, A equals its U-centred version Ã plus terms of the form f(i) + f(j) + const,
@@ -36,10 +41,11 @@ Zylberberg & Fyshe 2024), reported as each cell's null mean. E[S] = E[T_u S] = 0
 pattern counting E[S²] = Σã²Σb̃²/(n-1), E[S³] = n Σã³Σb̃³/((n-1)(n-2)),
 E[T_u² S] = 4(n-2) w w' / ((n-1)(n-3)(n-4)) with w = Σ_ij Ã_ij² ã_i, and
 E[T_u S²] = 2 v v' / (n(n-3)) with v = ãᵀÃã. Then Var T_b = Var T_u + λ² E[S²] and
-``κ₃ = E[T_u³] + 3λ E[T_u² S] + 3λ² E[T_u S²] + λ³ E[S³]``.
+``κ₃ = E[T_u³] + 3λ E[T_u² S] + 3λ² E[T_u S²] + λ³ E[S³]``. Its fourth moment is not derived
+here; the sums keep T_u's cumulants apart (:data:`SUMS`) for the tail check.
 
 **Minibatches.** Each batch shuffles independently, so the batch statistics are independent and
-their cumulants (mean, variance, third central moment) add over batches; all cross-layer terms
+their cumulants (mean, variance, third and fourth) add over batches; all cross-layer terms
 above are products of per-layer numbers, so one batch adds a few outer products of length-L
 vectors. The null CKA of a cell is its null HSIC over sqrt(HSIC_KK · HSIC_LL) (permuting both
 sides of a Gram changes nothing), so its mean and standard deviation scale by that factor and its
@@ -47,12 +53,14 @@ skewness does not.
 
 **The p-value.** A Pearson type III distribution with the null's mean, standard deviation and
 skewness (as FactoMineR's ``coeffRV`` does for the RV coefficient, after Kazi-Aoual et al. 1995):
-``p = P(null ≥ observed CKA)``. It is continuous, so there is no 1/(P+1) floor.
+``p = P(null ≥ observed CKA)``. It is continuous, so there is no 1/(P+1) floor. Where the
+fourth cumulant says the fit's tail is wrong, :mod:`analysis.analytic_null` replaces it.
 
 **Cost.** Q and c take O(n²) per layer; t = Σ_ij Ã_ij (Ã²)_ij needs one n×n matrix product per
 layer, O(L·n³), in the Grams' precision: the only term that is not a by-product of the HSIC pass.
 It cannot be had from Q and c (it is the one third-order invariant that sees how the Gram's
 eigenvalues are spread), and a batched product of the L Grams is cheap next to forming them.
+The fourth-order d, e, f, g are four more sums over n² entries of Ã, Ã∘Ã and Ã².
 """
 
 from __future__ import annotations
@@ -171,17 +179,18 @@ def layer_invariants(
     dtype: torch.dtype = torch.float64,
     work: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """The per-layer numbers of one batch (float64, (L, 8), columns as :data:`_NAMES`).
+    """The per-layer numbers of one batch (float64, (L, 12), columns as :data:`_NAMES`).
 
     ``centred`` (L, n, n): the batch's double-centred Grams HKH as :func:`analysis.hsic.
     centred_rows` gives them (diagonal zeroed for the unbiased estimator, kept for the biased
-    one). Q, c, t are those of the U-centred Grams; the diagonal terms (tau, q = Σã², k = Σã³,
-    w, v) are zero for the unbiased estimator. ``dtype``: the precision of the U-centred copy,
-    its products and their sums over n² entries; the engine passes its Grams' (float32: a
-    relative error of ~1e-6 in the moments, far below the permutation noise they replace, and
-    no float64 copy of the stack). ``work``: two buffers of ``centred``'s shape in ``dtype``
-    for the copy and its square, reused from batch to batch (fresh ones of a few MB each cost
-    the kernel's page zeroing every time: about as much as the sums themselves).
+    one). Q, c, t and d, e, f, g are those of the U-centred Grams; the diagonal terms (tau,
+    q = Σã², k = Σã³, w, v) are zero for the unbiased estimator. ``dtype``: the precision of
+    the U-centred copy, its products and their sums over n² entries; the engine passes its
+    Grams' (float32: a relative error of ~1e-6 in the moments, far below the permutation
+    noise they replace, and no float64 copy of the stack). ``work``: two buffers of
+    ``centred``'s shape in ``dtype`` for the copy and its square, reused from batch to batch
+    (fresh ones of a few MB each cost the kernel's page zeroing every time: about as much as
+    the sums themselves). The U-centred copy stays in ``work[0]``.
     """
     n_layers, n, _ = centred.shape
     out = torch.zeros(n_layers, len(_NAMES), dtype=torch.float64, device=centred.device)

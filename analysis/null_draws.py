@@ -11,7 +11,9 @@ module keeps what that needs and draws the permutations.
 unbiased estimator (U-centring commutes with permuting samples), HKH for the biased one. So a
 run keeps, for every layer and batch, the upper triangle of that matrix (and its diagonal, for
 the biased estimator) in float32: ``n(n-1)/2`` numbers per layer and batch of n, nothing per
-cell. The run decides up front whether the whole plan's matrices fit :data:`KEEP_BYTES`; if
+cell; or, for a linear kernel and a layer narrower than half the batch, its centred features
+(n·d numbers), whose draws cost O(n d d') instead of O(n²) (:func:`_statistics`). The run
+decides up front whether the whole plan's matrices fit :data:`KEEP_BYTES`; if
 they do not (or a plan of unknown length outgrows it), nothing is kept and flagged cells keep
 the fitted p (the atlas says so). The state is named arrays, and two states (ranges of one
 plan, see :mod:`analysis.partial`) add by concatenation.
@@ -31,7 +33,8 @@ below the smallest Monte Carlo p, 1 / (MAX_DRAWS + 1), the cell reports the boun
 
 **Cost.** Per draw and batch one gather of the shuffled n×n matrix and a dot with the other
 (``np.take`` by rows, then by columns of the unshuffled side: about 40 µs at n = 150 on one
-core); per cell roughly h·(1 + ln(N p_min/h)) draws for p ≥ h/N.
+core), or with narrow features a gather of n×d' and an n×d×d' product; per cell about
+h/p draws (p ≥ h/N), at most N.
 """
 
 from __future__ import annotations

@@ -292,3 +292,28 @@ def test_cka_test_says_what_its_p_rests_on() -> None:
     assert plain.p_method == "analytic" and plain.draws == 0
     shuffled = cka_test(rng.normal(size=(64, 5)), rng.normal(size=(64, 4)), permutations=99)
     assert shuffled.p_method == "permutation" and shuffled.draws == 99
+
+
+@pytest.mark.parametrize("estimator", ["unbiased", "biased"])
+def test_narrow_features_draw_what_their_grams_draw(estimator: str) -> None:
+    """Kept as features (linear kernel, d < n/2) or as the centred Gram, a layer gives the same
+    statistic, so the same p and draws: ‖Xᵀ P Y‖² (less a diagonal term, unbiased)."""
+    from analysis.hsic import centred_rows
+    from analysis.null import u_centre
+
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(30, 3)) ** 3 + 5, rng.normal(size=(30, 2)) ** 3 - 2  # off-centre
+    f, _ = centred_rows(torch.from_numpy(np.stack([x @ x.T, y @ y.T])), estimator)
+    centred = f.view(2, 30, 30)
+    grams, feats = KeptCentred(estimator), KeptCentred(estimator)
+    grams.add(0, 0, u_centre(centred) if estimator == "unbiased" else centred)
+    feats.add_features(0, 0, torch.from_numpy(x))
+    feats.add_features(0, 1, torch.from_numpy(y))
+    results = []
+    for kept in (grams, feats):
+        entries = complete_layers(kept.state(), estimator, 1, {0, 1})
+        own = [float(np.vdot(e[0].square, e[0].square)) for e in (entries[0], entries[1])]
+        cells, scale = np.array([[0, 1]]), np.sqrt([own[0] * own[1]])
+        results.append(monte_carlo_p(entries, cells, scale, estimator, seed=1))
+    (p0, d0), (p1, d1) = results
+    assert p0 == p1 and (d0 == d1).all() and 0 < d0[0] <= MAX_DRAWS
