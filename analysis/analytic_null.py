@@ -71,14 +71,15 @@ class AnalyticNull:
     ) -> None:
         self.estimator, self.dtype = estimator, dtype
         self.sums = np.zeros((len(SUMS), total_layers, total_layers))
-        self._work: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._work: torch.Tensor | None = None
         self.kept = None if keep is None else KeptCentred(estimator, keep)
 
-    def _buffers(self, centred: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _buffers(self, centred: torch.Tensor) -> torch.Tensor:
+        """:func:`layer_invariants`' work buffer (L, 3, n, n), reused while the shape holds."""
+        count, n, _ = centred.shape
         work = self._work
-        if work is None or work[0].shape != centred.shape or work[0].device != centred.device:
-            made = torch.empty(2, *centred.shape, dtype=self.dtype, device=centred.device)
-            work = self._work = (made[0], made[1])
+        if work is None or work.shape != (count, 3, n, n) or work.device != centred.device:
+            work = self._work = torch.empty(count, 3, n, n, dtype=self.dtype, device=centred.device)
         return work
 
     def invariants(
@@ -89,8 +90,8 @@ class AnalyticNull:
         layers ``first``, ``first + 1``, …"""
         work = self._buffers(centred)
         inv = layer_invariants(centred, self.estimator, self.dtype, work).cpu().numpy()
-        if self.kept is not None and batch is not None:  # work[0]: the U-centred copy
-            self.kept.add(batch, first, work[0] if self.estimator == "unbiased" else centred)
+        if self.kept is not None and batch is not None:  # work[:, 0]: the U-centred copy
+            self.kept.add(batch, first, work[:, 0] if self.estimator == "unbiased" else centred)
         return inv
 
     def keep_features(self, batch: int, layer: int, features: torch.Tensor) -> None:
@@ -105,7 +106,7 @@ class AnalyticNull:
         if self.kept is None:
             return
         if self.estimator == "unbiased":
-            centred = u_centre(centred, self.dtype, self._buffers(centred)[0])
+            centred = u_centre(centred, self.dtype, self._buffers(centred)[:, 0])
         self.kept.add(batch, first, centred)
 
     def add(self, centred: torch.Tensor, batch: int | None = None) -> None:
