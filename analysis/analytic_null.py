@@ -27,7 +27,14 @@ import torch
 from analysis.calibration import NullSummary
 from analysis.errors import AnalysisError
 from analysis.hsic import cka_from_hsic
-from analysis.null import SUMS, batch_moments, layer_invariants, moments_from_sums, u_centre
+from analysis.null import (
+    SUMS,
+    NullMoments,
+    batch_moments,
+    layer_invariants,
+    moments_from_sums,
+    u_centre,
+)
 from analysis.null_draws import (
     MAX_DRAWS,
     KeptCentred,
@@ -150,7 +157,16 @@ def flagged_cells(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The tests ((L, L) booleans, default i < j) that fail the tail check, as (k, 2) layer
     pairs, and each one's moment bound on its p-value (see :func:`finish`)."""
-    moments = moments_from_sums(sums, hsic)
+    return _flagged(moments_from_sums(sums, hsic), sums, hsic, estimator, tests)
+
+
+def _flagged(
+    moments: NullMoments,
+    sums: np.ndarray,
+    hsic: np.ndarray,
+    estimator: str,
+    tests: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
     if tests is None:
         tests = np.triu(np.ones(hsic.shape, dtype=bool), 1)
     defined = np.isfinite(moments.departure) & np.isfinite(cka_from_hsic(hsic))
@@ -193,12 +209,12 @@ def finish(
     draws = np.zeros(p.shape, dtype=np.int64)
     if tests is None:
         tests = np.triu(np.ones(p.shape, dtype=bool), 1)
-    cells, bound = flagged_cells(sums, hsic, estimator, tests)
+    cells, bound = _flagged(moments, sums, hsic, estimator, tests)
     i, j = cells.T
     d = np.sqrt(np.diag(hsic)[i] * np.diag(hsic)[j])
     huge = bound <= 1 / (MAX_DRAWS + 1)
     kept = {}
-    if "kept.values" in state and not huge.all():
+    if "kept.overflow" in state and not huge.all():
         own = {k[5:]: v for k, v in state.items() if k.startswith("kept.")}
         kept = complete_layers(own, estimator, batches, set(cells[~huge].reshape(-1).tolist()))
     drawn = ~huge & np.array([a in kept and b in kept for a, b in cells.tolist()], dtype=bool)
@@ -226,11 +242,12 @@ def finish(
 
 
 def _kept_note(state: dict[str, np.ndarray]) -> str:
-    if "kept.values" not in state:
+    if "kept.overflow" not in state:
         return "none: the plan's Grams would exceed the budget"
     if int(state["kept.overflow"]):
         return "none: the Grams outgrew the budget"
-    return f"{np.asarray(state['kept.values']).nbytes / 2**20:.1f} MiB"
+    size = sum(np.asarray(v).nbytes for k, v in state.items() if k.count(".") == 2)
+    return f"{size / 2**20:.1f} MiB"
 
 
 def tail_warning(record: dict[str, Any]) -> str:

@@ -65,6 +65,7 @@ The fourth-order d, e, f, g are four more sums over n² entries of Ã, Ã∘Ã a
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,6 +150,15 @@ INVARIANTS = len(_NAMES)
 def _falling(n: int, m: int) -> float:
     """(n)_m = n (n-1) … (n-m+1)."""
     return float(np.prod(np.arange(n, n - m, -1, dtype=np.float64)))
+
+
+@functools.lru_cache(maxsize=64)
+def _fourth_table(n: int) -> np.ndarray:
+    """Σ_m M_m / (n)_m over the terms of :data:`_FOURTH` that exist for a batch of n."""
+    return sum(
+        (np.array(table, dtype=np.float64) / _falling(n, m) for m, table in _FOURTH if m <= n),
+        np.zeros((5, 5)),
+    )
 
 
 def u_centre(
@@ -242,9 +252,7 @@ def batch_moments(inv: np.ndarray, n: int, estimator: str) -> np.ndarray:
                 pairs = cc * outer(c, c) + ct * (outer(c, t) + outer(t, c)) + tt * outer(t, t)
                 third += pairs / _falling(n, m)
         x = np.stack([Q**2, col["d"], col["e"], col["f"], col["g"]])
-        for m, table in _FOURTH:
-            if m <= n:
-                fourth_u += x.T @ np.array(table, dtype=np.float64) @ x / _falling(n, m)
+        fourth_u += x.T @ _fourth_table(n) @ x
         fourth_u -= 3 * var**2  # E[T_u⁴] - 3 Var², the fourth cumulant (E[T_u] = 0)
         var_u += var
         third_u += third

@@ -5,12 +5,13 @@ terms, the permutation null (batch i draws from its own random stream, seeded wi
 index i, see :mod:`analysis.calibration`), the analytic null's cumulants, the layer spectra and
 the deflated terms; only the bootstrap needs the per-batch terms themselves, in batch order,
 and the analytic null's tail check the per-batch Grams it kept (each tagged with its global
-batch index, so they concatenate in any order; :mod:`analysis.analytic_null`). So a :class:`Partial` holds
-those sums for the batches [start, stop) of the plan, :func:`compare_partial` computes one
-(reading only its own batches; the Gram store is keyed by the global batch index, so stored
-Grams are shared with unsplit runs), and :func:`combine` adds up partials that tile the plan
-and finishes exactly as :func:`analysis.compare` does, which is ``combine`` of one partial over
-the whole plan. Sums taken in another grouping differ from the unsplit ones in the last bits.
+batch index, so they join in any order; :mod:`analysis.analytic_null`). So a
+:class:`Partial` holds those sums for the batches [start, stop) of the plan,
+:func:`compare_partial` computes one (reading only its own batches; the Gram store is keyed
+by the global batch index, so stored Grams are shared with unsplit runs), and
+:func:`combine` adds up partials that tile the plan and finishes exactly as
+:func:`analysis.compare` does, which is ``combine`` of one partial over the whole plan. Sums
+taken in another grouping differ from the unsplit ones in the last bits.
 
 A partial is one safetensors file (:meth:`Partial.save`, :mod:`analysis.partial_file`).
 """
