@@ -65,8 +65,8 @@ class AnalyticNull:
     fit fails the tail check (:class:`analysis.null_draws.KeptCentred`).
 
     Its state (:meth:`state`) is named arrays: ``sums`` (rows :data:`SUMS`) and, when kept,
-    ``kept.values``, ``kept.index``, ``kept.overflow``; two states of disjoint batches add
-    (:func:`join_states`), and :func:`finish` turns one into the cells' p-values.
+    ``kept.*`` (:meth:`analysis.null_draws.KeptCentred.state`); two states of disjoint batches
+    add (:func:`join_states`), and :func:`finish` turns one into the cells' p-values.
     """
 
     def __init__(
@@ -139,7 +139,7 @@ class AnalyticNull:
 
 def join_states(states: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """:meth:`AnalyticNull.state` of ranges of one plan, as the whole plan's: sums add, kept
-    Grams concatenate (an error if only some ranges kept them)."""
+    Grams join (an error if only some ranges kept them)."""
     out = {"sums": np.sum([np.asarray(s["sums"]) for s in states], axis=0)}
     has = [any(k.startswith("kept.") for k in s) for s in states]
     if any(has) and not all(has):

@@ -11,12 +11,12 @@ module keeps what that needs and draws the permutations.
 unbiased estimator (U-centring commutes with permuting samples), HKH for the biased one. So a
 run keeps, for every layer and batch, the upper triangle of that matrix (and its diagonal, for
 the biased estimator) in float32: ``n(n-1)/2`` numbers per layer and batch of n, nothing per
-cell; or, for a linear kernel and a layer narrower than half the batch, its centred features
+cell; or, for a linear kernel and a layer narrower than half the batch, its features
 (n·d numbers), whose draws cost O(n d d') instead of O(n²) (:func:`_statistics`). The run
 decides up front whether the whole plan's matrices fit :data:`KEEP_BYTES`; if
 they do not (or a plan of unknown length outgrows it), nothing is kept and flagged cells keep
 the fitted p (the atlas says so). The state is named arrays, and two states (ranges of one
-plan, see :mod:`analysis.partial`) add by concatenation.
+plan, see :mod:`analysis.partial`) add by naming the blocks of both.
 
 **Sequential Monte Carlo p** (Besag & Clifford 1991). Each cell draws its permutations from
 its own random stream (the run's seed and the cell), in rounds of growing size, and stops at
@@ -98,11 +98,13 @@ class KeptCentred:
         self.estimator, self.budget = estimator, budget
         self.grams: list[tuple[int, int, np.ndarray]] = []  # (batch, first layer, (L, m))
         self.features: list[tuple[int, int, np.ndarray]] = []  # (batch, layer, (n, d))
+        self.narrow: set[tuple[int, int]] = set()  # (batch, layer) kept as features
         self.bytes, self.overflow = 0, False
 
     def _room(self, size: int) -> bool:
         if self.overflow or self.bytes + size > self.budget:
-            self.grams, self.features, self.bytes, self.overflow = [], [], 0, True
+            self.grams, self.features, self.narrow = [], [], set()
+            self.bytes, self.overflow = 0, True
         else:
             self.bytes += size
         return not self.overflow
@@ -110,26 +112,39 @@ class KeptCentred:
     def add_features(self, batch: int, layer: int, features: torch.Tensor) -> bool:
         """Keep layer ``layer``'s features (n, …) of batch ``batch`` instead of its Gram, where
         its kernel is linear (the caller knows) and d < (n - 1)/2; False where it did not."""
-        n, d = features.shape[0], int(features[0].numel())
+        n = features.shape[0]
+        d = features.numel() // max(n, 1)
         if 2 * d >= n - 1 or not self._room(4 * n * d):
             return False
         flat = features.detach().reshape(n, d).to("cpu", torch.float32, copy=True)
         self.features.append((batch, layer, flat.numpy()))
+        self.narrow.add((batch, layer))
         return True
 
     def add(self, batch: int, first: int, centred: torch.Tensor) -> None:
         """Layers ``first``, ``first + 1``, … of batch ``batch``: their centred Grams (L, n, n),
-        U-centred for the unbiased estimator, HKH for the biased one."""
+        U-centred for the unbiased estimator, HKH for the biased one (layers whose features
+        were kept are left out: each run of the others is one block)."""
         count, n, _ = centred.shape
         index = _flat_triangle(n, self.estimator)
-        if not self._room(4 * count * len(index)):
-            return
         rows = centred.detach().reshape(count, n * n)
-        if rows.device.type == "cpu":  # NumPy's take: 3 times torch's index_select here
-            picked = rows.numpy()[:, index]
-        else:
-            picked = rows.index_select(1, torch.from_numpy(index).to(rows.device)).cpu().numpy()
-        self.grams.append((batch, first, picked.astype(np.float32, copy=False)))
+        start = 0
+        while start < count:
+            if (batch, first + start) in self.narrow:
+                start += 1
+                continue
+            stop = start + 1
+            while stop < count and (batch, first + stop) not in self.narrow:
+                stop += 1
+            if not self._room(4 * (stop - start) * len(index)):
+                return
+            if rows.device.type == "cpu":  # NumPy's take: 3 times torch's index_select here
+                picked = rows[start:stop].numpy()[:, index]
+            else:
+                where = torch.from_numpy(index).to(rows.device)
+                picked = rows[start:stop].index_select(1, where).cpu().numpy()
+            self.grams.append((batch, first + start, picked.astype(np.float32, copy=False)))
+            start = stop
 
     def state(self) -> dict[str, np.ndarray]:
         """The kept numbers as named arrays: ``grams`` ((K, 2): batch and first layer of each
