@@ -278,7 +278,7 @@ def _statistics(a: _Entry, b: _Entry, perms: np.ndarray) -> np.ndarray:
     """
     n = a.n
     if a.features is not None and b.features is not None and a.d * b.d <= 4 * n:
-        cross = np.einsum("nk,cnl->ckl", a.features, b.features[perms])
+        cross = a.features.T @ b.features[perms]  # (c, d, d'): Xᵀ P Y for each π
         t: np.ndarray = (cross * cross).sum((1, 2))
         if a.estimator == "unbiased":
             t -= b.shift[perms] @ a.norms

@@ -9,6 +9,7 @@ by its definition), never the code under test.
 from __future__ import annotations
 
 import itertools
+import types
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,10 @@ from analysis.null_draws import (
     monte_carlo_p,
 )
 
-REPLICATES = 4000  # per setting: at α = 0.01 the binomial sd is 0.0016, the band ±3 sd
-CHUNK = 50  # replicates per run of the accumulator (2 layers each)
+# independent pairs per batch size: at 4,000 the binomial sd at α = 0.01 is 0.0016 and the
+# band [0.005, 0.015] ±3 sd; the cheap small batches take more
+REPLICATES = {16: 8000, 50: 4000, 150: 4000}
+CHUNK = 40  # replicates per run of the accumulator (2 layers each)
 
 
 def _cubed(kind: str, count: int, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -48,29 +51,41 @@ def _u_centred(grams: np.ndarray) -> np.ndarray:
     return u * (1 - np.eye(n))
 
 
+def _unbiased_hsic(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Unbiased HSIC of linear kernels over the samples (axis -2) of stacks of features, from
+    the features alone (Song et al. 2012, with K̃ = XXᵀ less its diagonal):
+    [tr K̃L̃ + 1ᵀK̃1 1ᵀL̃1 / ((n-1)(n-2)) - 2/(n-2) 1ᵀK̃L̃1] / (n(n-3))."""
+    n = x.shape[-2]
+    kd, ld = (x * x).sum(-1), (y * y).sum(-1)  # the Grams' diagonals
+    trace = (np.swapaxes(x, -1, -2) @ y) ** 2
+    trace = trace.sum((-2, -1)) - (kd * ld).sum(-1)
+    k1 = (x @ x.sum(-2)[..., :, None])[..., 0] - kd  # K̃1
+    l1 = (y @ y.sum(-2)[..., :, None])[..., 0] - ld
+    total = k1.sum(-1) * l1.sum(-1) / ((n - 1) * (n - 2)) - 2 / (n - 2) * (k1 * l1).sum(-1)
+    return (trace + total) / (n * (n - 3))
+
+
 def _tail_p(kind: str, size: int, batches: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """p-values and their methods of REPLICATES independent pairs of layers, each pair two
-    layers of one run (so CHUNK pairs share a run), the minibatch plan ``batches`` × ``size``."""
+    """p-values and their methods of REPLICATES[size] independent pairs of layers, each pair
+    two layers of one run (CHUNK pairs share a run), over ``batches`` batches of ``size``."""
     rng = np.random.default_rng(seed)
     ps, methods = [], []
     layers = 2 * CHUNK
     pairs = (np.arange(0, layers, 2), np.arange(1, layers, 2))
     tests = np.zeros((layers, layers), dtype=bool)
     tests[pairs] = True
-    for _ in range(REPLICATES // CHUNK):
-        feats = [_cubed(kind, 1, size * batches, rng)[0] for _ in range(layers)]
+    for _ in range(REPLICATES[size] // CHUNK):
+        feats = _cubed(kind, layers, size * batches, rng)
         null = AnalyticNull(layers, "unbiased", torch.float32, keep=KEEP_BYTES)
         hsic = np.zeros((layers, layers))
         for b in range(batches):
-            part = [f[b * size : (b + 1) * size] for f in feats]
+            part = feats[:, b * size : (b + 1) * size]
             for layer, f in enumerate(part):  # as the engine does for a linear kernel
                 null.keep_features(b, layer, torch.from_numpy(f))
-            grams = np.stack([f @ f.T for f in part])
+            grams = part @ np.swapaxes(part, 1, 2)
             null.add(torch.from_numpy(grams.astype(np.float32)), batch=b)
-            u = _u_centred(grams)
-            own = (u * u).sum((1, 2))
-            hsic[np.arange(layers), np.arange(layers)] += own / (size * (size - 3))
-            cross = (u[pairs[0]] * u[pairs[1]]).sum((1, 2)) / (size * (size - 3))
+            hsic[np.arange(layers), np.arange(layers)] += _unbiased_hsic(part, part)
+            cross = _unbiased_hsic(part[pairs[0]], part[pairs[1]])
             hsic[pairs] += cross
             hsic[pairs[1], pairs[0]] += cross
         summary, _ = finish(null.state(), hsic, "unbiased", seed, batches, tests)
@@ -80,6 +95,14 @@ def _tail_p(kind: str, size: int, batches: int, seed: int) -> tuple[np.ndarray, 
     return np.concatenate(ps), np.concatenate(methods)
 
 
+def test_the_harness_hsic_is_the_reference(ref: types.SimpleNamespace) -> None:
+    rng = np.random.default_rng(1)
+    x, y = _cubed("rank2", 2, 16, rng)
+    want = ref.hsic(x @ x.T, y @ y.T, "unbiased")
+    assert _unbiased_hsic(x, y) == pytest.approx(want, rel=1e-10)
+    assert _unbiased_hsic(x[None], y[None])[0] == pytest.approx(want, rel=1e-10)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["rank1", "rank2"])
 @pytest.mark.parametrize(("size", "batches"), [(16, 2), (50, 2), (150, 1)])
@@ -87,7 +110,7 @@ def test_independent_heavy_tailed_layers_reject_at_the_nominal_rate(
     kind: str, size: int, batches: int
 ) -> None:
     p, methods = _tail_p(kind, size, batches, seed=10 * size + (kind == "rank2"))
-    assert len(p) == REPLICATES and np.isfinite(p).all()
+    assert len(p) == REPLICATES[size] and np.isfinite(p).all()
     assert 0.005 <= np.mean(p < 0.01) <= 0.015, np.mean(p < 0.01)
     assert 0.035 <= np.mean(p < 0.05) <= 0.065, np.mean(p < 0.05)
     # the tail check is what holds them: nearly every pair draws permutations
