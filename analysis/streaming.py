@@ -221,14 +221,14 @@ class StreamingRun:
         b = x.shape[0]
         if out is None:
             out = torch.empty(len(self.selected[m]), b, b, dtype=self.gdtype, device=self.dev)
-        linear = self.analytic is not None and self.kern.name == "linear"
+        analytic = self.analytic if self.kern.name == "linear" else None
         for j, f in enumerate(self._features(m, x)):
             gram(f, self.kern, out=out[j])
             if self.features is not None:
                 self.features.add(self.slices[m].start + j, f)
-            if linear:  # narrow layers keep their features for the tail check's draws
-                assert self.analytic is not None
-                self.analytic.keep_features(batch, self.slices[m].start + j, f)
+            if analytic is not None and 2 * (f.numel() // b) < b - 1:
+                # narrow: its features stand in for its Gram in the tail check's draws
+                analytic.keep_features(batch, self.slices[m].start + j, f)
         return out
 
     def _loop(self, window: range | None) -> Iterator[tuple[int, int, Any]]:
