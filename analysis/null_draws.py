@@ -32,7 +32,7 @@ Cantelli's inequality, and Cantelli's inequality for (X - μ)²). Where that bou
 below the smallest Monte Carlo p, 1 / (MAX_DRAWS + 1), the cell reports the bound.
 
 **Cost.** Per draw and batch one gather of the shuffled n×n matrix and a dot with the other
-(``np.take`` by rows, then by columns of the unshuffled side: about 40 µs at n = 150 on one
+(``np.take`` by rows, then by columns of the unshuffled side: 46 µs at n = 150 on one
 core), or with narrow features a gather of n×d' and an n×d×d' product; per cell about
 h/p draws (p ≥ h/N), at most N.
 """
