@@ -17,8 +17,13 @@ included. ``to_dict`` gives plain JSON (``None`` where a value is undefined or n
 Present only when computed (so an atlas without them serialises as before):
 
 ``p_value``, ``null_mean``, ``null_q95``
-    (L_total, L_total) permutation-null summaries (``compare(..., permutations=P)``, see
+    (L_total, L_total) permutation-null summaries (the analytic null by default, see
+    :mod:`analysis.analytic_null`; ``compare(..., permutations=P)``, see
     :mod:`analysis.calibration`); the ``matrices`` entries then carry their blocks too.
+``p_draws``, ``p_method``
+    with them: the permutations behind each p-value (0 for none) and what it rests on,
+    ``analytic``, ``monte_carlo``, ``bound`` or ``permutation`` (``None`` where p is
+    undefined; see :class:`analysis.calibration.NullSummary`).
 ``effective_dim``, ``top_pc_share``
     per model, per layer: the minibatch participation ratio of the centred Gram and the share
     of its top component (:mod:`analysis.spectrum`): with ``sensitivity=True`` the share of
@@ -141,6 +146,18 @@ class Atlas:
     def p_values(self, a: str, b: str | None = None) -> np.ndarray | None:
         """Permutation p-value per cell (``(1 + #{null ≥ observed}) / (1 + P)``), or None."""
         return self._optional(None if self.null is None else self.null.p_value, a, b)
+
+    def p_draws(self, a: str, b: str | None = None) -> np.ndarray | None:
+        """Permutations behind each cell's p-value (0: none, it comes from the exact moments),
+        or None without a null."""
+        return self._optional(None if self.null is None else self.null.p_draws, a, b)
+
+    def p_method(self, a: str, b: str | None = None) -> np.ndarray | None:
+        """What each cell's p-value rests on (``analytic``: the Pearson type III fitted to the
+        exact moments; ``monte_carlo``: sequential within-batch permutations, ``p_draws`` of
+        them; ``bound``: the exact moments' tail bound; ``permutation``: the brute-force null;
+        "" where p is undefined), or None without a null."""
+        return self._optional(None if self.null is None else self.null.p_method, a, b)
 
     def null_mean(self, a: str, b: str | None = None) -> np.ndarray | None:
         """Mean null CKA per cell (what shuffled samples give), or None without a null."""
@@ -285,6 +302,8 @@ class Atlas:
             }
             for key, full in self._null_parts().items():
                 entry[key] = _to_json(self._block(full, a, b))
+            if self.null is not None and self.null.p_method is not None:
+                entry["p_method"] = _labels(self._block(self.null.p_method, a, b))
             matrices.append(entry)
         out = {
             "format": FORMAT,
@@ -300,6 +319,8 @@ class Atlas:
             "diagnostics": self.diagnostics,
         }
         out |= {key: _to_json(full) for key, full in self._null_parts().items()}
+        if self.null is not None and self.null.p_method is not None:
+            out["p_method"] = _labels(self.null.p_method)
         for key, per_layer in (
             ("effective_dim", self.layer_effective_dim),
             ("top_pc_share", self.layer_top_share),
@@ -320,11 +341,14 @@ class Atlas:
     def _null_parts(self) -> dict[str, np.ndarray]:
         if self.null is None:
             return {}
-        return {
+        parts = {
             "p_value": self.null.p_value,
             "null_mean": self.null.null_mean,
             "null_q95": self.null.null_q95,
         }
+        if self.null.p_draws is not None:
+            parts["p_draws"] = np.asarray(self.null.p_draws, dtype=np.float64)
+        return parts
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Atlas:
@@ -336,7 +360,17 @@ class Atlas:
         parts = [_from_json(data.get(k)) for k in ("p_value", "null_mean", "null_q95")]
         null = None
         if parts[0] is not None and parts[1] is not None and parts[2] is not None:
-            null = NullSummary(parts[0], parts[1], parts[2])
+            draws = _from_json(data.get("p_draws"))
+            labels = data.get("p_method")
+            null = NullSummary(
+                parts[0],
+                parts[1],
+                parts[2],
+                None if draws is None else np.nan_to_num(draws).astype(np.int64),
+                None
+                if labels is None
+                else np.array([[v or "" for v in row] for row in labels], object),
+            )
         return cls(
             models=list(data["models"]),
             layers={m: list(v) for m, v in data["layers"].items()},
@@ -352,6 +386,10 @@ class Atlas:
             cka_drop=_from_json(data.get("cka_without_top_pc")),
             baselines=data.get("baselines"),
         )
+
+
+def _labels(a: np.ndarray) -> list[list[str | None]]:
+    return [[str(v) if v else None for v in row] for row in a]
 
 
 def _per_layer_from_json(data: dict[str, Any], key: str) -> np.ndarray | None:

@@ -157,11 +157,18 @@ def accumulate_null(
 
 @dataclass(frozen=True)
 class NullSummary:
-    """Per cell (L, L): p-value, mean and 95 % quantile of the null CKA (NaN where undefined)."""
+    """Per cell (L, L): p-value, mean and 95 % quantile of the null CKA (NaN where undefined),
+    and what each p-value rests on: ``p_method`` (``analytic``: the Pearson type III fitted to
+    the exact moments, :mod:`analysis.null`; ``monte_carlo``: sequential permutations,
+    :mod:`analysis.null_draws`; ``bound``: the moment bound; ``permutation``: the brute-force
+    null; empty where p is undefined) and ``p_draws`` (the permutations behind it, 0 for none).
+    Both None in a summary read from an atlas that predates them."""
 
     p_value: np.ndarray
     null_mean: np.ndarray
     null_q95: np.ndarray
+    p_draws: np.ndarray | None = None
+    p_method: np.ndarray | None = None
 
 
 def _kept(sizes: Sequence[int]) -> np.ndarray:
@@ -194,7 +201,8 @@ def summarise_null(
     q95 = np.quantile(null, 0.95, axis=0)
     for a in (p, mean, q95):
         a[~valid] = np.nan
-    return NullSummary(p, mean, q95), null
+    method = np.where(valid, "permutation", "").astype(object)
+    return NullSummary(p, mean, q95, np.where(valid, count, 0), method), null
 
 
 class PermutationNull:

@@ -1,8 +1,8 @@
-"""The permutation null of every CKA cell in closed form: its first three exact moments.
+"""The permutation null of every CKA cell in closed form: its first four exact moments.
 
 **The statistic.** Shuffling the samples of one side within a batch gives, for centred Grams A, B
 of that batch and a uniformly random permutation π, the statistic ``T(π) = Σ_ij A_ij B_π(i)π(j)``
-(:mod:`analysis.calibration` draws it P times). Its mean, variance and third central moment over
+(:mod:`analysis.calibration` draws it P times). Its mean, variance, third and fourth moments over
 *all* n! permutations have closed forms in a few per-layer numbers, so every cell's null costs a
 handful of (L, L) products per batch instead of P Gram gathers.
 
@@ -21,8 +21,13 @@ factor is diagonal; with three factors only Σ Ã_ij³ (c) and Σ Ã_ij Ã_jk Ã
           = [4(n⁴-8n³+19n²-4n-16) cc' - 8(3n²-15n+16)(ct' + tc') + 8(n³-9n²+26n-22) tt'] / (n)_6
 
 (primes: the other layer). Terms with m > n are absent (no m distinct indices exist), so the
-per-m form also holds for batches of 4 and 5. A test checks all three moments against every one
-of the n! permutations of small batches.
+per-m form also holds for batches of 4 and 5. With four factors the surviving unrestricted sums
+are d = Σ Ã_ij⁴, e = Σ_i (Σ_j Ã_ij²)², f = Σ_ij Ã_ij² (Ã²)_ij, g = tr Ã⁴ and Q² (two disjoint
+double edges), and ``E[T⁴] = Σ_m x M_m x'ᵀ / (n)_m`` with x = (Q², d, e, f, g) and the integer
+matrices M_m of :data:`_FOURTH` (m = 2…8, found by enumerating the 4,140 partitions of the 8
+indices). The fourth cumulant E[T⁴] - 3 Var² is what :mod:`analysis.analytic_null` checks the
+fit against. A test checks all four moments against every one of the n! permutations of
+batches of 4 to 8.
 
 **Biased estimator.** HSIC_b = ⟨A, B⟩ / (n-1)² with A = HKH, diagonal a, τ = Σ a_i, ã = a - τ/n.
 Off the diagonal, A equals its U-centred version Ã plus terms of the form f(i) + f(j) + const,
@@ -36,10 +41,11 @@ Zylberberg & Fyshe 2024), reported as each cell's null mean. E[S] = E[T_u S] = 0
 pattern counting E[S²] = Σã²Σb̃²/(n-1), E[S³] = n Σã³Σb̃³/((n-1)(n-2)),
 E[T_u² S] = 4(n-2) w w' / ((n-1)(n-3)(n-4)) with w = Σ_ij Ã_ij² ã_i, and
 E[T_u S²] = 2 v v' / (n(n-3)) with v = ãᵀÃã. Then Var T_b = Var T_u + λ² E[S²] and
-``κ₃ = E[T_u³] + 3λ E[T_u² S] + 3λ² E[T_u S²] + λ³ E[S³]``.
+``κ₃ = E[T_u³] + 3λ E[T_u² S] + 3λ² E[T_u S²] + λ³ E[S³]``. Its fourth moment is not derived
+here; the sums keep T_u's cumulants apart (:data:`SUMS`) for the tail check.
 
 **Minibatches.** Each batch shuffles independently, so the batch statistics are independent and
-their cumulants (mean, variance, third central moment) add over batches; all cross-layer terms
+their cumulants (mean, variance, third and fourth) add over batches; all cross-layer terms
 above are products of per-layer numbers, so one batch adds a few outer products of length-L
 vectors. The null CKA of a cell is its null HSIC over sqrt(HSIC_KK · HSIC_LL) (permuting both
 sides of a Gram changes nothing), so its mean and standard deviation scale by that factor and its
@@ -47,33 +53,35 @@ skewness does not.
 
 **The p-value.** A Pearson type III distribution with the null's mean, standard deviation and
 skewness (as FactoMineR's ``coeffRV`` does for the RV coefficient, after Kazi-Aoual et al. 1995):
-``p = P(null ≥ observed CKA)``. It is continuous, so there is no 1/(P+1) floor.
+``p = P(null ≥ observed CKA)``. It is continuous, so there is no 1/(P+1) floor. Where the
+fourth cumulant says the fit's tail is wrong, :mod:`analysis.analytic_null` replaces it.
 
 **Cost.** Q and c take O(n²) per layer; t = Σ_ij Ã_ij (Ã²)_ij needs one n×n matrix product per
 layer, O(L·n³), in the Grams' precision: the only term that is not a by-product of the HSIC pass.
 It cannot be had from Q and c (it is the one third-order invariant that sees how the Gram's
 eigenvalues are spread), and a batched product of the L Grams is cheap next to forming them.
+The fourth-order d, e, f, g are four more sums over n² entries of Ã, Ã∘Ã and Ã².
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from scipy import stats
 
-from analysis.calibration import NullSummary
 from analysis.hsic import cka_from_hsic
 
 __all__ = [
-    "AnalyticNull",
+    "INVARIANTS",
+    "SUMS",
     "NullMoments",
     "batch_moments",
     "layer_invariants",
     "moments_from_sums",
     "q_values",
-    "summarise_moments",
     "u_centre",
 ]
 
@@ -89,13 +97,68 @@ _THIRD = (
 )
 # E[T_u² S] grouped the same way: coefficient of w w' over (n)_m, m = 2..5.
 _MIXED = ((2, 4.0), (3, 20.0), (4, 52.0), (5, 64.0))
+# E[T_u⁴] grouped the same way: (m, symmetric matrix M) with the term x M x'ᵀ / (n)_m, where
+# x = (Q², d, e, f, g) of one layer and x' of the other (the fourth-order invariants of
+# layer_invariants). The m = 7 and 8 terms are 96 and 144 times u u' with
+# u = Q² + 24d - 24e - 32f + 4g, as the third moment's last terms are products.
+_FOURTH = (
+    (2, ((0, 0, 0, 0, 0), (0, 8, 0, 0, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 0))),
+    (3, ((0, 0, 0, 0, 0), (0, 112, -48, 0, 0), (0, -48, 48, 0, 0), (0, 0, 0, 96, 0), (0,) * 5)),
+    (
+        4,
+        (
+            (12, 24, -48, 0, 0),
+            (24, 832, -576, -288, 48),
+            (-48, -576, 672, 192, -96),
+            (0, -288, 192, 1056, 0),
+            (0, 48, -96, 0, 48),
+        ),
+    ),
+    (
+        5,
+        (
+            (48, 192, -288, -96, 0),
+            (192, 4416, -3744, -3840, 384),
+            (-288, -3744, 4176, 3456, -576),
+            (-96, -3840, 3456, 6528, -576),
+            (0, 384, -576, -576, 192),
+        ),
+    ),
+    (
+        6,
+        (
+            (96, 864, -1008, -768, 96),
+            (864, 18624, -17760, -22656, 2496),
+            (-1008, -17760, 18480, 22080, -2784),
+            (-768, -22656, 22080, 31104, -3840),
+            (96, 2496, -2784, -3840, 576),
+        ),
+    ),
+    (7, tuple(tuple(96 * a * b for b in (1, 24, -24, -32, 4)) for a in (1, 24, -24, -32, 4))),
+    (8, tuple(tuple(144 * a * b for b in (1, 24, -24, -32, 4)) for a in (1, 24, -24, -32, 4))),
+)
+# The rows of a run's summed null cumulants (AnalyticNull.sums), each (L, L): mean, variance
+# and third central moment of the estimator's null HSIC, then the variance, third and fourth
+# cumulants of its U-statistic part, which the tail check reads (the same null for the
+# unbiased estimator).
+SUMS = ("mean", "var", "third", "var_u", "third_u", "fourth_u")
 # Per-layer numbers, in this order, in the rows of layer_invariants.
-_NAMES = ("Q", "c", "t", "tau", "q", "k", "w", "v")
+_NAMES = ("Q", "c", "t", "tau", "q", "k", "w", "v", "d", "e", "f", "g")
+INVARIANTS = len(_NAMES)
 
 
 def _falling(n: int, m: int) -> float:
     """(n)_m = n (n-1) … (n-m+1)."""
     return float(np.prod(np.arange(n, n - m, -1, dtype=np.float64)))
+
+
+@functools.lru_cache(maxsize=64)
+def _fourth_table(n: int) -> np.ndarray:
+    """Σ_m M_m / (n)_m over the terms of :data:`_FOURTH` that exist for a batch of n."""
+    return sum(
+        (np.array(table, dtype=np.float64) / _falling(n, m) for m, table in _FOURTH if m <= n),
+        np.zeros((5, 5)),
+    )
 
 
 def u_centre(
@@ -124,38 +187,44 @@ def layer_invariants(
     centred: torch.Tensor,
     estimator: str,
     dtype: torch.dtype = torch.float64,
-    work: tuple[torch.Tensor, torch.Tensor] | None = None,
+    work: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The per-layer numbers of one batch (float64, (L, 8), columns as :data:`_NAMES`).
+    """The per-layer numbers of one batch (float64, (L, 12), columns as :data:`_NAMES`).
 
     ``centred`` (L, n, n): the batch's double-centred Grams HKH as :func:`analysis.hsic.
     centred_rows` gives them (diagonal zeroed for the unbiased estimator, kept for the biased
-    one). Q, c, t are those of the U-centred Grams; the diagonal terms (tau, q = Σã², k = Σã³,
-    w, v) are zero for the unbiased estimator. ``dtype``: the precision of the U-centred copy,
-    its products and their sums over n² entries; the engine passes its Grams' (float32: a
-    relative error of ~1e-6 in the moments, far below the permutation noise they replace, and
-    no float64 copy of the stack). ``work``: two buffers of ``centred``'s shape in ``dtype``
-    for the copy and its square, reused from batch to batch (fresh ones of a few MB each cost
-    the kernel's page zeroing every time: about as much as the sums themselves).
+    one). Q, c, t and d, e, f, g are those of the U-centred Grams; the diagonal terms (tau,
+    q = Σã², k = Σã³, w, v) are zero for the unbiased estimator. ``dtype``: the precision of
+    the U-centred copy, its products and their sums over n² entries; the engine passes its
+    Grams' (float32: a relative error of ~1e-6 in the moments, far below the permutation
+    noise they replace, and no float64 copy of the stack). ``work``: a buffer (L, 3, n, n) in
+    ``dtype`` for Ã, Ã∘Ã and Ã², reused from batch to batch (fresh ones of a few MB each cost
+    the kernel's page zeroing every time: about as much as the sums themselves); Ã stays in
+    ``work[:, 0]``. The six sums of products of the three come from one batched product of
+    the (3, n²) rows of each layer with themselves, which reads each once (six separate dot
+    products read them twelve times and took 3.5 times as long).
     """
     n_layers, n, _ = centred.shape
     out = torch.zeros(n_layers, len(_NAMES), dtype=torch.float64, device=centred.device)
     if n >= 4:
-        a = u_centre(centred, dtype, None if work is None else work[0])
-        flat = a.view(n_layers, n * n)
-        sq = a * a if work is None else torch.mul(a, a, out=work[1])
-        out[:, 0] = torch.linalg.vecdot(flat, flat)
-        out[:, 1] = torch.linalg.vecdot(sq.view(n_layers, n * n), flat)
-        row_sq = sq.sum(2, dtype=torch.float64) if estimator == "biased" else None  # for w
-        torch.bmm(a, a, out=sq)  # t = tr Ã³ = Σ_ij (Ã²)_ij Ã_ij, in sq's buffer
-        out[:, 2] = torch.linalg.vecdot(sq.view(n_layers, n * n), flat)
+        if work is None:
+            work = torch.empty(n_layers, 3, n, n, dtype=dtype, device=centred.device)
+        a, sq, square = work[:, 0], work[:, 1], work[:, 2]
+        u_centre(centred, dtype, a)
+        torch.mul(a, a, out=sq)
+        torch.bmm(a, a, out=square)
+        rows = work.view(n_layers, 3, n * n)
+        dots = torch.bmm(rows, rows.transpose(1, 2)).to(torch.float64)  # (L, 3, 3)
+        out[:, 0], out[:, 1], out[:, 2] = dots[:, 0, 0], dots[:, 1, 0], dots[:, 2, 0]  # Q, c, t
+        out[:, 8], out[:, 10], out[:, 11] = dots[:, 1, 1], dots[:, 2, 1], dots[:, 2, 2]  # d, f, g
+        row_sq = sq.sum(2).to(torch.float64)  # Σ_j Ã_ij², for e and w
+        out[:, 9] = (row_sq**2).sum(1)
     if estimator == "biased" and n >= 3:
         d = centred.diagonal(dim1=1, dim2=2).to(torch.float64)
         tau = d.sum(1)
         dc = d - tau[:, None] / n
         out[:, 3], out[:, 4], out[:, 5] = tau, (dc**2).sum(1), (dc**3).sum(1)
         if n >= 4:
-            assert row_sq is not None
             out[:, 6] = (row_sq * dc).sum(1)
             out[:, 7] = torch.einsum("li,lij,lj->l", dc, a.to(torch.float64), dc)
     elif estimator == "biased":  # n = 2: T_b is the same for both permutations
@@ -163,31 +232,34 @@ def layer_invariants(
     return out
 
 
-def batch_moments(
-    inv: np.ndarray, n: int, estimator: str
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean, variance and third central moment of one batch's null HSIC, each (L, L).
+def batch_moments(inv: np.ndarray, n: int, estimator: str) -> np.ndarray:
+    """One batch's null cumulants per cell, (len(:data:`SUMS`), L, L), rows as SUMS names them.
 
     ``inv``: :func:`layer_invariants` of the batch's L layers; cell (i, j) permutes layer j's
-    samples against layer i's (the moments are symmetric in i, j).
+    samples against layer i's (the moments are symmetric in i, j). The last three rows are
+    the cumulants of the U-statistic part T_u in the estimator's units (for the unbiased
+    estimator the whole null; for the biased one its off-diagonal part, see the module doc).
     """
     col = {name: inv[:, k] for k, name in enumerate(_NAMES)}
     outer = np.outer
     Q, c, t = col["Q"], col["c"], col["t"]
-    zero = np.zeros((len(Q), len(Q)))
-    var, third = zero.copy(), zero.copy()
+    out = np.zeros((len(SUMS), len(Q), len(Q)))
+    mean, var, third, var_u, third_u, fourth_u = out
     if n >= 4:
         var += 2 * outer(Q, Q) / (n * (n - 3))
         for m, cc, ct, tt in _THIRD:
             if m <= n:
                 pairs = cc * outer(c, c) + ct * (outer(c, t) + outer(t, c)) + tt * outer(t, t)
                 third += pairs / _falling(n, m)
-    if estimator == "unbiased":
-        scale = n * (n - 3)
-        return zero, var / scale**2, third / scale**3
-    tau = col["tau"]
-    mean = outer(tau, tau) / (n - 1)
-    if n >= 3:
+        x = np.stack([Q**2, col["d"], col["e"], col["f"], col["g"]])
+        fourth_u += x.T @ _fourth_table(n) @ x
+        fourth_u -= 3 * var**2  # E[T_u⁴] - 3 Var², the fourth cumulant (E[T_u] = 0)
+        var_u += var
+        third_u += third
+    if estimator == "biased":
+        tau = col["tau"]
+        mean += outer(tau, tau) / (n - 1)
+    if estimator == "biased" and n >= 3:
         lam = n / (n - 2)
         q, k, w, v = col["q"], col["k"], col["w"], col["v"]
         var += lam**2 * outer(q, q) / (n - 1)
@@ -195,17 +267,22 @@ def batch_moments(
         if n >= 4:
             mixed = sum(coef / _falling(n, m) for m, coef in _MIXED if m <= n)
             third += 3 * lam * mixed * outer(w, w) + 3 * lam**2 * 2 * outer(v, v) / (n * (n - 3))
-    scale = (n - 1) ** 2
-    return mean / scale, var / scale**2, third / scale**3
+    scale = float(n * (n - 3) if estimator == "unbiased" else (n - 1) ** 2)
+    for row, power in zip(out, (1, 2, 3, 2, 3, 4), strict=True):
+        row /= scale**power
+    return out
 
 
 @dataclass(frozen=True)
 class NullMoments:
-    """Per cell (L, L): the null CKA's mean, standard deviation and skewness."""
+    """Per cell (L, L): the null CKA's mean, standard deviation and skewness, and how far the
+    tails depart from the Pearson type III fitted to them: the null's exact excess kurtosis
+    minus the fit's, 1.5 skew² (of the U-statistic part, see :data:`SUMS`)."""
 
     mean: np.ndarray
     sd: np.ndarray
     skew: np.ndarray
+    departure: np.ndarray
 
     def p_values(self, observed: np.ndarray) -> np.ndarray:
         """P(null ≥ observed) under the Pearson type III with these moments; NaN where the
@@ -230,54 +307,26 @@ class NullMoments:
         return np.where(defined, q, np.nan)
 
 
-class AnalyticNull:
-    """Sums the null cumulants of every cell over the batches of one run (float64, on host)."""
-
-    def __init__(
-        self, total_layers: int, estimator: str, dtype: torch.dtype = torch.float64
-    ) -> None:
-        self.estimator, self.dtype = estimator, dtype
-        self.sums = np.zeros((3, total_layers, total_layers))
-        self._work: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def invariants(self, centred: torch.Tensor) -> np.ndarray:
-        """:func:`layer_invariants` (L, 8) of one batch's double-centred Grams (L, n, n)."""
-        work = self._work
-        if work is None or work[0].shape != centred.shape or work[0].device != centred.device:
-            made = torch.empty(2, *centred.shape, dtype=self.dtype, device=centred.device)
-            work = self._work = (made[0], made[1])
-        return layer_invariants(centred, self.estimator, self.dtype, work).cpu().numpy()
-
-    def add(self, centred: torch.Tensor) -> None:
-        """One batch, given its double-centred Grams (L, n, n) (see :func:`layer_invariants`)."""
-        self.add_invariants(self.invariants(centred), centred.shape[-1])
-
-    def add_invariants(self, inv: np.ndarray, n: int) -> None:
-        """One batch of ``n`` samples, given every layer's invariants (L, 8), in layer order."""
-        self.sums += np.stack(batch_moments(inv, n, self.estimator))
-
-    def summary(self, hsic: np.ndarray) -> NullSummary:
-        """p-value, mean and 95 % quantile per cell against the run's summed HSIC ``hsic``."""
-        return summarise_moments(self.sums, hsic)
-
-
 def moments_from_sums(sums: np.ndarray, hsic: np.ndarray) -> NullMoments:
-    """The null CKA's moments per cell from summed cumulants ``sums`` (3, L, L) of the null
-    HSIC and the summed observed HSIC (its diagonal: each side's self-HSIC); NaN where the
-    cell's CKA is undefined."""
-    mean, var, third = sums
+    """The null CKA's moments per cell from summed cumulants ``sums`` (rows :data:`SUMS`) of
+    the null HSIC and the summed observed HSIC (its diagonal: each side's self-HSIC); NaN where
+    the cell's CKA is undefined."""
+    mean, var, third, var_u, third_u, fourth_u = sums
     d = np.diag(hsic)
     sd = np.sqrt(np.maximum(var, 0.0))
     with np.errstate(divide="ignore", invalid="ignore"):
         skew = np.where(sd > 0, third / np.where(sd > 0, sd, 1.0) ** 3, 0.0)
+        spread = var_u > 0
+        v = np.where(spread, var_u, 1.0)
+        departure = np.where(spread, fourth_u / v**2 - 1.5 * third_u**2 / v**3, 0.0)
     sd_cka = cka_from_hsic(sd, d, d)
-    return NullMoments(cka_from_hsic(mean, d, d), sd_cka, np.where(np.isnan(sd_cka), np.nan, skew))
-
-
-def summarise_moments(sums: np.ndarray, hsic: np.ndarray) -> NullSummary:
-    """The analytic null's :class:`analysis.calibration.NullSummary` (NaN where undefined)."""
-    moments = moments_from_sums(sums, hsic)
-    return NullSummary(moments.p_values(cka_from_hsic(hsic)), moments.mean, moments.quantile(0.95))
+    undefined = np.isnan(sd_cka)
+    return NullMoments(
+        cka_from_hsic(mean, d, d),
+        sd_cka,
+        np.where(undefined, np.nan, skew),
+        np.where(undefined, np.nan, departure),
+    )
 
 
 def q_values(p: np.ndarray) -> np.ndarray:

@@ -296,9 +296,10 @@ class CompareOptions(BaseModel):
         description=(
             "Null distribution of CKA per cell, for its p-value and null mean: `analytic` (exact "
             "mean, variance and skewness of the within-batch permutation null, fitted with a "
-            "Pearson type III: almost free), `permutation` (`permutations` shuffles of the "
-            "Grams), or `none`. Minibatch mode only: in full mode `analytic` means `none`; "
-            "`permutations` above 0 means `permutation`."
+            "Pearson type III, checked against the exact fourth moment; a cell whose fit fails "
+            "the check draws its own within-batch permutations: almost free), `permutation` "
+            "(`permutations` shuffles of the Grams), or `none`. Minibatch mode only: in full "
+            "mode `analytic` means `none`; `permutations` above 0 means `permutation`."
         ),
     )
     sensitivity: bool = Field(

@@ -2,13 +2,16 @@
 
 Everything a minibatch comparison accumulates is a sum over the batches of its plan: the HSIC
 terms, the permutation null (batch i draws from its own random stream, seeded with the global
-index i, see :mod:`analysis.calibration`), the layer spectra and the deflated terms; only the
-bootstrap needs the per-batch terms themselves, in batch order. So a :class:`Partial` holds
-those sums for the batches [start, stop) of the plan, :func:`compare_partial` computes one
-(reading only its own batches; the Gram store is keyed by the global batch index, so stored
-Grams are shared with unsplit runs), and :func:`combine` adds up partials that tile the plan
-and finishes exactly as :func:`analysis.compare` does, which is ``combine`` of one partial over
-the whole plan. Sums taken in another grouping differ from the unsplit ones in the last bits.
+index i, see :mod:`analysis.calibration`), the analytic null's cumulants, the layer spectra and
+the deflated terms; only the bootstrap needs the per-batch terms themselves, in batch order,
+and the analytic null's tail check the per-batch Grams it kept (each tagged with its global
+batch index, so they join in any order; :mod:`analysis.analytic_null`). So a
+:class:`Partial` holds those sums for the batches [start, stop) of the plan,
+:func:`compare_partial` computes one (reading only its own batches; the Gram store is keyed
+by the global batch index, so stored Grams are shared with unsplit runs), and
+:func:`combine` adds up partials that tile the plan and finishes exactly as
+:func:`analysis.compare` does, which is ``combine`` of one partial over the whole plan. Sums
+taken in another grouping differ from the unsplit ones in the last bits.
 
 A partial is one safetensors file (:meth:`Partial.save`, :mod:`analysis.partial_file`).
 """
@@ -23,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from analysis.analytic_null import finish, join_states, tail_warning
 from analysis.atlas import Atlas
 from analysis.batches import NO_BATCH
 from analysis.bootstrap import bootstrap_intervals
@@ -32,7 +36,6 @@ from analysis.flags import calibration_flags
 from analysis.gram_cache import GramCache
 from analysis.hsic import cka_from_hsic
 from analysis.intervals import MOMENTS, image_intervals
-from analysis.null import summarise_moments
 from analysis.options import CompareOptions, OptionsError
 from analysis.partial_file import SPECTRA, Partial
 from analysis.preprocessing import model_input
@@ -193,7 +196,7 @@ def run_partial(
         null=None if run.null is None else run.null.sums.cpu().numpy(),
         spectra=None if run.spectra is None else run.spectra.state(),
         counters=run.counters(),
-        null_moments=None if run.analytic is None else run.analytic.sums,
+        null_moments=None if run.analytic is None else run.analytic.state(),
         moments=None if run.moments is None else run.moments.state(),
         features=feats,
         sizes=None if feats is None else np.array(run.feature_sizes(), dtype=np.int64),
@@ -298,7 +301,9 @@ def combine(partials: Sequence[Partial]) -> Atlas:
     hsic = _sum([p.hsic for p in parts], "HSIC")
     assert hsic is not None
     null = _sum([p.null for p in parts], "a permutation null")
-    null_moments = _sum([p.null_moments for p in parts], "an analytic null")
+    analytic = [p.null_moments for p in parts]
+    if any(a is None for a in analytic) and not all(a is None for a in analytic):
+        raise AnalysisError("some partials have an analytic null and some do not")
     spectra = None
     if any(p.spectra is not None for p in parts):
         sums = {k: _sum([(p.spectra or {}).get(k) for p in parts], "spectra") for k in SPECTRA}
@@ -319,12 +324,19 @@ def combine(partials: Sequence[Partial]) -> Atlas:
     if spectra is not None and config["sensitivity"]:
         spectra |= _deflated(parts, config, hsic)
     _finish_calibration(atlas, null, spectra, bool(config["sensitivity"]))
-    if null_moments is not None:
-        atlas.null = summarise_moments(null_moments, atlas.hsic)
+    tail = None
+    if all(a is not None for a in analytic):
+        state = join_states([a for a in analytic if a is not None])
+        estimator, seed, batches = config["estimator"], config["seed"], counters["batches"]
+        atlas.null, tail = finish(state, atlas.hsic, estimator, seed, batches)
     atlas.diagnostics = diagnostics(atlas, counters, config)
     if spectra is not None:
         warnings, flags = calibration_flags(atlas, counters["n"] / max(counters["batches"], 1))
         atlas.diagnostics |= {"warnings": warnings, "flags": flags}
+    if tail is not None:
+        atlas.diagnostics["null"] = tail
+        if tail["without_draws"]:
+            atlas.diagnostics["warnings"] = [*atlas.warnings, tail_warning(tail)]
     return atlas
 
 

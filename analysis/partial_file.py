@@ -23,7 +23,7 @@ from analysis.intervals import MOMENTS
 
 __all__ = ["FORMAT", "SPECTRA", "Partial"]
 
-FORMAT = "cka-atlas-partial/2"
+FORMAT = "cka-atlas-partial/3"
 SPECTRA = ("pr", "share", "batches")
 
 
@@ -42,7 +42,8 @@ class Partial:
     null: np.ndarray | None  # (P, L, L) summed null HSIC, with permutations
     spectra: dict[str, np.ndarray] | None  # SpectrumAccumulator.state()
     counters: dict[str, Any]  # StreamingRun.counters(), dropped batches by global index
-    null_moments: np.ndarray | None = None  # (3, L, L) summed cumulants, analytic null
+    # the analytic null's AnalyticNull.state(): summed cumulants, and any kept Grams
+    null_moments: dict[str, np.ndarray] | None = None
     moments: dict[str, np.ndarray] | None = None  # ImageMoments.state(), image-level intervals
     # per layer (n, d), kept batches, with sensitivity; on the GPU where a CUDA run kept them
     features: list[torch.Tensor] | None = None
@@ -55,8 +56,8 @@ class Partial:
             arrays["per_batch"] = self.per_batch
         if self.null is not None:
             arrays["null"] = self.null
-        if self.null_moments is not None:
-            arrays["null_moments"] = self.null_moments
+        for key, value in (self.null_moments or {}).items():
+            arrays[f"analytic.{key}"] = value
         for key, value in (self.spectra or {}).items():
             arrays[f"spectra.{key}"] = value
         for key, value in (self.moments or {}).items():
@@ -76,6 +77,7 @@ class Partial:
             "counters": self.counters,
             "spectra": self.spectra is not None,
             "moments": self.moments is not None,
+            "analytic": self.null_moments is not None,
             "features": None if self.features is None else len(self.features),
         }
         target = Path(path)
@@ -114,7 +116,9 @@ class Partial:
             null=arrays.get("null"),
             spectra=spectra,
             counters=meta["counters"],
-            null_moments=arrays.get("null_moments"),
+            null_moments={k[9:]: v for k, v in arrays.items() if k.startswith("analytic.")}
+            if meta["analytic"]
+            else None,
             moments={k: arrays[f"moments.{k}"] for k in MOMENTS} if meta["moments"] else None,
             features=None
             if meta["features"] is None

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from analysis.analytic_null import AnalyticNull
 from analysis.batches import sum_batches
 from analysis.calibration import PermutationNull
 from analysis.errors import EstimatorError
 from analysis.hsic import MIN_SAMPLES, centred_rows, check_estimator, cka_from_hsic, hsic_block
 from analysis.kernels import Kernel, gram, parse_kernel
-from analysis.null import AnalyticNull
+from analysis.null_draws import KEEP_BYTES
 from analysis.options import CompareOptions
 
 __all__ = ["CKATest", "cka_test"]
@@ -29,9 +30,13 @@ __all__ = ["CKATest", "cka_test"]
 class CKATest:
     """Observed CKA, its one-sided p-value, and the null's mean and 95 % quantile.
 
-    ``method``: ``analytic`` (Pearson type III on the exact moments; ``null`` is empty) or
+    ``method``: the null asked for, ``analytic`` (exact moments; ``null`` is empty) or
     ``permutation`` (``null`` holds the P null CKA values and ``p_value`` is
-    ``(1 + #{null ≥ cka}) / (1 + P)``). For the biased estimator ``null_mean`` is its bias.
+    ``(1 + #{null ≥ cka}) / (1 + P)``). ``p_method`` says what the p-value rests on, as an
+    atlas cell's does (:class:`analysis.calibration.NullSummary`): with the analytic null,
+    the fitted Pearson type III, or where its tail check fails a sequential Monte Carlo p
+    (``draws`` permutations) or the moment bound. For the biased estimator ``null_mean`` is
+    its bias.
     """
 
     cka: float
@@ -41,6 +46,8 @@ class CKATest:
     permutations: int
     null: np.ndarray
     method: str = "permutation"
+    p_method: str = "permutation"
+    draws: int = 0
 
 
 def _as_features(x: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -81,7 +88,7 @@ def cka_test(
         raise EstimatorError(f"the {estimator} estimator needs at least {least} samples")
     # two "models" of one layer each; small problems, so the null runs in float64
     cpu = torch.device("cpu")
-    analytic = AnalyticNull(2, estimator)
+    analytic = AnalyticNull(2, estimator, keep=KEEP_BYTES)
     shuffled = None
     if method == "permutation":
         shuffled = PermutationNull([1, 1], permutations, seed, estimator, cpu, torch.float64)
@@ -89,8 +96,11 @@ def cka_test(
     def step(batch: int, i: int) -> np.ndarray:
         grams = torch.stack([gram(fx[i : i + size], kern), gram(fy[i : i + size], kern)])
         rows = centred_rows(grams, estimator)
+        if shuffled is None and kern.name == "linear":
+            analytic.keep_features(batch, 0, fx[i : i + size])
+            analytic.keep_features(batch, 1, fy[i : i + size])
         if shuffled is None:
-            analytic.add(rows[0].view(2, grams.shape[1], grams.shape[1]))
+            analytic.add(rows[0].view(2, grams.shape[1], grams.shape[1]), batch=batch)
         else:
             shuffled.add(rows, batch=batch)  # batch 0 alone when batch_size is None
         return hsic_block(rows, rows, estimator).numpy()
@@ -102,7 +112,7 @@ def cka_test(
     h = sums.hsic
     hsic = (h + h.T) / 2
     if shuffled is None:
-        summary, dist = analytic.summary(hsic), np.zeros((0, 2, 2))
+        summary, dist = analytic.summary(hsic, seed, sums.batches)[0], np.zeros((0, 2, 2))
     else:
         summary, dist = shuffled.summary(hsic)
     return CKATest(
@@ -113,4 +123,6 @@ def cka_test(
         permutations=permutations,
         null=dist[:, 1, 0].copy(),
         method=method,
+        p_method=str(summary.p_method[0, 1]) if summary.p_method is not None else method,
+        draws=int(summary.p_draws[0, 1]) if summary.p_draws is not None else 0,
     )

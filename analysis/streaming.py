@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from analysis.analytic_null import AnalyticNull, layers_to_keep
 from analysis.atlas import Atlas
 from analysis.batches import BatchSums, sum_batches
 from analysis.calibration import PermutationNull
@@ -47,7 +48,8 @@ from analysis.intervals import ImageMoments
 from analysis.kept import KeptFeatures
 from analysis.kernels import Kernel, gram
 from analysis.layers import LayerReader, resolve_layers
-from analysis.null import AnalyticNull
+from analysis.null import INVARIANTS
+from analysis.null_draws import KEEP_BYTES, kept_bytes
 from analysis.options import CompareOptions
 from analysis.sources import BatchSource
 from analysis.spectrum import SpectrumAccumulator
@@ -151,7 +153,14 @@ class StreamingRun:
         self.spectra: SpectrumAccumulator | None = None
         self.analytic: AnalyticNull | None = None
         if options.null == "analytic" and options.mode == "minibatch":
-            self.analytic = AnalyticNull(total, self.estimator, self.gdtype)
+            # every layer's centred Grams are kept for the tail check's draws when the whole
+            # plan's fit the budget (the same answer in every range of a split plan)
+            planned = kept_bytes(total, source.total or 0, options.batch_size, self.estimator)
+            keep = KEEP_BYTES if planned <= KEEP_BYTES else None
+            self.analytic = AnalyticNull(total, self.estimator, self.gdtype, keep)
+        # with the store: (batch, size, model, Grams key) of the Grams not at hand, for the
+        # models whose layers the tail check needs after all (:meth:`_keep_stored`)
+        self.unkept: list[tuple[int, int, str, str]] = []
         if options.null == "permutation":
             self.null = PermutationNull(
                 sizes, options.permutations, options.seed, self.estimator, device, self.gdtype
@@ -224,15 +233,22 @@ class StreamingRun:
         self.forwards[m] += 1
         return [f.to(self.gdtype) for f in feats]
 
-    def _grams(self, m: str, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Run model ``m`` on the batch: the raw Grams (L_m, b, b) of its layers, into ``out``."""
+    def _grams(
+        self, m: str, x: torch.Tensor, batch: int, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Run model ``m`` on batch ``batch``: the raw Grams (L_m, b, b) of its layers, into
+        ``out``."""
         b = x.shape[0]
         if out is None:
             out = torch.empty(len(self.selected[m]), b, b, dtype=self.gdtype, device=self.dev)
+        analytic = self.analytic if self.kern.name == "linear" else None
         for j, f in enumerate(self._features(m, x)):
             gram(f, self.kern, out=out[j])
             if self.features is not None:
                 self.features.add(self.slices[m].start + j, f)
+            if analytic is not None and 2 * (f.numel() // b) < b - 1:
+                # narrow: its features stand in for its Gram in the tail check's draws
+                analytic.keep_features(batch, self.slices[m].start + j, f)
         return out
 
     def _loop(self, window: range | None) -> Iterator[tuple[int, int, Any]]:
@@ -288,7 +304,25 @@ class StreamingRun:
             )
         if self.sums.hsic is None:
             return np.zeros((self.total_layers, self.total_layers))
+        self._keep_stored()
         return self.sums.hsic
+
+    def _keep_stored(self) -> None:
+        """Read back from the store the Grams the tail check will draw permutations from and
+        the pass did not have at hand (their blocks and invariants were stored): only those
+        of models with a layer in a flagged cell, judged on this run's sums."""
+        analytic, cache = self.analytic, self.cache
+        if analytic is None or analytic.kept is None or not self.unkept or cache is None:
+            return
+        assert self.sums.hsic is not None
+        layers = layers_to_keep(analytic.sums, self.sums.hsic, self.estimator)
+        for i, b, m, key in self.unkept:
+            if not layers & set(range(self.slices[m].start, self.slices[m].stop)):
+                continue
+            stored = cache.get(key)
+            if stored is not None and stored.shape == (len(self.selected[m]), b, b):
+                rows = centred_rows(torch.from_numpy(stored).to(self.dev), self.estimator)
+                analytic.keep(rows[0].view(-1, b, b), i, self.slices[m].start)
 
     def _batch(self, i: int, x: torch.Tensor) -> np.ndarray:
         """The HSIC matrix of a batch without the store: one product over the stacked Grams."""
@@ -296,13 +330,13 @@ class StreamingRun:
         b = int(x.shape[0])
         stack = torch.empty(self.total_layers, b, b, dtype=self.gdtype, device=self.dev)
         for m in self.names:
-            self._grams(m, xs(m), out=stack[self.slices[m]])
+            self._grams(m, xs(m), i, out=stack[self.slices[m]])
         if not self.calibrating and self.analytic is None:
             return hsic_from_grams(stack, self.estimator).cpu().numpy()  # the batch's one transfer
         rows = centred_rows(stack, self.estimator)
         h = hsic_block(rows, rows, self.estimator)
         if self.analytic is not None:
-            self.analytic.add(rows[0].view(self.total_layers, b, b))
+            self.analytic.add(rows[0].view(self.total_layers, b, b), batch=i)
         self._calibrate(i, stack, rows)
         return ((h + h.T) / 2).cpu().numpy()  # as hsic_from_grams
 
@@ -342,7 +376,7 @@ class StreamingRun:
         if self.analytic is not None:  # the analytic null's per-layer numbers, stored per model
             for m in self.names:
                 got = cache.get(ikeys[m]) if cache is not None and m in ikeys else None
-                if got is not None and got.shape == (len(self.selected[m]), 8):
+                if got is not None and got.shape == (len(self.selected[m]), INVARIANTS):
                     invariants[m] = got
                 else:
                     needed.add(m)
@@ -365,7 +399,7 @@ class StreamingRun:
                 stacks[m] = torch.from_numpy(stored).to(self.dev)
                 rows[m] = centred_rows(stacks[m], self.estimator)
             else:
-                grams = self._grams(m, xs(m))
+                grams = self._grams(m, xs(m), i)
                 if cache is not None and m in gkeys:
                     self.misses += 1
                     cache.put(gkeys[m], grams.cpu().numpy())
@@ -375,10 +409,15 @@ class StreamingRun:
                 rows[m] = centred_rows(grams, self.estimator)
         if self.analytic is not None:
             for m in self.names:
+                first = self.slices[m].start
                 if m not in invariants:
-                    invariants[m] = self.analytic.invariants(rows[m][0].view(-1, b, b))
+                    invariants[m] = self.analytic.invariants(rows[m][0].view(-1, b, b), i, first)
                     if cache is not None and m in ikeys:
                         cache.put(ikeys[m], invariants[m])
+                elif m in rows:
+                    self.analytic.keep(rows[m][0].view(-1, b, b), i, first)
+                elif self.analytic.kept is not None:
+                    self.unkept.append((i, b, m, gkeys[m]))
             stacked_inv = np.concatenate([invariants[m] for m in self.names])
             self.analytic.add_invariants(stacked_inv, b)
         if self.calibrating:

@@ -19,10 +19,11 @@ import torch
 from scipy import stats
 
 import models
+from analysis.analytic_null import AnalyticNull
 from analysis.datasets import load_digits
 from analysis.hsic import centred_rows
 from analysis.layers import LayerReader
-from analysis.null import AnalyticNull, batch_moments, layer_invariants, q_values
+from analysis.null import batch_moments, layer_invariants, q_values
 
 PERMUTATIONS = 20_000
 
@@ -41,7 +42,7 @@ def _analytic(x: np.ndarray, y: np.ndarray, size: int, estimator: str) -> tuple[
         null.add(centred)
         h += _hsic_pairs(xs, ys, estimator)
     cka = h[0, 1] / np.sqrt(h[0, 0] * h[1, 1])
-    return float(cka), float(null.summary(h + np.triu(h, 1).T).p_value[0, 1])
+    return float(cka), float(null.summary(h + np.triu(h, 1).T)[0].p_value[0, 1])
 
 
 def _hsic_pairs(x: np.ndarray, y: np.ndarray, estimator: str) -> np.ndarray:
@@ -108,7 +109,7 @@ def test_brute_terms_are_the_reference_hsic_of_permuted_grams(
 
 
 @pytest.mark.parametrize("estimator", ["unbiased", "biased"])
-@pytest.mark.parametrize("n", [4, 5, 6, 7])
+@pytest.mark.parametrize("n", [4, 5, 6, 7, 8])
 def test_moments_are_exact_over_every_permutation(
     n: int, estimator: str, ref: types.SimpleNamespace
 ) -> None:
@@ -116,23 +117,45 @@ def test_moments_are_exact_over_every_permutation(
     x = rng.normal(size=(n, 3)) ** 3  # skewed, so every third-moment term matters
     y = rng.normal(size=(n, 2)) ** 3 + x[:, :2]
     k, l = x @ x.T, y @ y.T  # noqa: E741
-    values = np.array(
-        [
-            ref.hsic(k, l[np.ix_(p, p)], estimator)
-            for p in map(list, itertools.permutations(range(n)))
-        ]
-    )
+    perms = np.array(list(itertools.permutations(range(n))))
+
+    def statistic(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Σ_ij a_ij b_π(i)π(j) over every permutation π, in the estimator's units."""
+        t = (a[None] * b[perms[:, :, None], perms[:, None, :]]).sum((1, 2))
+        return t / (n * (n - 3) if estimator == "unbiased" else (n - 1) ** 2)
+
+    h = np.eye(n) - 1 / n
+    if estimator == "biased":  # ⟨HKH, P HLH Pᵀ⟩ / (n-1)²
+        values = statistic(h @ k @ h, h @ l @ h)
+    else:  # ⟨Ã, P L̃ Pᵀ⟩ / (n(n-3)) with U-centred Grams
+        values = statistic(_u_centred(k), _u_centred(l))
+    want = [ref.hsic(k, l[np.ix_(p, p)], estimator) for p in perms[:50]]
+    np.testing.assert_allclose(values[:50], want, rtol=1e-10, atol=1e-12 * np.abs(want).max())
     f, _ = centred_rows(torch.from_numpy(np.stack([k, l])), estimator)
-    mean, var, third = batch_moments(
-        layer_invariants(f.view(2, n, n), estimator).numpy(), n, estimator
-    )
+    sums = batch_moments(layer_invariants(f.view(2, n, n), estimator).numpy(), n, estimator)
+    mean, var, third, var_u, third_u, fourth_u = sums[:, 0, 1]
     scale = np.abs(values).max()
-    assert mean[0, 1] == pytest.approx(values.mean(), abs=1e-12 * scale)
-    assert var[0, 1] == pytest.approx(values.var(), rel=1e-9)
-    assert third[0, 1] == pytest.approx(((values - values.mean()) ** 3).mean(), rel=1e-8)
+    assert mean == pytest.approx(values.mean(), abs=1e-12 * scale)
+    assert var == pytest.approx(values.var(), rel=1e-9)
+    assert third == pytest.approx(((values - values.mean()) ** 3).mean(), rel=1e-8)
     if estimator == "biased":  # the bias: tr(HKH) tr(HLH) / (n-1)³
-        h = np.eye(n) - 1 / n
-        assert mean[0, 1] == pytest.approx(np.trace(h @ k @ h) * np.trace(h @ l @ h) / (n - 1) ** 3)
+        assert mean == pytest.approx(np.trace(h @ k @ h) * np.trace(h @ l @ h) / (n - 1) ** 3)
+    # the U-statistic part (the whole null of the unbiased estimator): its cumulants to the
+    # fourth, in the estimator's units
+    t_u = statistic(_u_centred(k), _u_centred(l))
+    assert abs(t_u.mean()) <= 1e-12 * np.abs(t_u).max()
+    assert var_u == pytest.approx((t_u**2).mean(), rel=1e-9)
+    assert third_u == pytest.approx((t_u**3).mean(), rel=1e-8)
+    assert fourth_u == pytest.approx((t_u**4).mean() - 3 * (t_u**2).mean() ** 2, rel=1e-8)
+
+
+def _u_centred(k: np.ndarray) -> np.ndarray:
+    """Székely & Rizzo's U-centring, written out: zero diagonal and zero row sums."""
+    n = len(k)
+    z = k - np.diag(np.diag(k))
+    r, s = z.sum(1), z.sum()
+    u = z - r[:, None] / (n - 2) - r[None, :] / (n - 2) + s / ((n - 1) * (n - 2))
+    return u - np.diag(np.diag(u))
 
 
 def _features(kind: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
