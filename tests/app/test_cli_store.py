@@ -23,7 +23,7 @@ READS_STORE |= {"token revoke", "gc"}
 # Commands that use no store, or whose job is to make one (the service, its worker, the demo,
 # a study run, the upgrade).
 OTHERS = {"train", "zoo", "compare", "import", "demo", "serve", "worker", "study run"}
-OTHERS |= {"db upgrade"}
+OTHERS |= {"db upgrade", "study plan"}  # study plan reads a pilot's summary.json
 GROUPS = {"study", "db", "token"}  # commands whose action is their second word
 
 
