@@ -34,6 +34,10 @@ from tests.helpers import (
     wait,
 )
 
+# Celery workers run beside PostgreSQL: the GPU host's stack (docs/deploy.md). A laptop's SQLite
+# store has the in-process worker instead, whose tests run on both databases.
+pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+
 
 @pytest.fixture
 def broker_settings(settings: Settings, redis_url: str) -> Iterator[Settings]:
