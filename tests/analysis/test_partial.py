@@ -26,11 +26,16 @@ from analysis import (
     compare_partial,
     shard_ranges,
 )
-from analysis.calibration import _STREAM, PermutationNull, accumulate_null, draw_permutations
-from analysis.hsic import centred_rows
-from analysis.images import ImageFiles
-from analysis.kernels import gram, parse_kernel
-from analysis.sources import batch_source
+from analysis.data.images import ImageFiles
+from analysis.data.sources import batch_source
+from analysis.estimators.hsic import centred_rows
+from analysis.estimators.kernels import gram, parse_kernel
+from analysis.inference.permutation_null import (
+    _STREAM,
+    PermutationNull,
+    accumulate_null,
+    draw_permutations,
+)
 
 CALIBRATED = {"bootstrap": 50, "permutations": 20, "sensitivity": True, "seed": 3}
 BASE = {"batch_size": 32, "device": "cpu"}

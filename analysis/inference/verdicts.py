@@ -59,7 +59,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy import stats
 
-from analysis.null import q_values
+from analysis.inference.null_moments import q_values
 
 __all__ = [
     "LEVEL",

@@ -1,10 +1,10 @@
 """The analytic null of one run: its cumulants summed over batches, the tail check, the p-values.
 
 :class:`AnalyticNull` is what a run adds to per batch: every layer's invariants give every
-cell's exact null cumulants (:mod:`analysis.null`), summed in float64, and, within a byte
-budget, every layer's centred Grams (:class:`analysis.null_draws.KeptCentred`). Its state is
-named arrays; two states of disjoint batches add (:func:`join_states`); :func:`finish` turns
-the whole plan's state into every cell's p-value, null mean and 95 % quantile.
+cell's exact null cumulants (:mod:`analysis.inference.null_moments`), summed in float64, and, within
+a byte budget, every layer's centred Grams (:class:`analysis.inference.null_draws.KeptCentred`). Its
+state is named arrays; two states of disjoint batches add (:func:`join_states`); :func:`finish`
+turns the whole plan's state into every cell's p-value, null mean and 95 % quantile.
 
 **The tail check.** The p-value of the Pearson type III fitted to the first three moments is
 only as good as the fit's tail. The exact fourth cumulant says how good: a Pearson type III
@@ -13,7 +13,8 @@ excess kurtosis minus that. Where |departure| ≤ :data:`DEPARTURE` the fitted p
 Edgeworth term puts the error it leaves at α = 0.01 near 0.006·departure). Elsewhere — low-rank
 layers with heavy-tailed features on both sides — the cell's p is the moment bound where that
 is already below the smallest Monte Carlo p, else a sequential Monte Carlo p from within-batch
-permutations of the kept Grams (:mod:`analysis.null_draws`). The summary says per cell which.
+permutations of the kept Grams (:mod:`analysis.inference.null_draws`). The summary says per cell
+which.
 """
 
 from __future__ import annotations
@@ -24,18 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from analysis.calibration import NullSummary
 from analysis.errors import AnalysisError
-from analysis.hsic import cka_from_hsic
-from analysis.null import (
-    SUMS,
-    NullMoments,
-    batch_moments,
-    layer_invariants,
-    moments_from_sums,
-    u_centre,
-)
-from analysis.null_draws import (
+from analysis.estimators.hsic import cka_from_hsic
+from analysis.inference.null_draws import (
     MAX_DRAWS,
     KeptCentred,
     complete_layers,
@@ -43,6 +35,15 @@ from analysis.null_draws import (
     moment_bound,
     monte_carlo_p,
 )
+from analysis.inference.null_moments import (
+    SUMS,
+    NullMoments,
+    batch_moments,
+    layer_invariants,
+    moments_from_sums,
+    u_centre,
+)
+from analysis.inference.permutation_null import NullSummary
 
 __all__ = [
     "DEPARTURE",
@@ -62,11 +63,11 @@ DEPARTURE = 0.25
 class AnalyticNull:
     """Sums the null cumulants of every cell over the batches of one run (float64, on host),
     and with ``keep`` (a byte budget) keeps every layer's centred Grams for the cells whose
-    fit fails the tail check (:class:`analysis.null_draws.KeptCentred`).
+    fit fails the tail check (:class:`analysis.inference.null_draws.KeptCentred`).
 
     Its state (:meth:`state`) is named arrays: ``sums`` (rows :data:`SUMS`) and, when kept,
-    ``kept.*`` (:meth:`analysis.null_draws.KeptCentred.state`); two states of disjoint batches
-    add (:func:`join_states`), and :func:`finish` turns one into the cells' p-values.
+    ``kept.*`` (:meth:`analysis.inference.null_draws.KeptCentred.state`); two states of disjoint
+    batches add (:func:`join_states`), and :func:`finish` turns one into the cells' p-values.
     """
 
     def __init__(

@@ -7,7 +7,7 @@ the cell, and no model runs again (Grams are functions of the features, and perm
 permutes Gram rows and columns: the Gram of the permuted features is ``Q L Qᵀ``).
 
 **One batch, one permutation.** For Grams K, L of n samples, with K̃ = HKH with its diagonal
-set to zero (:func:`analysis.hsic.centred_rows`), r_K = K̃1 and s_K = 1ᵀK̃1, the unbiased
+set to zero (:func:`analysis.estimators.hsic.centred_rows`), r_K = K̃1 and s_K = 1ᵀK̃1, the unbiased
 estimator is ``[tr(K̃L̃) + s_K s_L/((n-1)(n-2)) - 2/(n-2) · r_K·r_L] / (n(n-3))``. Let π be a
 permutation and Q its matrix, ``(QLQᵀ)_ij = L_π(i)π(j)``. Then, because QH = HQ and
 ``diag(QLQᵀ) = Q diag(L)``:
@@ -40,7 +40,7 @@ self-HSIC, the CKA denominator, is the observed one: null CKA = null HSIC / sqrt
 **Seeds.** Batch i draws its permutations from its own random stream,
 ``SeedSequence([seed, _STREAM, i])`` with i the batch's index in the whole plan (dropped
 batches keep their index), so the null does not depend on which batches one process saw: a
-comparison split into ranges of batches (:mod:`analysis.partial`) sums to the null of the
+comparison split into ranges of batches (:mod:`analysis.shards.shard`) sums to the null of the
 unsplit run.
 
 **Summary.** One-sided p-value with the +1 correction (Phipson & Smyth 2010):
@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from analysis.hsic import cka_from_hsic
+from analysis.estimators.hsic import cka_from_hsic
 
 __all__ = [
     "CHUNK_BYTES",
@@ -115,7 +115,7 @@ def accumulate_null(
 ) -> None:
     """Add one batch's null HSIC of every cell, for every permutation, to ``out`` (P, L, L).
 
-    ``rows``: :func:`analysis.hsic.centred_rows` of the batch's stacked Grams (F (L, n²),
+    ``rows``: :func:`analysis.estimators.hsic.centred_rows` of the batch's stacked Grams (F (L, n²),
     R (L, n), float64), models one after another with ``sizes[k]`` layers each; ``perms``
     (models, P, n): model k's permutations. Only the cells with the row's model at or after the
     column's are written (the rest is their mirror; :func:`summarise_null` fills it). The
@@ -159,10 +159,11 @@ def accumulate_null(
 class NullSummary:
     """Per cell (L, L): p-value, mean and 95 % quantile of the null CKA (NaN where undefined),
     and what each p-value rests on: ``p_method`` (``analytic``: the Pearson type III fitted to
-    the exact moments, :mod:`analysis.null`; ``monte_carlo``: sequential permutations,
-    :mod:`analysis.null_draws`; ``bound``: the moment bound; ``permutation``: the brute-force
-    null; empty where p is undefined) and ``p_draws`` (the permutations behind it, 0 for none).
-    Both None in a summary read from an atlas that predates them."""
+    the exact moments, :mod:`analysis.inference.null_moments`; ``monte_carlo``: sequential
+    permutations, :mod:`analysis.inference.null_draws`; ``bound``: the moment bound;
+    ``permutation``: the brute-force null; empty where p is undefined) and ``p_draws`` (the
+    permutations behind it, 0 for none). Both None in a summary read from an atlas that predates
+    them."""
 
     p_value: np.ndarray
     null_mean: np.ndarray

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analysis.hsic import cka_from_hsic
+from analysis.estimators.hsic import cka_from_hsic
 
 __all__ = ["bootstrap_intervals"]
 

@@ -1,10 +1,10 @@
 """``cka_test``: CKA between two feature matrices with its p-value under the permutation null.
 
 The same null as an atlas cell: within each batch the samples of one side are shuffled. By
-default its exact moments give the p-value in closed form (:mod:`analysis.null`); with
-``permutations=P`` the minibatch HSIC is recomputed from the Grams for P shuffles instead
-(:mod:`analysis.calibration`). With ``batch_size=None`` the whole sample is one batch, which is
-the classical permutation test of CKA (exact float64 HSIC over all n samples).
+default its exact moments give the p-value in closed form (:mod:`analysis.inference.null_moments`);
+with ``permutations=P`` the minibatch HSIC is recomputed from the Grams for P shuffles instead
+(:mod:`analysis.inference.permutation_null`). With ``batch_size=None`` the whole sample is one
+batch, which is the classical permutation test of CKA (exact float64 HSIC over all n samples).
 """
 
 from __future__ import annotations
@@ -14,13 +14,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from analysis.analytic_null import AnalyticNull
-from analysis.batches import sum_batches
-from analysis.calibration import PermutationNull
+from analysis.engine.batches import sum_batches
 from analysis.errors import EstimatorError
-from analysis.hsic import MIN_SAMPLES, centred_rows, check_estimator, cka_from_hsic, hsic_block
-from analysis.kernels import Kernel, gram, parse_kernel
-from analysis.null_draws import KEEP_BYTES
+from analysis.estimators.hsic import (
+    MIN_SAMPLES,
+    centred_rows,
+    check_estimator,
+    cka_from_hsic,
+    hsic_block,
+)
+from analysis.estimators.kernels import Kernel, gram, parse_kernel
+from analysis.inference.analytic_null import AnalyticNull
+from analysis.inference.null_draws import KEEP_BYTES
+from analysis.inference.permutation_null import PermutationNull
 from analysis.options import CompareOptions
 
 __all__ = ["CKATest", "cka_test"]
@@ -33,8 +39,8 @@ class CKATest:
     ``method``: the null asked for, ``analytic`` (exact moments; ``null`` is empty) or
     ``permutation`` (``null`` holds the P null CKA values and ``p_value`` is
     ``(1 + #{null ≥ cka}) / (1 + P)``). ``p_method`` says what the p-value rests on, as an
-    atlas cell's does (:class:`analysis.calibration.NullSummary`): with the analytic null,
-    the fitted Pearson type III, or where its tail check fails a sequential Monte Carlo p
+    atlas cell's does (:class:`analysis.inference.permutation_null.NullSummary`): with the analytic
+    null, the fitted Pearson type III, or where its tail check fails a sequential Monte Carlo p
     (``draws`` permutations) or the moment bound. For the biased estimator ``null_mean`` is
     its bias.
     """

@@ -2,10 +2,10 @@
 
 Everything a minibatch comparison accumulates is a sum over the batches of its plan: the HSIC
 terms, the permutation null (batch i draws from its own random stream, seeded with the global
-index i, see :mod:`analysis.calibration`), the analytic null's cumulants, the layer spectra and
-the deflated terms; only the bootstrap needs the per-batch terms themselves, in batch order,
-and the analytic null's tail check the per-batch Grams it kept (each tagged with its global
-batch index, so they join in any order; :mod:`analysis.analytic_null`). So a
+index i, see :mod:`analysis.inference.permutation_null`), the analytic null's cumulants, the layer
+spectra and the deflated terms; only the bootstrap needs the per-batch terms themselves, in batch
+order, and the analytic null's tail check the per-batch Grams it kept (each tagged with its global
+batch index, so they join in any order; :mod:`analysis.inference.analytic_null`). So a
 :class:`Partial` holds those sums for the batches [start, stop) of the plan,
 :func:`compare_partial` computes one (reading only its own batches; the Gram store is keyed
 by the global batch index, so stored Grams are shared with unsplit runs), and
@@ -13,7 +13,7 @@ by the global batch index, so stored Grams are shared with unsplit runs), and
 :func:`analysis.compare` does, which is ``combine`` of one partial over the whole plan. Sums
 taken in another grouping differ from the unsplit ones in the last bits.
 
-A partial is one safetensors file (:meth:`Partial.save`, :mod:`analysis.partial_file`).
+A partial is one safetensors file (:meth:`Partial.save`, :mod:`analysis.shards.file`).
 """
 
 from __future__ import annotations
@@ -26,22 +26,22 @@ import numpy as np
 import torch
 from torch import nn
 
-from analysis.analytic_null import finish, join_states, tail_warning
 from analysis.atlas import Atlas
-from analysis.batches import NO_BATCH
-from analysis.bootstrap import bootstrap_intervals
-from analysis.calibration import summarise_null
+from analysis.data.preprocessing import model_input
+from analysis.data.sources import DataLike, batch_source, image_files, load_data
+from analysis.engine.batches import NO_BATCH
+from analysis.engine.gram_cache import GramCache
+from analysis.engine.streaming import RunSettings, StreamingRun, diagnostics
 from analysis.errors import AnalysisError, EstimatorError
-from analysis.flags import calibration_flags
-from analysis.gram_cache import GramCache
-from analysis.hsic import cka_from_hsic
-from analysis.intervals import MOMENTS, image_intervals
+from analysis.estimators.hsic import cka_from_hsic
+from analysis.estimators.spectrum import whole_sample_sensitivity
+from analysis.inference.analytic_null import finish, join_states, tail_warning
+from analysis.inference.bootstrap import bootstrap_intervals
+from analysis.inference.flags import calibration_flags
+from analysis.inference.image_intervals import MOMENTS, image_intervals
+from analysis.inference.permutation_null import summarise_null
 from analysis.options import CompareOptions, OptionsError
-from analysis.partial_file import SPECTRA, Partial
-from analysis.preprocessing import model_input
-from analysis.sources import DataLike, batch_source, image_files, load_data
-from analysis.spectrum import whole_sample_sensitivity
-from analysis.streaming import RunSettings, StreamingRun, diagnostics
+from analysis.shards.file import SPECTRA, Partial
 
 __all__ = [
     "Partial",

@@ -1,7 +1,7 @@
 """The streaming all-pairs CKA engine: K models, one forward pass each per batch.
 
 :func:`compare` validates its options as one :class:`analysis.CompareOptions` and hands them
-to :class:`analysis.streaming.StreamingRun`, which resolves every model's layers before any
+to :class:`analysis.engine.streaming.StreamingRun`, which resolves every model's layers before any
 forward pass and runs the loop. Per batch, every selected layer of every model becomes a raw
 Gram (fp32, or float64 for a float64 model); one matrix product over the stacked centred Grams
 gives the (L_total, L_total) HSIC terms of the batch (with the Gram store, one product per pair
@@ -9,12 +9,12 @@ of models, so stored pairs are reused), and the only host transfer of the batch 
 float64 matrix. Terms are summed over batches in float64, so memory does not grow with n
 (``bootstrap`` keeps the per-batch terms: ``batches × L_total²`` floats).
 
-A comparison is :func:`analysis.partial.combine` of one :class:`analysis.partial.Partial`
+A comparison is :func:`analysis.shards.shard.combine` of one :class:`analysis.shards.shard.Partial`
 over the whole batch plan; the plan can also be run in ranges of batches on different
-workers and combined to the same atlas (:mod:`analysis.partial`). Its ``baselines`` run after
-it (:func:`add_baselines`): the random-init twins (:mod:`analysis.baselines`) and the seed
-ceiling (:mod:`analysis.seed_ceiling`), each through the same pipeline; the atlas then carries
-each cell's verdicts (:mod:`analysis.verdicts`).
+workers and combined to the same atlas (:mod:`analysis.shards.shard`). Its ``baselines`` run after
+it (:func:`add_baselines`): the random-init twins (:mod:`analysis.inference.baselines`) and the seed
+ceiling (:mod:`analysis.inference.seed_ceiling`), each through the same pipeline; the atlas then
+carries each cell's verdicts (:mod:`analysis.inference.verdicts`).
 
 Progress counts every phase: ``on_batch(done, total)`` counts batches weighted by the networks
 each phase runs (the compared models, every random-init draw's twins, the ceiling's stand-ins),
@@ -40,15 +40,15 @@ import torch
 from torch import nn
 
 from analysis.atlas import Atlas
-from analysis.baselines import TWINS_PER_MODEL, random_init_baseline
-from analysis.batches import sum_batches
+from analysis.data.sources import DataLike
+from analysis.engine.batches import sum_batches
+from analysis.engine.gram_cache import GramCache
+from analysis.engine.streaming import RunSettings, full_hsic, selected_layers
 from analysis.errors import EstimatorError
-from analysis.gram_cache import GramCache
-from analysis.hsic import MIN_SAMPLES, cka_from_hsic, hsic_from_grams
-from analysis.kernels import Kernel, gram
-from analysis.options import CompareOptions
-from analysis.partial import combine, run_partial
-from analysis.seed_ceiling import (
+from analysis.estimators.hsic import MIN_SAMPLES, cka_from_hsic, hsic_from_grams
+from analysis.estimators.kernels import Kernel, gram
+from analysis.inference.baselines import TWINS_PER_MODEL, random_init_baseline
+from analysis.inference.seed_ceiling import (
     AMONG_THE_MODELS,
     CeilingPlan,
     Identity,
@@ -57,8 +57,8 @@ from analysis.seed_ceiling import (
     stand_ins,
     undefined_blocks,
 )
-from analysis.sources import DataLike
-from analysis.streaming import RunSettings, full_hsic, selected_layers
+from analysis.options import CompareOptions
+from analysis.shards.shard import combine, run_partial
 
 __all__ = ["add_baselines", "cka_from_features", "compare", "phase_weights"]
 
@@ -99,7 +99,8 @@ def compare(
     candidates, never compared), the sibling in its place; each cell then has its verdicts
     (:meth:`Atlas.verdicts`), and ``interval`` ``"none"`` becomes ``"images"``. A sibling is the
     same architecture and options with another seed, trained on the same data as recorded by
-    :func:`models.load` (see :mod:`analysis.seed_ceiling`); ``model_keys`` may name siblings too.
+    :func:`models.load` (see :mod:`analysis.inference.seed_ceiling`); ``model_keys`` may name
+    siblings too.
 
     The rest is plumbing. ``gram_cache`` with ``model_keys`` (a stable identity per model,
     e.g. its checkpoint sha256) reuses stored Grams instead of running a model;
@@ -111,9 +112,9 @@ def compare(
 
     Calibration (minibatch mode): ``permutations=P`` adds a permutation null per cell from
     the same Grams (p-values, null mean and 95 % quantile, seeded with ``seed``; see
-    :mod:`analysis.calibration`), ``sensitivity=True`` CKA with each side's top principal
-    component removed; either also records per-layer effective dimension and top-component
-    share, and warnings (:mod:`analysis.flags`) in ``diagnostics``.
+    :mod:`analysis.inference.permutation_null`), ``sensitivity=True`` CKA with each side's top
+    principal component removed; either also records per-layer effective dimension and top-component
+    share, and warnings (:mod:`analysis.inference.flags`) in ``diagnostics``.
     """
     settings = RunSettings(device, progress, gram_cache, model_keys, on_batch, dataset_key)
     opts = CompareOptions.build(options, **shortcuts)
@@ -206,9 +207,9 @@ def add_baselines(
     and ``siblings``, and one warning per baseline and reason a block is undefined.
 
     The random-init twins are drawn from the models themselves (seeded by ``model_keys``, see
-    :mod:`analysis.baselines`); the seed ceiling follows ``ceiling``
-    (:func:`analysis.seed_ceiling.plan_ceiling`; without it none is computed), its siblings
-    taken from ``pool`` (by key) or ``models``. ``on_batch`` reports progress as
+    :mod:`analysis.inference.baselines`); the seed ceiling follows ``ceiling``
+    (:func:`analysis.inference.seed_ceiling.plan_ceiling`; without it none is computed), its
+    siblings taken from ``pool`` (by key) or ``models``. ``on_batch`` reports progress as
     :func:`compare` does, the comparison itself counted as done (a sharded comparison's
     baselines run after its shards are combined).
     """

@@ -2,7 +2,8 @@
 
 **The statistic.** Shuffling the samples of one side within a batch gives, for centred Grams A, B
 of that batch and a uniformly random permutation π, the statistic ``T(π) = Σ_ij A_ij B_π(i)π(j)``
-(:mod:`analysis.calibration` draws it P times). Its mean, variance, third and fourth moments over
+(:mod:`analysis.inference.permutation_null` draws it P times). Its mean, variance, third and fourth
+moments over
 *all* n! permutations have closed forms in a few per-layer numbers, so every cell's null costs a
 handful of (L, L) products per batch instead of P Gram gathers.
 
@@ -25,8 +26,8 @@ per-m form also holds for batches of 4 and 5. With four factors the surviving un
 are d = Σ Ã_ij⁴, e = Σ_i (Σ_j Ã_ij²)², f = Σ_ij Ã_ij² (Ã²)_ij, g = tr Ã⁴ and Q² (two disjoint
 double edges), and ``E[T⁴] = Σ_m x M_m x'ᵀ / (n)_m`` with x = (Q², d, e, f, g) and the integer
 matrices M_m of :data:`_FOURTH` (m = 2…8, found by enumerating the 4,140 partitions of the 8
-indices). The fourth cumulant E[T⁴] - 3 Var² is what :mod:`analysis.analytic_null` checks the
-fit against. A test checks all four moments against every one of the n! permutations of
+indices). The fourth cumulant E[T⁴] - 3 Var² is what :mod:`analysis.inference.analytic_null` checks
+the fit against. A test checks all four moments against every one of the n! permutations of
 batches of 4 to 8.
 
 **Biased estimator.** HSIC_b = ⟨A, B⟩ / (n-1)² with A = HKH, diagonal a, τ = Σ a_i, ã = a - τ/n.
@@ -54,7 +55,7 @@ skewness does not.
 **The p-value.** A Pearson type III distribution with the null's mean, standard deviation and
 skewness (as FactoMineR's ``coeffRV`` does for the RV coefficient, after Kazi-Aoual et al. 1995):
 ``p = P(null ≥ observed CKA)``. It is continuous, so there is no 1/(P+1) floor. Where the
-fourth cumulant says the fit's tail is wrong, :mod:`analysis.analytic_null` replaces it.
+fourth cumulant says the fit's tail is wrong, :mod:`analysis.inference.analytic_null` replaces it.
 
 **Cost.** Q and c take O(n²) per layer; t = Σ_ij Ã_ij (Ã²)_ij needs one n×n matrix product per
 layer, O(L·n³), in the Grams' precision: the only term that is not a by-product of the HSIC pass.
@@ -72,7 +73,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from analysis.hsic import cka_from_hsic
+from analysis.estimators.hsic import cka_from_hsic
 
 __all__ = [
     "INVARIANTS",
@@ -191,7 +192,7 @@ def layer_invariants(
 ) -> torch.Tensor:
     """The per-layer numbers of one batch (float64, (L, 12), columns as :data:`_NAMES`).
 
-    ``centred`` (L, n, n): the batch's double-centred Grams HKH as :func:`analysis.hsic.
+    ``centred`` (L, n, n): the batch's double-centred Grams HKH as :func:`analysis.estimators.hsic.
     centred_rows` gives them (diagonal zeroed for the unbiased estimator, kept for the biased
     one). Q, c, t and d, e, f, g are those of the U-centred Grams; the diagonal terms (tau,
     q = Σã², k = Σã³, w, v) are zero for the unbiased estimator. ``dtype``: the precision of

@@ -1,11 +1,12 @@
 """The work of each batch behind :func:`analysis.compare`: Grams, HSIC terms, the Gram store.
 
-The loop itself (small batches dropped, terms summed) is :func:`analysis.batches.sum_batches`;
-every input of a run goes through the :class:`StreamingRun` constructor.
+The loop itself (small batches dropped, terms summed) is
+:func:`analysis.engine.batches.sum_batches`; every input of a run goes through the
+:class:`StreamingRun` constructor.
 
 Without the Gram store, every model runs once per batch, every selected layer becomes a raw
 Gram written into one (L_total, b, b) stack, and all layer pairs of the batch come from one
-matrix product over the stacked centred Grams (:func:`analysis.hsic.hsic_from_grams`).
+matrix product over the stacked centred Grams (:func:`analysis.estimators.hsic.hsic_from_grams`).
 
 With the store, each model either runs or, when the store has its Grams, is read back
 without running, and the batch's HSIC matrix is built from one block per pair of models,
@@ -30,13 +31,14 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from analysis.analytic_null import AnalyticNull, layers_to_keep
 from analysis.atlas import Atlas
-from analysis.batches import BatchSums, sum_batches
-from analysis.calibration import PermutationNull
+from analysis.data.sources import BatchSource
+from analysis.engine.batches import BatchSums, sum_batches
+from analysis.engine.gram_cache import GramCache, gram_key
+from analysis.engine.kept import KeptFeatures
+from analysis.engine.layers import LayerReader, resolve_layers
 from analysis.errors import Cancelled, EstimatorError
-from analysis.gram_cache import GramCache, gram_key
-from analysis.hsic import (
+from analysis.estimators.hsic import (
     MIN_SAMPLES,
     centred_rows,
     hsic_block,
@@ -44,15 +46,14 @@ from analysis.hsic import (
     hsic_linear_features,
     undefined_reasons,
 )
-from analysis.intervals import ImageMoments
-from analysis.kept import KeptFeatures
-from analysis.kernels import Kernel, gram
-from analysis.layers import LayerReader, resolve_layers
-from analysis.null import INVARIANTS
-from analysis.null_draws import KEEP_BYTES, kept_bytes
+from analysis.estimators.kernels import Kernel, gram
+from analysis.estimators.spectrum import SpectrumAccumulator
+from analysis.inference.analytic_null import AnalyticNull, layers_to_keep
+from analysis.inference.image_intervals import ImageMoments
+from analysis.inference.null_draws import KEEP_BYTES, kept_bytes
+from analysis.inference.null_moments import INVARIANTS
+from analysis.inference.permutation_null import PermutationNull
 from analysis.options import CompareOptions
-from analysis.sources import BatchSource
-from analysis.spectrum import SpectrumAccumulator
 
 __all__ = ["RunSettings", "StreamingRun", "diagnostics", "full_hsic", "selected_layers"]
 
@@ -166,14 +167,14 @@ class StreamingRun:
                 sizes, options.permutations, options.seed, self.estimator, device, self.gdtype
             )
         if options.permutations or options.sensitivity:
-            # with sensitivity the top share is the whole sample's (analysis.spectrum)
+            # with sensitivity the top share is the whole sample's (analysis.estimators.spectrum)
             self.spectra = SpectrumAccumulator(total, self.estimator, top=not options.sensitivity)
         # image-level intervals: sums over images of their per-image HSIC terms
         self.moments: ImageMoments | None = None
         if options.mode == "minibatch" and options.interval == "images":
             self.moments = ImageMoments(total, device)
         # sensitivity: every layer's features of every kept batch, for the whole-sample top
-        # direction (analysis.spectrum.whole_sample_sensitivity)
+        # direction (analysis.estimators.spectrum.whole_sample_sensitivity)
         self.features: KeptFeatures | None = None
         if options.sensitivity:
             self.features = KeptFeatures(total, None, self.dev)  # planned batches: in _loop
@@ -200,7 +201,7 @@ class StreamingRun:
 
     def kept_features(self) -> list[torch.Tensor] | None:
         """With sensitivity: each layer's features over the kept batches, in batch order: on the
-        GPU where a CUDA run had room for them (:mod:`analysis.kept`), else on the host."""
+        GPU where a CUDA run had room for them (:mod:`analysis.engine.kept`), else on the host."""
         return None if self.features is None else self.features.layers()
 
     def _per_model(self, raw: Any) -> Callable[[str], torch.Tensor]:
@@ -506,8 +507,8 @@ class StreamingRun:
 
 
 _METHODS = {
-    "images": "first-order Hoeffding projection, delta method (analysis.intervals)",
-    "batches": "percentile bootstrap over batches (analysis.bootstrap)",
+    "images": "first-order Hoeffding projection, delta method (analysis.inference.image_intervals)",
+    "batches": "percentile bootstrap over batches (analysis.inference.bootstrap)",
 }
 
 

@@ -1,9 +1,9 @@
 """Intervals per cell with the image as the unit, whatever the batch size: the Hoeffding projection.
 
 **Why not resample batches.** A minibatch atlas sums per-batch HSIC terms, so a bootstrap over
-batches (:mod:`analysis.bootstrap`) sees as many units as there are batches: with 3 batches it
-has 10 distinct resamples and its percentiles mean little. The unit of sampling is the image:
-the images are the draws from the population, and a batch is a memory knob. Resampling images
+batches (:mod:`analysis.inference.bootstrap`) sees as many units as there are batches: with 3
+batches it has 10 distinct resamples and its percentiles mean little. The unit of sampling is the
+image: the images are the draws from the population, and a batch is a memory knob. Resampling images
 inside each batch's Grams would cost one HSIC product per replicate and batch; the first-order
 (Hoeffding) projection of the U-statistic gives the same variance from one pass, for every
 cell at once, at the cost of one more batched product the size of the HSIC product.
@@ -18,12 +18,12 @@ unbiased estimator) times the estimator's normalisation c (``1/(n(n-3))`` unbias
 contributes ``ψ_a = 2c (t_a - t̄)`` to its batch's HSIC; the batches are disjoint, so the
 minibatch HSIC of a cell has variance ``Σ_a ψ_a²`` (each batch's sum scaled by n/(n-1)), and
 the per-image terms of every pair of layers come from one batched product of the rows
-``F[:, a, :]`` the engine already has (:func:`analysis.hsic.centred_rows`).
+``F[:, a, :]`` the engine already has (:func:`analysis.estimators.hsic.centred_rows`).
 
 **CKA.** ρ = H_xy / sqrt(H_xx H_yy); the delta method gives each image's contribution
 ``φ_a = ψ_xy/sqrt(H_xx H_yy) - ρ/2 (ψ_xx/H_xx + ψ_yy/H_yy)``, so Var(ρ) needs only the sums
 ``A = Σ ψ_xy²``, ``B = Σ ψ_xy ψ_xx`` and ``C = Σ ψ_xx ψ_yy`` per cell: sums over images, so a
-comparison split into ranges of batches adds them up (:mod:`analysis.partial`). The interval is
+comparison split into ranges of batches adds them up (:mod:`analysis.shards.shard`). The interval is
 ``ρ ± z·sd`` (Wald, 95 %: z = 1.96), NaN where the cell is undefined; a layer against itself
 has width 0. Validated by coverage on trained digits networks at batch sizes 50 and 150
 (``bench/bench_intervals.py``, BENCHMARKS.md). The projection leaves out the second-order
@@ -37,7 +37,7 @@ from statistics import NormalDist
 import numpy as np
 import torch
 
-from analysis.hsic import cka_from_hsic
+from analysis.estimators.hsic import cka_from_hsic
 
 __all__ = ["MOMENTS", "ImageMoments", "image_intervals", "sample_terms"]
 
@@ -49,8 +49,8 @@ _CANCELLED = 1e-10
 def sample_terms(rows: tuple[torch.Tensor, torch.Tensor], estimator: str) -> torch.Tensor:
     """Each image's contribution ψ (n, L, L) to its batch's HSIC of every pair of layers.
 
-    ``rows``: :func:`analysis.hsic.centred_rows` of the batch's stacked Grams. Sums to 0 over
-    the batch.
+    ``rows``: :func:`analysis.estimators.hsic.centred_rows` of the batch's stacked Grams. Sums to 0
+    over the batch.
     """
     f, r = rows
     n_layers, n = r.shape
@@ -69,7 +69,7 @@ class ImageMoments:
         }
 
     def add(self, rows: tuple[torch.Tensor, torch.Tensor], estimator: str) -> None:
-        """One batch, given as its :func:`analysis.hsic.centred_rows`."""
+        """One batch, given as its :func:`analysis.estimators.hsic.centred_rows`."""
         psi = sample_terms(rows, estimator)
         n = psi.shape[0]
         scale = n / (n - 1)  # the batch's ψ are centred on their own mean

@@ -4,14 +4,14 @@ Two rules, with their thresholds as documented constants:
 
 * **Small n against the effective dimension.** Every HSIC term comes from one batch of b
   samples, and a batch can show at most b - 1 directions. A layer whose minibatch effective
-  dimension d_eff (:mod:`analysis.spectrum`) is more than b / :data:`MIN_SAMPLES_PER_DIM` has
-  fewer than that many samples per direction in each batch: its spectrum is poorly resolved
+  dimension d_eff (:mod:`analysis.estimators.spectrum`) is more than b / :data:`MIN_SAMPLES_PER_DIM`
+  has fewer than that many samples per direction in each batch: its spectrum is poorly resolved
   and its CKA values are noisy (and the biased estimator drifts towards 1). Flag ``small_n``.
 * **One direction dominates a cell** (Davari et al. 2022: CKA can be carried by a single
   high-variance direction, so two layers look alike while the rest of their representations
   differ). With ``sensitivity=True``, a cell is flagged ``top_pc`` when removing either side's
-  top principal direction *of the whole sample* (:mod:`analysis.spectrum`) takes away more
-  than :data:`DOMINANCE` (half) of its CKA: ``CKA - CKA_without ≥ DOMINANCE · CKA``, i.e. that
+  top principal direction *of the whole sample* (:mod:`analysis.estimators.spectrum`) takes away
+  more than :data:`DOMINANCE` (half) of its CKA: ``CKA - CKA_without ≥ DOMINANCE · CKA``, i.e. that
   one direction carries most of the similarity. A fixed absolute move (the former rule, 0.1)
   marked nearly every cell of a trained atlas, since removing the top direction of any layer
   moves CKA somewhat; a move of half the value is what "dominated" means. Cells with CKA

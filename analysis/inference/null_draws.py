@@ -1,7 +1,7 @@
 """Permutations drawn for the cells whose analytic null does not hold in the tail.
 
-:mod:`analysis.null` fits a Pearson type III to the first three exact moments of the
-within-batch permutation null, and checks the fit against the exact fourth. Where the check
+:mod:`analysis.inference.null_moments` fits a Pearson type III to the first three exact moments of
+the within-batch permutation null, and checks the fit against the exact fourth. Where the check
 fails, the cell's p-value comes from the null itself: within every batch the samples of one
 side are shuffled, and the minibatch statistic is recomputed (:func:`monte_carlo_p`). This
 module keeps what that needs and draws the permutations.
@@ -16,7 +16,7 @@ cell; or, for a linear kernel and a layer narrower than half the batch, its feat
 decides up front whether the whole plan's matrices fit :data:`KEEP_BYTES`; if
 they do not (or a plan of unknown length outgrows it), nothing is kept and flagged cells keep
 the fitted p (the atlas says so). The state is named arrays, and two states (ranges of one
-plan, see :mod:`analysis.partial`) add by naming the blocks of both.
+plan, see :mod:`analysis.shards.shard`) add by naming the blocks of both.
 
 **Sequential Monte Carlo p** (Besag & Clifford 1991). Each cell draws its permutations from
 its own random stream (the run's seed and the cell), in rounds of growing size, and stops at
@@ -45,8 +45,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from analysis.calibration import TIE_TOLERANCE
-from analysis.null import u_centre
+from analysis.inference.null_moments import u_centre
+from analysis.inference.permutation_null import TIE_TOLERANCE
 
 __all__ = [
     "EXCEEDANCES",
@@ -304,7 +304,8 @@ def monte_carlo_p(
     """Besag & Clifford's sequential p-value and the draws it took, for each of ``cells``
     ((k, 2) layer pairs (i, j), both in ``kept``: :func:`complete_layers`); layer j's samples
     are shuffled within each batch. ``denominators`` (k,): sqrt(HSIC_ii · HSIC_jj), so that
-    statistics compare in CKA units, where :data:`analysis.calibration.TIE_TOLERANCE` applies.
+    statistics compare in CKA units, where :data:`analysis.inference.permutation_null.TIE_TOLERANCE`
+    applies.
     """
     p = np.empty(len(cells))
     draws = np.zeros(len(cells), dtype=np.int64)

@@ -4,7 +4,7 @@ Every source becomes the same :class:`ImageDataset`: float32 images shaped (N, C
 int64 labels and a content sha256 that depends only on those arrays, so the same images give
 the same hash whatever file they came from. Nothing is ever unpickled and archives are never
 extracted to disk. Reading is bounded by the result: an ``.npz`` is checked from its headers
-and decoded one slice at a time into the final array (:mod:`analysis.npz`), an ImageFolder one
+and decoded one slice at a time into the final array (:mod:`analysis.data.npz`), an ImageFolder one
 image at a time. :func:`describe_dataset` checks a file the same way without keeping its images
 (what a service registering an upload needs), in memory that does not grow with the dataset.
 """
@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from analysis.data.images import ImageFiles, files_sha256, open_image, peek_image
+from analysis.data.npz import NpzArchive, rows_per_slice
 from analysis.errors import DatasetError, DatasetTooLarge
-from analysis.images import ImageFiles, files_sha256, open_image, peek_image
-from analysis.npz import NpzArchive, rows_per_slice
 from models.archives import ArchiveError, open_zip, read_entry, safe_entries
 
 __all__ = [

@@ -8,9 +8,9 @@ shows what another seed of one of them gives against the other. Where both model
 a sibling, the one earlier in the comparison's order is replaced, so the block of (b, a) is the
 transpose of that of (a, b). A sibling that is the other side of the block is never taken (for
 two seeds of one architecture it would be that model against itself, see
-:func:`analysis.baselines.choose`): the next sibling is (a third seed), and with none the block is
-undefined, its reason in ``blocks`` ("no sibling other than the compared model"); so are the
-blocks of pairs where neither model has a sibling.
+:func:`analysis.inference.baselines.choose`): the next sibling is (a third seed), and with none the
+block is undefined, its reason in ``blocks`` ("no sibling other than the compared model"); so are
+the blocks of pairs where neither model has a sibling.
 
 Where the siblings come from is the caller's: :func:`analysis.compare` takes them among the
 models it was given (and its ``siblings``, candidates that are not compared), the service among
@@ -29,7 +29,7 @@ from typing import Any
 
 from torch import nn
 
-from analysis.baselines import (
+from analysis.inference.baselines import (
     Block,
     Candidates,
     Pair,

@@ -1,8 +1,8 @@
 """Kernels that turn a batch of feature vectors into a Gram matrix.
 
 Both kernels return the *raw* Gram of the batch; centring happens later, in float64, in
-:mod:`analysis.hsic`. Features are first shifted by the batch's first sample, ``x_i - x_0``.
-Neither kernel's centred Gram changes under a common shift of the features (the linear Gram
+:mod:`analysis.estimators.hsic`. Features are first shifted by the batch's first sample, ``x_i -
+x_0``. Neither kernel's centred Gram changes under a common shift of the features (the linear Gram
 changes by ``a 1ᵀ + 1 aᵀ + c``, which double centring removes; distances do not change at
 all), but the shift removes a large common mean before the fp32 product, and it makes the
 Gram of a constant layer exactly zero, so a degenerate layer is recognised exactly rather

@@ -1,7 +1,7 @@
 """Every selected layer's features over a run's batches, for the whole-sample sensitivity.
 
-The whole-sample top direction (:mod:`analysis.spectrum`) needs each layer's features over
-all the samples, n × d. They are copied batch by batch into one buffer per layer, sized at
+The whole-sample top direction (:mod:`analysis.estimators.spectrum`) needs each layer's features
+over all the samples, n × d. They are copied batch by batch into one buffer per layer, sized at
 its first batch for the whole plan (the planned batches × that batch's size, grown by
 doubling if more come), so that:
 

@@ -1,11 +1,12 @@
 """The one loop over a comparison's batches: drop the small ones, take each batch's terms, sum.
 
-Every minibatch path runs through :func:`sum_batches`: the atlas (:mod:`analysis.streaming`,
+Every minibatch path runs through :func:`sum_batches`: the atlas (:mod:`analysis.engine.streaming`,
 with or without the Gram store), :func:`analysis.cka_from_features` and
 :func:`analysis.cka_test`. A batch smaller than the estimator's minimum
-(:data:`analysis.hsic.MIN_SAMPLES`), normally a ragged last one, is dropped and recorded; every
-other batch gives its (L, L) float64 HSIC terms through ``step`` and counts with weight one (Nguyen
-et al. 2021). A run over a whole plan that kept no batch has no CKA: :meth:`BatchSums.require`.
+(:data:`analysis.estimators.hsic.MIN_SAMPLES`), normally a ragged last one, is dropped and recorded;
+every other batch gives its (L, L) float64 HSIC terms through ``step`` and counts with weight one
+(Nguyen et al. 2021). A run over a whole plan that kept no batch has no CKA:
+:meth:`BatchSums.require`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TypeVar
 import numpy as np
 
 from analysis.errors import EstimatorError
-from analysis.hsic import MIN_SAMPLES
+from analysis.estimators.hsic import MIN_SAMPLES
 
 __all__ = ["NO_BATCH", "BatchSums", "sum_batches"]
 

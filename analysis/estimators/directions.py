@@ -5,7 +5,7 @@ float64. It comes from the smaller of X's two Grams, XXᵀ (n × n) or XᵀX (d 
 224-pixel Mixer's blocks (10⁵ features a sample, a few hundred samples) cost an n × n
 problem: formed up to :data:`FORM_LIMIT` wide (layers of one size solved together), applied
 without forming it past that; block Krylov with Rayleigh-Ritz to a residual of
-:data:`RESIDUAL`·λ_1, the dense eigensolver for what it leaves. :mod:`analysis.spectrum`
+:data:`RESIDUAL`·λ_1, the dense eigensolver for what it leaves. :mod:`analysis.estimators.spectrum`
 removes the direction from each batch (the sensitivity).
 """
 

@@ -13,7 +13,7 @@ kernel they are the variances (times n) of the batch's principal components.
   top principal direction *of the whole sample*, the same direction at any batch size. The run
   keeps every selected layer's features (n × d floats per layer, as ``full`` mode does); w is
   the top right singular vector of the whole sample's centred features, in float64, found
-  from the smaller of their two Grams (XXᵀ or XᵀX, :mod:`analysis.directions`).
+  from the smaller of their two Grams (XXᵀ or XᵀX, :mod:`analysis.estimators.directions`).
   Removing it (X ↦ X(I - wwᵀ)) changes each batch's linear Gram by a rank-one update,
   ``K - zzᵀ`` with z = Xw (a constant shift of z changes no HSIC), whose HSIC with every
   other Gram is one product per layer; for the rbf kernel the deflated features' Grams are
@@ -31,9 +31,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from analysis.directions import FormedGrams, directions_and_grams
-from analysis.hsic import centred_rows, hsic_block, hsic_from_linear_products, hsic_self
-from analysis.kernels import Kernel, gram
+from analysis.estimators.directions import FormedGrams, directions_and_grams
+from analysis.estimators.hsic import centred_rows, hsic_block, hsic_from_linear_products, hsic_self
+from analysis.estimators.kernels import Kernel, gram
 
 __all__ = [
     "BLOCK",
@@ -85,8 +85,8 @@ def layer_spectra(
 
     NaN for a layer whose centred Gram is zero (a constant layer has no directions). Without
     ``top`` the share is left at 0 (the sensitivity finds the whole sample's instead).
-    ``rows``: the Grams' :func:`analysis.hsic.centred_rows` for ``estimator`` where the caller
-    has them: ‖HKH‖² is then their sum of squares plus (unbiased: its zeroed diagonal) the
+    ``rows``: the Grams' :func:`analysis.estimators.hsic.centred_rows` for ``estimator`` where the
+    caller has them: ‖HKH‖² is then their sum of squares plus (unbiased: its zeroed diagonal) the
     diagonal's, with diag(HKH)_i = K_ii - 2 m_i + μ from the row means m and grand mean μ.
     """
     f, _ = centred_rows(grams, estimator) if rows is None else rows
@@ -119,7 +119,7 @@ def _carried(
     A shift of z changes no HSIC, so z is centred, and then ‖X_jᵀz_i‖² is z_iᵀGz_i for G the
     batch's block of layer j's whole-sample Gram XXᵀ, and the batch-centred rows' squared norms
     are diag(HGH) (a common shift of X's rows changes neither): where
-    :func:`analysis.directions.directions_and_grams`
+    :func:`analysis.estimators.directions.directions_and_grams`
     formed that Gram, every layer's term is one batched product with no pass over the
     features. Elsewhere it is one product per layer of its centred features, in float64: the
     deflated self-HSIC is a difference of terms that nearly cancel where the direction carries

@@ -170,7 +170,7 @@ def substituted_cka(
     network; ``intervals``: also their 95 % intervals, as ``options`` ask for them; ``plumbing``
     goes to :func:`analysis.compare` (device, gram_cache, progress, on_batch).
     """
-    from analysis.engine import compare
+    from analysis.engine.compare import compare
 
     starts = dict(zip(sizes, np.cumsum([0, *sizes.values()]).tolist(), strict=False))
     total = sum(sizes.values())

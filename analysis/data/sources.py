@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from analysis.datasets import ImageDataset, load_dataset
+from analysis.data.datasets import ImageDataset, load_dataset
+from analysis.data.images import ImageFiles
 from analysis.errors import DatasetError
-from analysis.images import ImageFiles
 
 __all__ = ["BatchSource", "DataLike", "ImageBatch", "batch_source", "image_files"]
 

@@ -3,7 +3,7 @@
 An ImageFolder (directory or zip) may hold JPEG/PNG/WebP files of any sizes and modes
 (grayscale, RGBA, palette). :class:`ImageFiles` keeps every file's original bytes in a fixed
 order (sorted by path) with its label; a comparison decodes them per batch and passes each
-image through each model's own pipeline (:mod:`analysis.preprocessing`). Its ``sha256``
+image through each model's own pipeline (:mod:`analysis.data.preprocessing`). Its ``sha256``
 hashes the files' bytes and labels in that order, so it names exactly these images.
 """
 

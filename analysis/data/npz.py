@@ -24,8 +24,8 @@ from typing import IO, Any, Literal
 import numpy as np
 from numpy.lib import format as npy
 
+from analysis.data.images import reason
 from analysis.errors import DatasetError
-from analysis.images import reason
 from models.archives import ArchiveError, safe_entries
 
 __all__ = ["SLICE_BYTES", "NpyHeader", "NpzArchive", "rows_per_slice"]

@@ -1,4 +1,5 @@
-"""The record of one range of a comparison's batch plan, and its file (see :mod:`analysis.partial`).
+"""The record of one range of a comparison's batch plan, and its file (see
+:mod:`analysis.shards.shard`).
 
 A :class:`Partial` is saved as one safetensors file: its arrays under their names (the spectra
 as ``spectra.<key>``), everything else as JSON under the metadata key ``partial``. Never pickle.
@@ -19,7 +20,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from analysis.errors import AnalysisError
-from analysis.intervals import MOMENTS
+from analysis.inference.image_intervals import MOMENTS
 
 __all__ = ["FORMAT", "SPECTRA", "Partial"]
 
