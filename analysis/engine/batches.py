@@ -29,10 +29,10 @@ T = TypeVar("T")
 
 @dataclass
 class BatchSums:
-    """What the loop kept: the summed HSIC terms and, when asked, each batch's own, in order."""
+    """What the loop kept: the summed HSIC terms and the counts (what else a run keeps per
+    batch, each batch's own terms included, is :mod:`analysis.batch_statistics`)."""
 
     hsic: np.ndarray | None = None
-    per_batch: list[np.ndarray] = field(default_factory=list)
     n: int = 0  # samples in kept batches
     batches: int = 0  # kept batches
     seen: int = 0  # batches read, kept or dropped
@@ -49,15 +49,14 @@ def sum_batches(
     estimator: str,
     step: Callable[[int, T], np.ndarray | None],
     *,
-    keep: bool = False,
     after: Callable[[int], None] | None = None,
     sums: BatchSums | None = None,
 ) -> BatchSums:
     """Run ``step(index, batch)`` on every ``(index, size, batch)`` large enough for ``estimator``.
 
-    ``step`` returns the batch's HSIC terms (added up, and with ``keep`` also kept one by one),
-    or None when it only collects (full mode keeps features). ``after(done)`` runs after every
-    batch read, kept or not (progress, cancellation). Counters go to ``sums`` when given.
+    ``step`` returns the batch's HSIC terms (added up), or None when it only collects (full
+    mode keeps features). ``after(done)`` runs after every batch read, kept or not (progress,
+    cancellation). Counters go to ``sums`` when given.
     """
     out = BatchSums() if sums is None else sums
     least = MIN_SAMPLES[estimator]
@@ -69,8 +68,6 @@ def sum_batches(
             h = step(index, batch)
             if h is not None:
                 out.hsic = h.copy() if out.hsic is None else out.hsic + h
-                if keep:
-                    out.per_batch.append(h)
             out.n += size
             out.batches += 1
         if after is not None:

@@ -32,10 +32,13 @@ from torch import nn
 from tqdm import tqdm
 
 from analysis.atlas import Atlas
+from analysis.batch_statistics.analytic_null import AnalyticNullSums
+from analysis.batch_statistics.protocol import Batch, BatchStatistic, Setup
+from analysis.batch_statistics.registry import start_wanted
+from analysis.batch_statistics.sensitivity import SensitivityFeatures
 from analysis.data.sources import BatchSource
 from analysis.engine.batches import BatchSums, sum_batches
 from analysis.engine.gram_cache import GramCache, gram_key
-from analysis.engine.kept import KeptFeatures
 from analysis.engine.layers import LayerReader, resolve_layers
 from analysis.errors import Cancelled, EstimatorError
 from analysis.estimators.hsic import (
@@ -47,12 +50,8 @@ from analysis.estimators.hsic import (
     undefined_reasons,
 )
 from analysis.estimators.kernels import Kernel, gram
-from analysis.estimators.spectrum import SpectrumAccumulator
 from analysis.inference.analytic_null import AnalyticNull, layers_to_keep
-from analysis.inference.image_intervals import ImageMoments
-from analysis.inference.null_draws import KEEP_BYTES, kept_bytes
 from analysis.inference.null_moments import INVARIANTS
-from analysis.inference.permutation_null import PermutationNull
 from analysis.options import CompareOptions
 
 __all__ = ["RunSettings", "StreamingRun", "diagnostics", "full_hsic", "selected_layers"]
@@ -147,62 +146,40 @@ class StreamingRun:
         self.cache_note = "off"
         self.parts: dict[str, Any] = {}
         self.src, self.cache, self.keys = source, gram_cache, dict(model_keys or {})
-        # calibration: the permutation null (its trace term in the Grams' precision) and the
-        # layer spectra, which either calibration option records
+        # what the run accumulates beside the HSIC sums (analysis.batch_statistics)
         sizes = [len(self.selected[m]) for m in self.names]
-        self.null: PermutationNull | None = None
-        self.spectra: SpectrumAccumulator | None = None
-        self.analytic: AnalyticNull | None = None
-        if options.null == "analytic" and options.mode == "minibatch":
-            # every layer's centred Grams are kept for the tail check's draws when the whole
-            # plan's fit the budget (the same answer in every range of a split plan)
-            planned = kept_bytes(total, source.total or 0, options.batch_size, self.estimator)
-            keep = KEEP_BYTES if planned <= KEEP_BYTES else None
-            self.analytic = AnalyticNull(total, self.estimator, self.gdtype, keep)
+        setup = Setup(options, sizes, device, self.gdtype, source.total or 0)
+        self.statistics: dict[str, BatchStatistic] = start_wanted(setup)
+        # two are fed by the engine beside the batch: the analytic null per model from the
+        # Gram store, and the sensitivity each layer's features as they are read
+        analytic, features = self.statistics.get("analytic"), self.statistics.get("features")
+        self.analytic: AnalyticNull | None = (
+            analytic.null if isinstance(analytic, AnalyticNullSums) else None
+        )
+        self.features = features.kept if isinstance(features, SensitivityFeatures) else None
         # with the store: (batch, size, model, Grams key) of the Grams not at hand, for the
         # models whose layers the tail check needs after all (:meth:`_keep_stored`)
         self.unkept: list[tuple[int, int, str, str]] = []
-        if options.null == "permutation":
-            self.null = PermutationNull(
-                sizes, options.permutations, options.seed, self.estimator, device, self.gdtype
-            )
-        if options.permutations or options.sensitivity:
-            # with sensitivity the top share is the whole sample's (analysis.estimators.spectrum)
-            self.spectra = SpectrumAccumulator(total, self.estimator, top=not options.sensitivity)
-        # image-level intervals: sums over images of their per-image HSIC terms
-        self.moments: ImageMoments | None = None
-        if options.mode == "minibatch" and options.interval == "images":
-            self.moments = ImageMoments(total, device)
-        # sensitivity: every layer's features of every kept batch, for the whole-sample top
-        # direction (analysis.estimators.spectrum.whole_sample_sensitivity)
-        self.features: KeptFeatures | None = None
-        if options.sensitivity:
-            self.features = KeptFeatures(total, None, self.dev)  # planned batches: in _loop
         self.inputs: dict[str, Callable[[Any], torch.Tensor]] = dict(inputs or {})
 
     @property
     def calibrating(self) -> bool:
-        """Whether every batch needs every model's Grams: for the permutation null, the spectra
-        or the image intervals (the analytic null needs only per-layer numbers, which the store
-        keeps)."""
-        return self.null is not None or self.spectra is not None or self.moments is not None
+        """Whether every batch needs every model's Grams, stored or not: for a statistic that
+        reads them (the permutation null, the spectra, the image intervals; the analytic null
+        needs only per-layer numbers, which the store keeps)."""
+        return any(s.needs == "grams" for s in self.statistics.values())
 
-    def _calibrate(self, i: int, grams: torch.Tensor, rows: Rows) -> None:
-        if self.null is not None:
-            self.null.add(rows, batch=i)
-        if self.spectra is not None:
-            self.spectra.add(grams, rows)
-        if self.moments is not None:
-            self.moments.add(rows, self.estimator)
+    @property
+    def centring(self) -> bool:
+        """Whether a batch without the store needs its centred rows (for a statistic)."""
+        return any(s.needs in ("grams", "rows") for s in self.statistics.values())
 
-    def feature_sizes(self) -> list[int]:
-        """With sensitivity: the samples of each kept batch, in order."""
-        return [] if self.features is None else list(self.features.sizes)
-
-    def kept_features(self) -> list[torch.Tensor] | None:
-        """With sensitivity: each layer's features over the kept batches, in batch order: on the
-        GPU where a CUDA run had room for them (:mod:`analysis.engine.kept`), else on the host."""
-        return None if self.features is None else self.features.layers()
+    def _update(self, batch: Batch, stored: bool = False) -> None:
+        """Every statistic's update with one batch; ``stored``: through the Gram store, which
+        feeds the analytic null itself (per model)."""
+        for s in self.statistics.values():
+            if not (stored and s.needs == "rows"):
+                s.update(batch)
 
     def _per_model(self, raw: Any) -> Callable[[str], torch.Tensor]:
         """Model name -> its input for this raw batch, on the device; one per distinct pipeline.
@@ -287,8 +264,7 @@ class StreamingRun:
 
     def minibatch(self, window: range | None = None) -> np.ndarray:
         """Summed per-batch HSIC (L_total, L_total) over the batches in ``window`` (None: all;
-        zeros when none was kept); with ``interval="batches"``, ``self.sums.per_batch`` keeps
-        each batch's.
+        zeros when none was kept); what else the run keeps per batch is in ``self.statistics``.
 
         The models named in the store's keys have their Grams and blocks read from and written
         to the store.
@@ -296,13 +272,7 @@ class StreamingRun:
         self.parts = self._store_parts()
         step = self._batch_stored if self.parts else self._batch
         with torch.inference_mode():
-            sum_batches(
-                self._loop(window),
-                self.estimator,
-                step,
-                keep=self.options.interval == "batches",
-                sums=self.sums,
-            )
+            sum_batches(self._loop(window), self.estimator, step, sums=self.sums)
         if self.sums.hsic is None:
             return np.zeros((self.total_layers, self.total_layers))
         self._keep_stored()
@@ -332,14 +302,15 @@ class StreamingRun:
         stack = torch.empty(self.total_layers, b, b, dtype=self.gdtype, device=self.dev)
         for m in self.names:
             self._grams(m, xs(m), i, out=stack[self.slices[m]])
-        if not self.calibrating and self.analytic is None:
-            return hsic_from_grams(stack, self.estimator).cpu().numpy()  # the batch's one transfer
+        if not self.centring:
+            out = hsic_from_grams(stack, self.estimator).cpu().numpy()  # the batch's one transfer
+            self._update(Batch(i, b, out))
+            return out
         rows = centred_rows(stack, self.estimator)
         h = hsic_block(rows, rows, self.estimator)
-        if self.analytic is not None:
-            self.analytic.add(rows[0].view(self.total_layers, b, b), batch=i)
-        self._calibrate(i, stack, rows)
-        return ((h + h.T) / 2).cpu().numpy()  # as hsic_from_grams
+        out = ((h + h.T) / 2).cpu().numpy()  # as hsic_from_grams
+        self._update(Batch(i, b, out, stack, rows))
+        return out
 
     def _batch_stored(self, i: int, x: torch.Tensor) -> np.ndarray:
         """The HSIC matrix of batch ``i``: stored Grams and blocks reused, new ones stored."""
@@ -421,10 +392,6 @@ class StreamingRun:
                     self.unkept.append((i, b, m, gkeys[m]))
             stacked_inv = np.concatenate([invariants[m] for m in self.names])
             self.analytic.add_invariants(stacked_inv, b)
-        if self.calibrating:
-            ordered = [rows[m] for m in self.names]
-            stacked = (torch.cat([r[0] for r in ordered]), torch.cat([r[1] for r in ordered]))
-            self._calibrate(i, torch.cat([stacks[m] for m in self.names]), stacked)
 
         h = torch.zeros(self.total_layers, self.total_layers, dtype=torch.float64, device=self.dev)
         for a, c in pairs:
@@ -438,6 +405,13 @@ class StreamingRun:
                 out[sa, sc], out[sc, sa] = found[a, c], found[a, c].T
             elif cache is not None:
                 cache.put(key, np.ascontiguousarray(out[sa, sc]))
+        every: torch.Tensor | None = None
+        stacked: Rows | None = None
+        if self.calibrating:
+            ordered = [rows[m] for m in self.names]
+            stacked = (torch.cat([r[0] for r in ordered]), torch.cat([r[1] for r in ordered]))
+            every = torch.cat([stacks[m] for m in self.names])
+        self._update(Batch(i, b, out, every, stacked), stored=True)
         return out
 
     def _last_features(self, m: str, b: int) -> list[torch.Tensor]:

@@ -1,8 +1,10 @@
-"""The record of one range of a comparison's batch plan, and its file (see
-:mod:`analysis.shards.shard`).
+"""The record of one range of a comparison's batch plan (a shard), and its file.
 
-A :class:`Partial` is saved as one safetensors file: its arrays under their names (the spectra
-as ``spectra.<key>``), everything else as JSON under the metadata key ``partial``. Never pickle.
+A :class:`Partial` (made in :mod:`analysis.shards.shard`) is saved as one safetensors file:
+the summed HSIC as ``hsic``, each statistic's state (:mod:`analysis.batch_statistics`) as
+``<key>.<name>`` arrays, everything else as JSON under the metadata key ``partial``. Never
+pickle. A file of an earlier format is refused with a sentence that says so: its shard is run
+again.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +21,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from analysis.batch_statistics.protocol import State
 from analysis.errors import AnalysisError
-from analysis.inference.image_intervals import MOMENTS
 
-__all__ = ["FORMAT", "SPECTRA", "Partial"]
+__all__ = ["FORMAT", "Partial"]
 
-FORMAT = "cka-atlas-partial/3"
-SPECTRA = ("pr", "share", "batches")
+FORMAT = "cka-atlas-partial/4"
+_FAMILY = FORMAT.rpartition("/")[0] + "/"
 
 
 @dataclass(eq=False)
@@ -39,34 +41,17 @@ class Partial:
     stop: int
     total_batches: int
     hsic: np.ndarray  # (L, L): summed over the range's kept batches
-    per_batch: np.ndarray | None  # (kept batches, L, L) in batch order, with bootstrap
-    null: np.ndarray | None  # (P, L, L) summed null HSIC, with permutations
-    spectra: dict[str, np.ndarray] | None  # SpectrumAccumulator.state()
     counters: dict[str, Any]  # StreamingRun.counters(), dropped batches by global index
-    # the analytic null's AnalyticNull.state(): summed cumulants, and any kept Grams
-    null_moments: dict[str, np.ndarray] | None = None
-    moments: dict[str, np.ndarray] | None = None  # ImageMoments.state(), image-level intervals
-    # per layer (n, d), kept batches, with sensitivity; on the GPU where a CUDA run kept them
-    features: list[torch.Tensor] | None = None
-    sizes: np.ndarray | None = None  # samples of each kept batch, in order, with sensitivity
+    # each statistic's state by key (analysis.batch_statistics.registry); the sensitivity's
+    # features are tensors on the GPU where a CUDA run kept them
+    statistics: dict[str, State] = field(default_factory=dict)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write one safetensors file atomically (a temporary file renamed into place)."""
         arrays = {"hsic": self.hsic}
-        if self.per_batch is not None:
-            arrays["per_batch"] = self.per_batch
-        if self.null is not None:
-            arrays["null"] = self.null
-        for key, value in (self.null_moments or {}).items():
-            arrays[f"analytic.{key}"] = value
-        for key, value in (self.spectra or {}).items():
-            arrays[f"spectra.{key}"] = value
-        for key, value in (self.moments or {}).items():
-            arrays[f"moments.{key}"] = value
-        for k, kept in enumerate(self.features or []):
-            arrays[f"features.{k}"] = kept.cpu().numpy()
-        if self.sizes is not None:
-            arrays["sizes"] = self.sizes
+        for key, state in self.statistics.items():
+            for name, value in state.items():
+                arrays[f"{key}.{name}"] = _numpy(value)
         meta = {
             "format": FORMAT,
             "names": self.names,
@@ -76,10 +61,7 @@ class Partial:
             "stop": self.stop,
             "total_batches": self.total_batches,
             "counters": self.counters,
-            "spectra": self.spectra is not None,
-            "moments": self.moments is not None,
-            "analytic": self.null_moments is not None,
-            "features": None if self.features is None else len(self.features),
+            "statistics": {key: list(state) for key, state in self.statistics.items()},
         }
         target = Path(path)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -95,16 +77,22 @@ class Partial:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Partial:
         """Read a file written by :meth:`save`; anything else is an :class:`AnalysisError`."""
+        where = os.fspath(path)
         try:
-            with safe_open(os.fspath(path), framework="np") as f:
+            with safe_open(where, framework="np") as f:
                 text = (f.metadata() or {}).get("partial")
                 arrays: dict[str, np.ndarray] = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
             meta = json.loads(text) if text is not None else {}
         except (OSError, SafetensorError, json.JSONDecodeError) as exc:
-            raise AnalysisError(f"{os.fspath(path)} is not a readable partial: {exc}") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT or "hsic" not in arrays:
-            raise AnalysisError(f"{os.fspath(path)} is not a partial of format {FORMAT}")
-        spectra = {k: arrays[f"spectra.{k}"] for k in SPECTRA} if meta["spectra"] else None
+            raise AnalysisError(f"{where} is not a readable partial: {exc}") from None
+        found = meta.get("format") if isinstance(meta, dict) else None
+        if isinstance(found, str) and found.startswith(_FAMILY) and found != FORMAT:
+            raise AnalysisError(
+                f"{where} is a shard of format {found}, written by an earlier version; this "
+                f"version reads {FORMAT}: run that shard again"
+            )
+        if found != FORMAT or "hsic" not in arrays:
+            raise AnalysisError(f"{where} is not a partial of format {FORMAT}")
         return cls(
             names=list(meta["names"]),
             selected={m: list(v) for m, v in meta["selected"].items()},
@@ -113,16 +101,14 @@ class Partial:
             stop=int(meta["stop"]),
             total_batches=int(meta["total_batches"]),
             hsic=arrays["hsic"],
-            per_batch=arrays.get("per_batch"),
-            null=arrays.get("null"),
-            spectra=spectra,
             counters=meta["counters"],
-            null_moments={k[9:]: v for k, v in arrays.items() if k.startswith("analytic.")}
-            if meta["analytic"]
-            else None,
-            moments={k: arrays[f"moments.{k}"] for k in MOMENTS} if meta["moments"] else None,
-            features=None
-            if meta["features"] is None
-            else [torch.from_numpy(arrays[f"features.{k}"]) for k in range(int(meta["features"]))],
-            sizes=arrays.get("sizes"),
+            statistics={
+                key: {name: arrays[f"{key}.{name}"] for name in names}
+                for key, names in meta["statistics"].items()
+            },
         )
+
+
+def _numpy(value: Any) -> np.ndarray:
+    """A state's array on the host as numpy (a tensor may be on a GPU)."""
+    return value.cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)

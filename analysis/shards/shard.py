@@ -1,12 +1,12 @@
 """One comparison split into ranges of batches: run each range anywhere, then combine the sums.
 
-Everything a minibatch comparison accumulates is a sum over the batches of its plan: the HSIC
-terms, the permutation null (batch i draws from its own random stream, seeded with the global
-index i, see :mod:`analysis.inference.permutation_null`), the analytic null's cumulants, the layer
-spectra and the deflated terms; only the bootstrap needs the per-batch terms themselves, in batch
-order, and the analytic null's tail check the per-batch Grams it kept (each tagged with its global
-batch index, so they join in any order; :mod:`analysis.inference.analytic_null`). So a
-:class:`Partial` holds those sums for the batches [start, stop) of the plan,
+Everything a minibatch comparison accumulates is its HSIC sums and the states of its
+statistics (:mod:`analysis.batch_statistics`), and every state joins over ranges of batches:
+sums add (the permutation null's too: batch i draws from its own random stream, seeded with
+its global index, see :mod:`analysis.inference.permutation_null`), the bootstrap's per-batch
+terms and the sensitivity's features join end to end in batch order, and the analytic null's
+kept Grams by their global batch index (:mod:`analysis.inference.analytic_null`). So a
+:class:`Partial` holds those sums and states for the batches [start, stop) of the plan,
 :func:`compare_partial` computes one (reading only its own batches; the Gram store is keyed
 by the global batch index, so stored Grams are shared with unsplit runs), and
 :func:`combine` adds up partials that tile the plan and finishes exactly as
@@ -27,21 +27,16 @@ import torch
 from torch import nn
 
 from analysis.atlas import Atlas
+from analysis.batch_statistics.protocol import BatchStatistic, sum_states
+from analysis.batch_statistics.registry import STATISTICS, statistic
 from analysis.data.preprocessing import model_input
 from analysis.data.sources import DataLike, batch_source, image_files, load_data
 from analysis.engine.batches import NO_BATCH
 from analysis.engine.gram_cache import GramCache
 from analysis.engine.streaming import RunSettings, StreamingRun, diagnostics
 from analysis.errors import AnalysisError, EstimatorError
-from analysis.estimators.hsic import cka_from_hsic
-from analysis.estimators.spectrum import whole_sample_sensitivity
-from analysis.inference.analytic_null import finish, join_states, tail_warning
-from analysis.inference.bootstrap import bootstrap_intervals
-from analysis.inference.flags import calibration_flags
-from analysis.inference.image_intervals import MOMENTS, image_intervals
-from analysis.inference.permutation_null import summarise_null
 from analysis.options import CompareOptions, OptionsError
-from analysis.shards.file import SPECTRA, Partial
+from analysis.shards.file import Partial
 
 __all__ = [
     "Partial",
@@ -179,11 +174,6 @@ def run_partial(
         run.sums.require()
     config["dataset"] = src.key  # hashed only when the cache needed it
     span = window if window is not None else range(0, run.sums.seen)
-    kept = None  # the per-batch terms, for the bootstrap
-    if opts.mode != "full" and opts.interval == "batches":
-        width, per_batch = run.total_layers, run.sums.per_batch
-        kept = np.stack(per_batch) if per_batch else np.zeros((0, width, width))
-    feats = run.kept_features()
     return Partial(
         names=names,
         selected={m: list(v) for m, v in run.selected.items()},
@@ -192,14 +182,8 @@ def run_partial(
         stop=span.stop,
         total_batches=run.sums.seen if window is None else int(src.total or 0),
         hsic=np.asarray(h, dtype=np.float64),
-        per_batch=kept,
-        null=None if run.null is None else run.null.sums.cpu().numpy(),
-        spectra=None if run.spectra is None else run.spectra.state(),
         counters=run.counters(),
-        null_moments=None if run.analytic is None else run.analytic.state(),
-        moments=None if run.moments is None else run.moments.state(),
-        features=feats,
-        sizes=None if feats is None else np.array(run.feature_sizes(), dtype=np.int64),
+        statistics={key: s.state() for key, s in run.statistics.items()},
     )
 
 
@@ -254,17 +238,6 @@ def _check(parts: list[Partial]) -> None:
         raise AnalysisError(f"gap: batches [{covered}, {total}) are in no partial")
 
 
-def _sum(arrays: Sequence[np.ndarray | None], what: str) -> np.ndarray | None:
-    if all(a is None for a in arrays):
-        return None
-    if any(a is None for a in arrays):
-        raise AnalysisError(f"some partials have {what} and some do not")
-    out = np.array(arrays[0], dtype=np.float64, copy=True)
-    for a in arrays[1:]:
-        out += np.asarray(a)
-    return out
-
-
 def _merge_counters(parts: list[Partial]) -> dict[str, Any]:
     def total(key: str) -> int:
         return sum(int(p.counters[key]) for p in parts)
@@ -298,87 +271,28 @@ def combine(partials: Sequence[Partial]) -> Atlas:
     config["device"] = ", ".join(dict.fromkeys(str(p.config["device"]) for p in parts))
     if config["mode"] != "full" and not counters["batches"]:
         raise EstimatorError(NO_BATCH)
-    hsic = _sum([p.hsic for p in parts], "HSIC")
-    assert hsic is not None
-    null = _sum([p.null for p in parts], "a permutation null")
-    analytic = [p.null_moments for p in parts]
-    if any(a is None for a in analytic) and not all(a is None for a in analytic):
-        raise AnalysisError("some partials have an analytic null and some do not")
-    spectra = None
-    if any(p.spectra is not None for p in parts):
-        sums = {k: _sum([(p.spectra or {}).get(k) for p in parts], "spectra") for k in SPECTRA}
-        spectra = {k: v for k, v in sums.items() if v is not None}
-    ci_low = ci_high = None
-    if config["interval"] == "batches" and all(p.per_batch is not None for p in parts):
-        CompareOptions.build(interval="batches").check_batches(counters["batches"])
-        per_batch = np.concatenate([np.asarray(p.per_batch) for p in parts])
-        if len(per_batch):
-            ci_low, ci_high = bootstrap_intervals(per_batch, config["resamples"], config["seed"])
-    moments = None
-    if any(p.moments is not None for p in parts):
-        moments = {k: _sum([(p.moments or {}).get(k) for p in parts], "moments") for k in MOMENTS}
-    if moments is not None and config["mode"] != "full":
-        ci_low, ci_high = image_intervals(hsic, {k: v for k, v in moments.items() if v is not None})
+    hsic = sum_states([{"hsic": p.hsic} for p in parts], "HSIC")["hsic"]
     selected = {m: list(first.selected[m]) for m in first.names}
-    atlas = Atlas(list(first.names), selected, hsic, counters["n"], config, {}, ci_low, ci_high)
-    if spectra is not None and config["sensitivity"]:
-        spectra |= _deflated(parts, config, hsic)
-    _finish_calibration(atlas, null, spectra, bool(config["sensitivity"]))
-    tail = None
-    if all(a is not None for a in analytic):
-        state = join_states([a for a in analytic if a is not None])
-        estimator, seed, batches = config["estimator"], config["seed"], counters["batches"]
-        atlas.null, tail = finish(state, atlas.hsic, estimator, seed, batches)
+    atlas = Atlas(list(first.names), selected, hsic, counters["n"], config, {})
+    diagnose = []
+    for cls in _statistics(parts):  # in the registry's order
+        state = cls.join([p.statistics[cls.key] for p in parts])
+        more = cls.finish(atlas, state, counters["batches"])
+        if more is not None:
+            diagnose.append(more)
     atlas.diagnostics = diagnostics(atlas, counters, config)
-    if spectra is not None:
-        warnings, flags = calibration_flags(atlas, counters["n"] / max(counters["batches"], 1))
-        atlas.diagnostics |= {"warnings": warnings, "flags": flags}
-    if tail is not None:
-        atlas.diagnostics["null"] = tail
-        if tail["without_draws"]:
-            atlas.diagnostics["warnings"] = [*atlas.warnings, tail_warning(tail)]
+    for more in diagnose:
+        atlas.diagnostics |= more(atlas)
     return atlas
 
 
-def _deflated(
-    parts: list[Partial], config: dict[str, Any], hsic: np.ndarray
-) -> dict[str, np.ndarray]:
-    """The deflated HSIC sums of the whole sample (every partial's features, in batch order;
-    ``hsic``: the intact sums) and each layer's whole-sample top-component share."""
-    if any(p.features is None or p.sizes is None for p in parts):
-        raise AnalysisError("some partials have no features for the sensitivity")
-    parts = [p for p in parts if len(np.asarray(p.sizes))]  # a range may have kept no batch
-    width = len(parts[0].features or []) if parts else 0
-    features = [_joined([(p.features or [])[k] for p in parts]) for k in range(width)]
-    sizes = [int(n) for p in parts for n in np.asarray(p.sizes)]
-    kern = CompareOptions.build(kernel=config["kernel"]).parsed_kernel
-    cross, own, share = whole_sample_sensitivity(features, sizes, kern, config["estimator"], hsic)
-    return {"deflated_cross": cross, "deflated_self": own, "top_share": share}
-
-
-def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
-    """The parts one after the other, on the host; one alone as it is, on its device (a layer's
-    kept features can run to gigabytes, and ``compare`` is one partial, whose features a CUDA
-    run keeps on the GPU)."""
-    return parts[0] if len(parts) == 1 else torch.cat([p.cpu() for p in parts])
-
-
-def _finish_calibration(
-    atlas: Atlas, null: np.ndarray | None, spectra: dict[str, np.ndarray] | None, sensitivity: bool
-) -> None:
-    """The null summary, the layer spectra's means and the deflated CKA into ``atlas``."""
-    if null is not None:
-        sizes = [len(atlas.layers[m]) for m in atlas.models]
-        atlas.null, _ = summarise_null(null, atlas.hsic, sizes)
-    if spectra is None:
-        return
-    count = max(int(spectra["batches"]), 1)
-    atlas.layer_effective_dim = spectra["pr"] / count
-    # with the sensitivity, the whole sample's top share (the batches recorded none)
-    atlas.layer_top_share = spectra["top_share"] if sensitivity else spectra["share"] / count
-    if sensitivity:
-        drop = cka_from_hsic(
-            spectra["deflated_cross"], spectra["deflated_self"], np.diag(atlas.hsic)
-        )
-        drop[~np.isfinite(atlas.cka)] = np.nan
-        atlas.cka_drop = drop
+def _statistics(parts: list[Partial]) -> list[type[BatchStatistic]]:
+    """The registered statistics the partials accumulated, which must be the same in each."""
+    first = parts[0]
+    for p in parts[1:]:
+        if set(p.statistics) != set(first.statistics):
+            odd = sorted(set(p.statistics) ^ set(first.statistics))[0]
+            raise AnalysisError(f"some partials have the {odd} statistic and some do not")
+    for key in first.statistics:
+        statistic(key)  # a key this version does not know is an error that names it
+    return [cls for cls in STATISTICS if cls.key in first.statistics]

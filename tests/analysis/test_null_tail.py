@@ -296,7 +296,7 @@ def test_the_gram_store_reads_back_only_the_grams_the_draws_need(tmp_path: Path)
 def test_without_room_for_the_grams_flagged_cells_keep_the_fit_and_say_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("analysis.engine.streaming.KEEP_BYTES", 1000)
+    monkeypatch.setattr("analysis.batch_statistics.analytic_null.KEEP_BYTES", 1000)
     atlas = _heavy_compare()
     methods = atlas.p_method("a", "c")
     assert methods is not None and (methods == "analytic").all()
