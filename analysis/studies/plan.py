@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.datasets import training_data
+from analysis.data.datasets import training_data
 from analysis.errors import AnalysisError
 from analysis.studies.spec import Arm, FixedOmegaGrid, Recipe, StudyError, StudySpec, load_spec
 from models import ConfigError, fixed_omega_grid, structure, validate_config

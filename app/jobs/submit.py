@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 import models
 from analysis import AnalysisError
-from analysis.layers import check_feature, resolve_layers
+from analysis.engine.layers import check_feature, resolve_layers
 from analysis.options import CompareOptions, OptionsError
 from analysis.studies import training_key
 from app.errors import ProblemError

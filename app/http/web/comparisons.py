@@ -10,8 +10,8 @@ from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from analysis.inference.verdicts import MARKS, WORDS
 from analysis.plot import learned_limit
-from analysis.verdicts import MARKS, WORDS
 from app.http.api.options import option_filter, option_suggestions
 from app.http.api.views import comparison_view
 from app.http.problems import ProblemError
