@@ -98,6 +98,7 @@ def test_the_interval_resamples_models_as_the_loop_does() -> None:
     values = _loop_bootstrap(hits(sims), 300, 7)
     low, high = np.percentile(values, [2.5, 97.5])
     assert result.low == pytest.approx(low) and result.high == pytest.approx(high)
+    assert result.low is not None and result.high is not None and result.accuracy is not None
     assert result.low <= result.accuracy <= result.high
     again = identification("x", sims, resamples=300, seed=7)
     assert (again.low, again.high) == (result.low, result.high)
@@ -120,7 +121,7 @@ def test_the_interval_does_not_shrink_with_more_layers() -> None:
     two = identification("x", blocks, resamples=400, seed=0)
     assert two.accuracy == pytest.approx(one.accuracy) == pytest.approx(0.5)
     assert (two.low, two.high) == pytest.approx((one.low, one.high))
-    assert one.high - one.low > 0.3
+    assert one.high is not None and one.low is not None and one.high - one.low > 0.3
 
 
 def test_a_resample_of_one_model_is_skipped() -> None:

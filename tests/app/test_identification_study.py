@@ -56,7 +56,9 @@ def test_quick_layer_identification_writes_its_table_and_shows_it(
     argv = ["study", "run", "layer_identification", "--quick", "--out", str(out)]
     assert main([*argv, "--no-progress"]) == 0
     assert "3 trainings, 0 reused" in capsys.readouterr().out
-    assert [(arch, seed) for arch, seed, _ in trainer.calls] == [("mlp_digits", s) for s in range(3)]
+    assert [(arch, seed) for arch, seed, _ in trainer.calls] == [
+        ("mlp_digits", s) for s in range(3)
+    ]
     assert {p.name for p in out.iterdir()} >= {"summary.json", "identification.csv", "plot.svg"}
 
     summary = json.loads((out / "summary.json").read_text())
@@ -72,8 +74,10 @@ def test_quick_layer_identification_writes_its_table_and_shows_it(
     services = Services(Settings())
     try:
         with services.db.session(readonly=True) as s:
-            stored = {name: s.get(Comparison, cid) for name, cid in ids.items()}
-            atlases = {n: analysis.Atlas.from_dict(c.result) for n, c in stored.items()}
+            found = {name: s.get(Comparison, cid) for name, cid in ids.items()}
+            stored = {name: c for name, c in found.items() if c is not None and c.result}
+            assert len(stored) == len(ids)
+            atlases = {n: analysis.Atlas.from_dict(c.result or {}) for n, c in stored.items()}
             kernels = {n: c.kernel for n, c in stored.items()}
             label = {m.model_id: m.label for m in stored["main"].members}
     finally:
