@@ -192,7 +192,7 @@ class StudySpec(_Strict):
         if self.reference.grid is not None:
             raise ValueError("the reference arm is one architecture: it takes no grid")
         if not self.arms and self.identification is None:
-            raise ValueError("a study needs at least one arm (or an identification test)")
+            raise ValueError("arms is empty: a study needs an arm, or an identification test")
         if self.identification is not None and str(self.cka.get("kernel", "linear")) != "linear":
             raise ValueError(
                 "an identification study's cka kernel is linear; RBF bandwidths go in "

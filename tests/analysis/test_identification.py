@@ -167,5 +167,5 @@ def test_the_builtin_study_plans_ten_seeds_and_three_under_quick() -> None:
                 "identification": {},
             }
         )
-    with pytest.raises(studies.StudyError, match="at least one arm"):
+    with pytest.raises(studies.StudyError, match="arms is empty"):
         studies.load_spec({"name": "x", "reference": {"name": "m", "arch": "mlp_digits"}})
