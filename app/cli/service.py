@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from app.cli.commands import command
-from app.logs import configure_logging, uvicorn_log_config
+from app.logs import configure_logging, resolved_format, uvicorn_log_config
 
 if TYPE_CHECKING:  # the service stack is imported by the commands that run it
     from app.store.db import SchemaError
@@ -73,7 +73,8 @@ def run_serve(args: argparse.Namespace) -> int:
             f"trainings one by one, then its atlas; progress on {url}/ and {url}/jobs",
             file=sys.stderr,
         )
-    log_config = uvicorn_log_config(settings.log_level) if settings.log_format == "json" else None
+    json_lines = resolved_format(settings.log_format) == "json"
+    log_config = uvicorn_log_config(settings.log_level) if json_lines else None
     uvicorn.run(
         create_app(settings),
         host=settings.host,

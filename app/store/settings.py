@@ -89,8 +89,10 @@ class Settings(BaseSettings):
     )
     port: int = Field(default=8000, ge=1, le=65535, description="Port `cka-atlas serve` binds.")
     log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")
-    log_format: Literal["json", "text"] = Field(
-        default="json", description="Log lines as JSON objects (with the job id) or plain text."
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto",
+        description="Log lines as JSON objects (with the job id) or plain text; auto: plain "
+        "text on a terminal, JSON otherwise (a container, a file, a log pipeline).",
     )
     heartbeat_s: float = Field(default=5.0, gt=0, description="Seconds between job heartbeats.")
     stale_after_s: float = Field(
