@@ -73,6 +73,13 @@ class Settings(BaseSettings):
         "activations: models.estimate) for a training, study or comparison to be queued.",
     )
     worker_threads: int = Field(default=1, ge=0, description="Threads of the in-process worker.")
+    cpu_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="CPU threads (torch's intra-op pool, BLAS) per job thread; default: the "
+        "CPUs this process may use (its affinity) divided among its worker threads.",
+    )
     device: str = Field(
         default="auto",
         description="Torch device for jobs, trainings included: auto, cpu, cuda, cuda:1…",
