@@ -171,12 +171,14 @@ def run_demo(services: Services, job: Job, control: JobControl) -> None:
     if missing:
         if control.should_stop:
             raise Cancelled(f"the demo (job {job.id}) was stopped")
-        submit_training(services, missing[0].request, parent_id=job.id, dispatch=False)
+        if not any(c.status.live for c in children):  # else: a restart, its training runs
+            submit_training(services, missing[0].request, parent_id=job.id, dispatch=False)
         plan_detail = {**detail, **progress_plan(n + 1, len(done)), "trained": len(done), "of": n}
         if not park(services.db, job.id, control.worker_id, detail=plan_detail):
             raise LostJob(f"job {job.id} is no longer owned by {control.worker_id}")
-        queued = _children(services, job.id)[-1]
-        services.dispatch(queued.id)
+        for child in _children(services, job.id):
+            if child.status == JobState.QUEUED:
+                services.dispatch(child.id)
         raise Parked(f"the demo waits for training {len(done) + 1} of {n} ({missing[0].name})")
     ids = [found[t.key].id for t in plan if t.key]
     comparison_id, created = submit_comparison(services, atlas_request(ids, ds.id))

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app.cli.demo import setup_demo
 from app.http.main import create_app
@@ -51,6 +51,17 @@ def test_demo_is_queued_once_and_the_home_page_follows_it(
         with TestClient(create_app(idle)) as client:
             assert _banner(client) == "demo: training 1 of 6; then the atlas fills in"
             assert execute(services, "w:1:test") is not None  # the demo queues training 1
+            # A demo run again while its training is queued (its worker died, the reaper put
+            # it back) waits for that training instead of queuing a second one.
+            with services.db.session() as s:
+                s.execute(
+                    update(Job)
+                    .where(Job.id == job_id)
+                    .values(status=JobState.QUEUED, worker_id=None)
+                )
+            assert execute(services, "w:1:test", job_id) is not None
+            with services.db.session(readonly=True) as s:
+                assert len(s.scalars(select(Job).where(Job.parent_id == job_id)).all()) == 1
             # Each training ends by handing the demo back, which queues the next.
             assert execute(services, "w:1:test") is not None
             banner = _banner(client) or ""
