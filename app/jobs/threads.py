@@ -8,9 +8,11 @@ shared 2-core machine ran 6–20× slower than its share of the CPU explains (is
 
 :func:`cpu_threads` gives each job thread its share: the CPUs this process may run on
 (``os.sched_getaffinity``) divided among its worker threads, at least one; ``CKA_CPU_THREADS``
-overrides it. :func:`limit_cpu_threads` sets torch's and the BLAS libraries' counts for the
-process; the composition root (:mod:`app.jobs.runtime`) and the Celery worker call it when
-their workers start. The libraries (``models``, ``analysis``) never set thread counts.
+overrides it, and so does an ``OMP_NUM_THREADS`` set in the environment.
+:func:`limit_cpu_threads` sets torch's and the BLAS libraries' counts for the process; the
+composition root (:mod:`app.jobs.runtime`) and the Celery worker call it when their workers
+start (see BENCHMARKS.md for what it is worth on a busy machine). The libraries
+(``models``, ``analysis``) never set thread counts.
 """
 
 from __future__ import annotations
@@ -36,10 +38,14 @@ def available_cpus() -> int:
 
 def cpu_threads(settings: Settings, workers: int) -> int:
     """Intra-op threads for each of ``workers`` job threads of this process:
-    ``CKA_CPU_THREADS`` when set, else the available CPUs shared among the workers (at
-    least one each)."""
+    ``CKA_CPU_THREADS`` when set, else ``OMP_NUM_THREADS`` when the environment sets it (as
+    a Celery worker's launcher or a test does), else the available CPUs shared among the
+    workers (at least one each)."""
     if settings.cpu_threads is not None:
         return settings.cpu_threads
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) > 0:
+        return int(omp)
     return max(available_cpus() // max(workers, 1), 1)
 
 

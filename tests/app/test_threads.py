@@ -18,6 +18,8 @@ from app.store.settings import Settings
 @pytest.fixture
 def two_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda _pid: {0, 5}, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("CKA_CPU_THREADS", raising=False)
 
 
 @pytest.fixture
@@ -37,7 +39,9 @@ def test_the_cpus_are_shared_among_the_worker_threads(two_cpus: None, tmp_path: 
 
 
 def test_the_setting_overrides(two_cpus: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CKA_CPU_THREADS", "3")
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # an environment that asks: heeded
+    assert threads.cpu_threads(Settings(), workers=2) == 4
+    monkeypatch.setenv("CKA_CPU_THREADS", "3")  # the setting wins over both
     assert threads.cpu_threads(Settings(), workers=2) == 3
     monkeypatch.setenv("CKA_CPU_THREADS", "0")
     with pytest.raises(ValidationError, match="cpu_threads"):
