@@ -55,7 +55,7 @@ from app.store.orm import Comparison, Job, JobState, Model, Study, StudyMember
 from app.store.services import Services
 from models.training import train
 
-__all__ = ["run_study", "run_study_training"]
+__all__ = ["models_by_key", "run_study", "run_study_training"]
 
 log = logging.getLogger(__name__)
 # How often a study polls an atlas that belongs to another job (two identical studies at once).
@@ -75,7 +75,7 @@ def _set_stage(services: Services, study_id: int, stage: str) -> None:
         s.execute(update(Study).where(Study.id == study_id).values(stage=stage))
 
 
-def _models_by_key(services: Services, keys: list[str]) -> dict[str, Model]:
+def models_by_key(services: Services, keys: list[str]) -> dict[str, Model]:
     """The model of each training key that has one (the oldest, if several), in one query."""
     found: dict[str, Model] = {}
     with services.db.session(readonly=True) as s:
@@ -175,7 +175,7 @@ def _trainings(
     children = _children(services, job.id)
     _check(children, n)
     trained = [c for c in children if c.kind == "training"]
-    by_key = _models_by_key(services, [t.key for t in plan.trainings])
+    by_key = models_by_key(services, [t.key for t in plan.trainings])
     found = {t.key: by_key.get(t.key) for t in plan.trainings}
     if not trained:  # the first run: reuse what exists, queue the rest
         with services.db.session() as s:
@@ -190,14 +190,14 @@ def _trainings(
             _queue_trainings(services, study, job, missing, n)
             children = _children(services, job.id)
             trained = children
-    models_by_key = {key: m for key, m in found.items() if m is not None}
-    if len(models_by_key) == n:
-        return models_by_key
+    have = {key: m for key, m in found.items() if m is not None}
+    if len(have) == n:
+        return have
     # Reused trainings count as done; each training child adds its own progress.
     plan_detail = progress_plan(n + 1, n - len(trained))
     if not any(c.status.live for c in children):
         # Every child succeeded but a model is missing: it was deleted meanwhile.
-        lost = next(t for t in plan.trainings if t.key not in models_by_key)
+        lost = next(t for t in plan.trainings if t.key not in have)
         raise analysis.AnalysisError(f"the model of training {lost.name!r} was deleted")
     _wait_for_children(services, job, control, children, plan_detail)
     raise AssertionError("unreachable")  # pragma: no cover - _wait_for_children raises
@@ -392,7 +392,7 @@ def run_study_training(services: Services, job: Job, control: JobControl) -> Non
     if job.parent_id is None or "key" not in d:
         raise LostJob(f"job {job.id} is not a training of a study")
     began = time.perf_counter()
-    model = _models_by_key(services, [d["key"]]).get(d["key"])
+    model = models_by_key(services, [d["key"]]).get(d["key"])
     if model is None:
         model = train_and_register(
             services,

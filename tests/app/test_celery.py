@@ -242,6 +242,7 @@ def _one_worker_summary(tmp_path: Path) -> dict[str, Any]:
     import torch
 
     solo = make_settings(f"sqlite:///{tmp_path / 'solo.db'}", tmp_path / "solo")
+    solo = solo.model_copy(update={"cpu_threads": 1})  # the worker sets it as it starts
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
