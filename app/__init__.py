@@ -13,7 +13,9 @@ errors) and :mod:`app.logs` (structured logs) sit beneath all four and import no
 
 import os
 
-# Idle OpenMP threads sleep rather than spin. OpenMP reads this once, when torch loads, so it is
-# set here, before any layer imports torch; an operator's own value wins. Beside busy
-# neighbours spinning pool threads made one training 30× slower (BENCHMARKS.md, issue 38).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# An idle OpenMP pool thread spins 10,000 rounds, not libgomp's default 300,000, before it sleeps.
+# libgomp reads this once, when torch loads, so it is set here, before any layer imports torch;
+# an operator's own value (or OMP_WAIT_POLICY) wins. Beside busy neighbours the default spin
+# made the demo zoo up to 37× slower than idle; a shorter spin keeps its idle speed
+# (BENCHMARKS.md, "The demo zoo's threads").
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")

@@ -6,10 +6,10 @@ preset its recipe, the demo itself) into a temporary folder and reports the seco
 sets its thread counts as a worker of the service would (``app.jobs.threads``):
 
 - ``before``: nothing set, torch's own default (the machine's cores, whatever else runs) and
-  OpenMP's own wait policy (idle pool threads spin for a while before they sleep);
+  libgomp's own spin (an idle pool thread spins 300,000 rounds before it sleeps);
 - ``after``: :func:`app.jobs.threads.cpu_threads` for the process's worker threads
-  (``--workers``, default 1, as ``make run``) or ``CKA_CPU_THREADS``, and the passive wait
-  policy ``app`` sets (``OMP_WAIT_POLICY=PASSIVE``), as every row below does;
+  (``--workers``, default 1, as ``make run``) or ``CKA_CPU_THREADS``, and the shorter spin
+  ``app`` sets (``GOMP_SPINCOUNT=10000``), as every row below does;
 - ``N``: exactly N threads (``--threads 1 2``).
 
 "Busy" runs beside a neighbour that keeps every CPU of this process's affinity busy: one
@@ -86,8 +86,8 @@ def run_once(threads: str, epochs: int, workers: int) -> tuple[float, int]:
     command = [sys.executable, __file__, "--child", threads, "--epochs", str(epochs)]
     command += ["--workers", str(workers)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if threads == "before":  # as before issue 38: OpenMP's own wait policy (threads spin)
-        env.pop("OMP_WAIT_POLICY", None)
+    if threads == "before":  # as before issue 38: libgomp's own spin before a thread sleeps
+        env.pop("GOMP_SPINCOUNT", None)
     out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
     seconds, used = out.split()[-2:]
     return float(seconds), int(used)
