@@ -1,0 +1,68 @@
+"""Every requested whole-sample measure between every pair of layers of an atlas.
+
+Each layer is factorised once (:func:`analysis.measures.factor.factorise`) and, for mutual k-NN,
+given its neighbours once; each pair then costs a small product and SVD. Every measure is
+symmetric, so the upper triangle is computed and mirrored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from analysis.measures.cca import cca_family, degenerate
+from analysis.measures.factor import factorise
+from analysis.measures.linreg import linreg
+from analysis.measures.mutual_knn import mutual_knn, neighbours
+from analysis.measures.procrustes import procrustes
+
+__all__ = ["CCA_FAMILY", "MeasureMatrices", "measure_matrices"]
+
+CCA_FAMILY = frozenset({"cca", "cca_mean", "svcca", "pwcca"})
+
+
+@dataclass
+class MeasureMatrices:
+    """Per measure, its (L, L) matrix over the layers; ``degenerate`` (L, L) marks the cells
+    where the CCA family meets its d ≥ n regime (None without it); ``ranks``: each layer's
+    centred rank (None without a factorisation)."""
+
+    values: dict[str, np.ndarray]
+    degenerate: np.ndarray | None
+    ranks: list[int] | None
+
+
+def measure_matrices(
+    features: Sequence[torch.Tensor], measures: Sequence[str], *, k: int = 10
+) -> MeasureMatrices:
+    """The ``measures`` (names other than ``cka``) between every pair of ``features`` (each
+    (n, d_i) over the same n samples, in the same order)."""
+    wanted = [m for m in measures if m != "cka"]
+    size = len(features)
+    values = {m: np.full((size, size), np.nan) for m in wanted}
+    factored = set(wanted) - {"mutual_knn"}
+    factors = [factorise(f, loadings="pwcca" in factored) for f in features] if factored else None
+    knn = [neighbours(f, k) for f in features] if "mutual_knn" in wanted else None
+    flags = np.zeros((size, size), dtype=bool) if factored & CCA_FAMILY else None
+    for i in range(size):
+        for j in range(i, size):
+            cell: dict[str, float] = {}
+            if factors is not None:
+                fx, fy = factors[i], factors[j]
+                if factored & CCA_FAMILY:
+                    cell |= cca_family(fx, fy, factored & CCA_FAMILY)
+                    assert flags is not None
+                    flags[i, j] = flags[j, i] = degenerate(fx, fy)
+                if "linreg" in factored:
+                    cell["linreg"] = linreg(fx, fy)
+                if "procrustes" in factored:
+                    cell["procrustes"] = procrustes(fx, fy)
+            if knn is not None:
+                cell["mutual_knn"] = mutual_knn(knn[i], knn[j])
+            for name, value in cell.items():
+                values[name][i, j] = values[name][j, i] = value
+    ranks = None if factors is None else [f.rank for f in factors]
+    return MeasureMatrices(values, flags, ranks)
