@@ -36,6 +36,8 @@ from analysis.flags import calibration_flags
 from analysis.gram_cache import GramCache
 from analysis.hsic import cka_from_hsic
 from analysis.intervals import MOMENTS, image_intervals
+from analysis.measures import DEFAULT_K, MeasureMatrices, measure_matrices
+from analysis.measures.report import degenerate_warning, measures_diagnostics
 from analysis.options import CompareOptions, OptionsError
 from analysis.partial_file import SPECTRA, Partial
 from analysis.preprocessing import model_input
@@ -324,6 +326,10 @@ def combine(partials: Sequence[Partial]) -> Atlas:
     if spectra is not None and config["sensitivity"]:
         spectra |= _deflated(parts, config, hsic)
     _finish_calibration(atlas, null, spectra, bool(config["sensitivity"]))
+    wanted = [m for m in config.get("measures") or () if m != "cka"]
+    found = _measures(parts, wanted, int(config.get("knn_k") or DEFAULT_K)) if wanted else None
+    if found is not None:
+        atlas.measures, atlas.cca_flags = found.values, found.degenerate
     tail = None
     if all(a is not None for a in analytic):
         state = join_states([a for a in analytic if a is not None])
@@ -333,6 +339,10 @@ def combine(partials: Sequence[Partial]) -> Atlas:
     if spectra is not None:
         warnings, flags = calibration_flags(atlas, counters["n"] / max(counters["batches"], 1))
         atlas.diagnostics |= {"warnings": warnings, "flags": flags}
+    if found is not None:
+        owners = [(m, layer) for m in atlas.models for layer in atlas.layers[m]]
+        atlas.diagnostics["measures"] = measures_diagnostics(owners, found)
+        atlas.diagnostics["warnings"] = [*atlas.warnings, *degenerate_warning(found)]
     if tail is not None:
         atlas.diagnostics["null"] = tail
         if tail["without_draws"]:
@@ -354,6 +364,16 @@ def _deflated(
     kern = CompareOptions.build(kernel=config["kernel"]).parsed_kernel
     cross, own, share = whole_sample_sensitivity(features, sizes, kern, config["estimator"], hsic)
     return {"deflated_cross": cross, "deflated_self": own, "top_share": share}
+
+
+def _measures(parts: list[Partial], wanted: list[str], k: int) -> MeasureMatrices:
+    """The whole-sample measures ``wanted`` from every partial's kept features, in batch order."""
+    if any(p.features is None for p in parts):
+        raise AnalysisError("some partials have no features for the measures")
+    parts = [p for p in parts if p.sizes is None or len(np.asarray(p.sizes))]
+    width = len(parts[0].features or []) if parts else 0
+    features = [_joined([(p.features or [])[j] for p in parts]) for j in range(width)]
+    return measure_matrices(features, wanted, k=k)
 
 
 def _joined(parts: list[torch.Tensor]) -> torch.Tensor:

@@ -175,7 +175,7 @@ class StreamingRun:
         # sensitivity: every layer's features of every kept batch, for the whole-sample top
         # direction (analysis.spectrum.whole_sample_sensitivity)
         self.features: KeptFeatures | None = None
-        if options.sensitivity:
+        if options.sensitivity or options.whole_sample:  # the latter: analysis.measures
             self.features = KeptFeatures(total, None, self.dev)  # planned batches: in _loop
         self.inputs: dict[str, Callable[[Any], torch.Tensor]] = dict(inputs or {})
 
@@ -261,12 +261,24 @@ class StreamingRun:
         try:
             for i, x in self.src.indexed(window):
                 yield i, int(x.shape[0]), x
+                if self.features is not None and len(self.features.sizes) == 1:
+                    self._check_memory()  # each layer's width is known from the first batch
                 bar.update(1)
                 done = self.sums.seen
                 if self.on_batch is not None and self.on_batch(done, total or 0) is False:
                     raise Cancelled(f"cancelled after {done} batches")
         finally:
             bar.close()
+
+    def _check_memory(self) -> None:
+        """Refuse the whole-sample measures (:class:`analysis.OptionsError`) when their estimate
+        over the whole plan passes the budget; the plan of an iterable of unknown length is
+        not known, and not checked."""
+        assert self.features is not None
+        if self.options.whole_sample and self.src.total:
+            widths = [0 if b is None else int(b.shape[1]) for b in self.features.buffers]
+            n = self.src.total * self.options.batch_size
+            self.options.check_memory(n, widths, torch.finfo(self.gdtype).bits // 8)
 
     def _store_parts(self) -> dict[str, Any]:
         """What else the stored Grams depend on (empty: the store is not used), and the note."""
@@ -487,7 +499,14 @@ class StreamingRun:
                 raise EstimatorError(
                     f"{self.sums.n} samples are too few for the {self.estimator} estimator"
                 )
-            xs = [torch.cat(p).to(torch.float64) for p in parts]
+            if self.options.whole_sample:
+                widths = [int(p[0][0].numel()) if p else 0 for p in parts]
+                self.options.check_memory(self.sums.n, widths, torch.finfo(self.gdtype).bits // 8)
+            if self.features is None:
+                xs = [torch.cat(p).to(torch.float64) for p in parts]
+            else:  # the whole-sample measures read them, in the features' own precision
+                self.features.keep_whole([torch.cat(p) for p in parts])
+                xs = [f.to(torch.float64) for f in self.features.layers()]
             return full_hsic(xs, self.kern, self.estimator).cpu().numpy()
 
     def counters(self) -> dict[str, Any]:

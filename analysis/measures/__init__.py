@@ -9,12 +9,15 @@ and hands them to :func:`measure_matrices`). A measure is a module here plus its
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from analysis.measures.budget import budget_bytes, estimate_bytes
 from analysis.measures.matrices import MeasureMatrices, measure_matrices
 
 __all__ = [
     "DEFAULT_K",
     "MEASURES",
+    "MeasureName",
     "WHOLE_SAMPLE",
     "MeasureMatrices",
     "budget_bytes",
@@ -22,6 +25,9 @@ __all__ = [
     "measure_matrices",
 ]
 
+MeasureName = Literal[
+    "cka", "cca", "cca_mean", "svcca", "pwcca", "linreg", "procrustes", "mutual_knn"
+]
 # Every measure by name, with the module that computes it. ``cka`` is the engine's own
 # (streamed per batch, analysis.hsic); the others need every image's features at once.
 MEASURES: dict[str, str] = {
@@ -34,6 +40,7 @@ MEASURES: dict[str, str] = {
     "procrustes": "analysis.measures.procrustes: ‖XᵀY‖_* / (‖X‖_F ‖Y‖_F)",
     "mutual_knn": "analysis.measures.mutual_knn: shared share of k nearest neighbours",
 }
+assert tuple(MEASURES) == get_args(MeasureName)
 WHOLE_SAMPLE = tuple(name for name in MEASURES if name != "cka")
 # Neighbours per sample for mutual k-NN (Huh et al. 2024).
 DEFAULT_K = 10
