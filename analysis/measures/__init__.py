@@ -17,9 +17,9 @@ from analysis.measures.matrices import MeasureMatrices, measure_matrices
 __all__ = [
     "DEFAULT_K",
     "MEASURES",
-    "MeasureName",
     "WHOLE_SAMPLE",
     "MeasureMatrices",
+    "MeasureName",
     "budget_bytes",
     "estimate_bytes",
     "measure_matrices",

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import analysis
-from analysis import CompareOptions, OptionsError, compare_partial, combine
+from analysis import CompareOptions, OptionsError, combine, compare_partial
 from tests.analysis.test_measures import TOL, reference
 
 ALL = ("cka", "cca", "cca_mean", "svcca", "pwcca", "linreg", "procrustes", "mutual_knn")
@@ -115,5 +115,5 @@ def test_measures_options_are_canonical_and_each_named_once() -> None:
     assert CompareOptions.build(measures="cka,linreg").measures == ("cka", "linreg")
     with pytest.raises(OptionsError, match="measures: cca named more than once"):
         CompareOptions.build(measures=["cca", "cca"])
-    with pytest.raises(OptionsError, match="^measures"):
+    with pytest.raises(OptionsError, match=r"^measures"):
         CompareOptions.build(measures=["rsa"])
