@@ -17,7 +17,7 @@ def measures_diagnostics(
     in layer order; ``owners`` names each row's model and layer) and the CCA-degenerate cells:
     ``{"a", "layer_a", "b", "layer_b"}`` per cell of the upper triangle."""
     ranks: dict[str, list[int]] = {}
-    for (model, _), rank in zip(owners, found.ranks or [None] * len(owners), strict=True):
+    for (model, _), rank in zip(owners, found.ranks or [], strict=False):
         ranks.setdefault(model, []).append(rank)
     cells = []
     if found.degenerate is not None:
