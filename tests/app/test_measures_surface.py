@@ -75,6 +75,13 @@ def test_rest_carries_every_measure_to_matrix_heatmap_and_exports(
     svg = client.get(f"{url}/heatmap.svg", params={"measure": "procrustes"})
     assert svg.status_code == 200 and b"Procrustes similarity" in svg.content
     assert b"Procrustes" not in client.get(f"{url}/heatmap.svg").content
+    page = client.get(f"/comparisons/{done['id']}").text
+    assert 'id="measure-by"' in page
+    payload = json.loads(page.split('id="atlas-data"', 1)[1].split(">", 1)[1].split("</script>")[0])
+    assert payload["measures"] == ["cka", "cca", "pwcca", "procrustes"]
+    pair = next(p for p in payload["matrices"] if (p["a"], p["b"]) == (a, b))
+    want = _array(atlas["measures"]["procrustes"])[rows, cols]
+    assert np.array_equal(_array(pair["measures"]["procrustes"]), want, equal_nan=True)
     table = pd.read_csv(io.BytesIO(client.get(f"{url}/cells.csv").content))
     parquet = pd.read_parquet(io.BytesIO(client.get(f"{url}/cells.parquet").content))
     for frame in (table, parquet):
@@ -98,17 +105,26 @@ def test_rest_refuses_unknown_or_repeated_measures(
         assert r.status_code == 422 and "measures" in r.text, r.text
 
 
-def test_over_the_memory_budget_the_job_fails_in_one_sentence(
+def test_over_the_memory_budget_a_request_is_refused_in_one_sentence(
     sqlite_client: TestClient,
     zoo: dict[str, Path],
     small: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    ids = register(sqlite_client, zoo, "mlp_digits", "gmlp_digits")
+    data = sqlite_client.post("/v1/datasets", files={"file": (small.name, small.read_bytes())})
+    body = {"model_ids": ids, "dataset_id": data.json()["id"], "measures": ["pwcca"]}
     monkeypatch.setenv("CKA_MEASURES_MEMORY_GB", "0.00001")
-    done = wait(sqlite_client, _submit(sqlite_client, zoo, small, measures=["pwcca"]), timeout=300)
-    assert done["status"] == "failed", done
-    assert done["error"].startswith("measures: pwcca over 96 images")
-    assert "CKA_MEASURES_MEMORY_GB" in done["error"] and "\n" not in done["error"]
+    r = sqlite_client.post("/v1/comparisons", json=body)
+    assert_problem(r, 422, "over_memory_budget", "measures")
+    detail = r.json()["detail"]
+    assert (
+        detail.startswith("measures: pwcca over 96 images") and "CKA_MEASURES_MEMORY_GB" in detail
+    )
+    # the widths behind the estimate are the layers' own: mlp_digits's and gmlp_digits's
+    assert sqlite_client.post("/v1/comparisons", json=body | {"measures": []}).status_code == 202
+    monkeypatch.setenv("CKA_MEASURES_MEMORY_GB", "8")
+    assert sqlite_client.post("/v1/comparisons", json=body).status_code == 202
 
 
 def test_cli_measure_flag_is_repeatable(
