@@ -137,7 +137,8 @@ def atlas_payload(result: dict[str, Any]) -> dict[str, Any]:
     matrices = []
     for a, b in cells.pairs():
         blocks = cells.blocks_json(a, b)
-        pair = {"a": a, "b": b, "cka": blocks["cka"], "undefined": cells.undefined(a, b)}
+        pair: dict[str, Any] = {"a": a, "b": b, "cka": blocks["cka"]}
+        pair["undefined"] = cells.undefined(a, b)
         others = {name: cells.measure_json(name, a, b) for name in cells.measure_names[1:]}
         if others:
             pair["measures"] = others
