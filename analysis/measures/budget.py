@@ -14,6 +14,7 @@ import os
 from collections.abc import Sequence
 
 from analysis.measures.mutual_knn import KNN_CHUNK
+from analysis.measures.projected import PROJECTED, projector_forms, use_projectors
 
 __all__ = ["BUDGET_ENV", "DEFAULT_BUDGET_GB", "budget_bytes", "estimate_bytes", "gib"]
 
@@ -42,7 +43,8 @@ def estimate_bytes(
 ) -> int:
     """Peak bytes of the whole-sample ``measures`` over ``n`` samples of layers of ``widths``
     features each (kept at ``itemsize`` bytes): the kept features, every layer's factorisation
-    held at once, and the largest layer's float64 working set (its centred copy and SVD)."""
+    held at once (and its projectors, where the R² measures take that route), and the largest
+    layer's float64 working set (its centred copy and SVD)."""
     wanted = set(measures)
     if not widths or not wanted - {"cka"}:
         return 0
@@ -57,4 +59,6 @@ def estimate_bytes(
         if "mutual_knn" in wanted:
             held += n * k * _F64
             working = max(working, (2 * n * d + min(n, KNN_CHUNK) * n) * _F64)
+    if use_projectors(n, len(widths), wanted & PROJECTED):
+        held += projector_forms(wanted & PROJECTED) * len(widths) * n * n * _F64
     return kept + held + working

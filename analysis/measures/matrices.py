@@ -1,8 +1,10 @@
 """Every requested whole-sample measure between every pair of layers of an atlas.
 
 Each layer is factorised once (:func:`analysis.measures.factor.factorise`) and, for mutual k-NN,
-given its neighbours once; each pair then costs a small product and SVD. Every measure is
-symmetric, so the upper triangle is computed and mirrored.
+given its neighbours once; each pair then costs a small product and SVD, except the R² measures,
+which come for every pair at once from the layers' projectors where those fit
+(:mod:`analysis.measures.projected`). Every measure is symmetric, so the upper triangle is
+computed and mirrored.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from analysis.measures.factor import factorise
 from analysis.measures.linreg import linreg
 from analysis.measures.mutual_knn import mutual_knn, neighbours
 from analysis.measures.procrustes import procrustes
+from analysis.measures.projected import PROJECTED, projected_measures, use_projectors
 
 __all__ = ["CCA_FAMILY", "MeasureMatrices", "measure_matrices"]
 
@@ -47,18 +50,22 @@ def measure_matrices(
     factors = [factorise(f, loadings="pwcca" in factored) for f in features] if factored else None
     knn = [neighbours(f, k) for f in features] if "mutual_knn" in wanted else None
     flags = np.zeros((size, size), dtype=bool) if factored & CCA_FAMILY else None
+    per_pair = set(factored)
+    if factors is not None and use_projectors(len(features[0]), size, factored & PROJECTED):
+        values |= projected_measures(factors, factored & PROJECTED)
+        per_pair -= PROJECTED
     for i in range(size):
         for j in range(i, size):
             cell: dict[str, float] = {}
             if factors is not None:
                 fx, fy = factors[i], factors[j]
-                if factored & CCA_FAMILY:
-                    cell |= cca_family(fx, fy, factored & CCA_FAMILY)
-                    assert flags is not None
+                if flags is not None:
                     flags[i, j] = flags[j, i] = degenerate(fx, fy)
-                if "linreg" in factored:
+                if per_pair & CCA_FAMILY:
+                    cell |= cca_family(fx, fy, per_pair & CCA_FAMILY)
+                if "linreg" in per_pair:
                     cell["linreg"] = linreg(fx, fy)
-                if "procrustes" in factored:
+                if "procrustes" in per_pair:
                     cell["procrustes"] = procrustes(fx, fy)
             if knn is not None:
                 cell["mutual_knn"] = mutual_knn(knn[i], knn[j])
