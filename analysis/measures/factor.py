@@ -2,7 +2,8 @@
 
 A layer's features X (n × d) are centred over the samples and split by one thin SVD,
 X = U S Vᵀ, in float64 (fp32 features through the eigendecomposition of their smaller Gram).
-Its rank r counts the singular values above ``s₁ · max(n, d) · ε`` with ε the machine epsilon *of the features' own dtype* (the usual numerical-rank rule, at the
+Its rank r counts the singular values above ``s₁ · max(n, d) · ε`` with ε the machine epsilon
+*of the features' own dtype* (the usual numerical-rank rule, at the
 precision the features were computed in: fp32 activations carry fp32 rounding, and directions
 below it are noise that CCA would otherwise whiten up to correlation 1). What the pairs read:
 
