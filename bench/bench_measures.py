@@ -4,8 +4,8 @@ The job of ``bench/bench_analytic_null.py``: the six zoo models of ``make run`` 
 ``*_digits`` presets and a second Mixer seed; ``--zoo DIR`` loads the trained ones, else they
 are untrained: the cost depends on shapes, not weights), digits (the 450 test images), batches
 of 150, default layers, linear unbiased minibatch CKA with the default analytic null, on the CPU.
-Runs alternate — CKA alone, then each measure alone, then all of them — ``--repeat`` times;
-medians and their ratio to CKA alone are printed. ``--clock cpu`` (the default) times the
+Each kind runs ``--repeat`` times — CKA alone, then each measure beside it, then all of them —
+and its median and ratio to CKA alone are printed as it ends. ``--clock cpu`` (the default) times the
 process's CPU time, steadier than wall time on a machine others load. Then the memory each layer
 needs: its kept features (n × d × 4 bytes), and what :func:`analysis.measures.estimate_bytes`
 estimates for it alone with every measure (kept features, float64 factors, working set).
@@ -57,22 +57,19 @@ def main() -> None:
         **{m: ("cka", m) for m in WHOLE_SAMPLE},
         "all": ("cka", *WHOLE_SAMPLE),
     }
-    times: dict[str, list[float]] = {kind: [] for kind in kinds}
     run(("cka",))  # warm-up
-    for _ in range(args.repeat):
-        for kind, measures in kinds.items():
-            times[kind].append(run(measures))
-    base = statistics.median(times["cka"])
     n = len(data)
     what = f"6 {'trained' if args.zoo else 'untrained'} models, n={n}, batch {args.batch}"
     print(
         f"| measures ({what}, {args.clock} time, median of {args.repeat}) | time "
         "| ratio to CKA alone |"
     )
-    print("|---|---:|---:|")
-    for kind, values in times.items():
-        t = statistics.median(values)
-        print(f"| {kind} | {t:.2f} s | {t / base:.2f} |")
+    print("|---|---:|---:|", flush=True)
+    base = 0.0
+    for kind, measures in kinds.items():  # each kind's repeats together: rows print as they end
+        t = statistics.median(run(measures) for _ in range(args.repeat))
+        base = base or t
+        print(f"| {kind} | {t:.2f} s | {t / base:.2f} |", flush=True)
 
     batch = torch.as_tensor(data.x[:2]).float()
     widths: list[int] = []
