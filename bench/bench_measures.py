@@ -5,7 +5,8 @@ The job of ``bench/bench_analytic_null.py``: the six zoo models of ``make run`` 
 are untrained: the cost depends on shapes, not weights), digits (the 450 test images), batches
 of 150, default layers, linear unbiased minibatch CKA with the default analytic null, on the CPU.
 Each kind runs ``--repeat`` times — CKA alone, then each measure beside it, then all of them —
-and its median and ratio to CKA alone are printed as it ends. ``--clock cpu`` (the default) times the
+and its median and ratio to CKA alone are printed as it ends. ``--clock cpu`` (the default)
+times the
 process's CPU time, steadier than wall time on a machine others load. Then the memory each layer
 needs: its kept features (n × d × 4 bytes), and what :func:`analysis.measures.estimate_bytes`
 estimates for it alone with every measure (kept features, float64 factors, working set).
