@@ -8,7 +8,8 @@ Each kind runs ``--repeat`` times — CKA alone, then each measure beside it, th
 and its median and ratio to CKA alone are printed as it ends. ``--clock cpu`` (the default)
 times the process's CPU time, steadier than wall time on a machine others load. Then the memory
 each layer needs: its kept features (n × d × 4 bytes), and what
-:func:`analysis.measures.estimate_bytes` estimates for it alone with every measure (kept features, float64 factors, working set).
+:func:`analysis.measures.estimate_bytes` estimates for it alone with every measure (kept
+features, float64 factors, working set).
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/bench_measures.py --repeat 3
 """
