@@ -34,11 +34,11 @@ lock:
 	$(VENV)/bin/uv pip compile pyproject.toml $(LOCK_FLAGS) --extra service --extra dev \
 		-o requirements-dev.lock
 
-# Train the demo zoo if missing, register it, queue one atlas of it over digits, then serve
-# http://127.0.0.1:8000 (the in-process worker computes the atlas). Idempotent.
+# Serve http://127.0.0.1:8000 at once, with the demo queued (found on a later run): the in-process
+# worker trains the zoo's six models one by one (checkpoints in ./zoo are reused), then computes
+# their atlas over digits; the home page shows the progress.
 run: $(STAMP)
-	$(PY) -m app.cli demo --zoo zoo
-	$(PY) -m app.cli serve
+	$(PY) -m app.cli serve --demo --zoo zoo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check models analysis app migrations tests bench

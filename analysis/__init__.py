@@ -16,15 +16,16 @@ import :mod:`models` (to build, load and describe networks), never :mod:`app`, a
 from __future__ import annotations
 
 from analysis.atlas import Atlas
-from analysis.baselines import random_init_twin
-from analysis.datasets import (
+from analysis.data.datasets import (
     DatasetInfo,
     ImageDataset,
     describe_dataset,
     load_dataset,
     training_data,
 )
-from analysis.engine import add_baselines, cka_from_features, compare
+from analysis.engine.compare import add_baselines, cka_from_features, compare
+from analysis.engine.gram_cache import DirectoryGramCache, GramCache
+from analysis.engine.layers import default_layers, resolve_layers
 from analysis.errors import (
     AnalysisError,
     Cancelled,
@@ -33,11 +34,10 @@ from analysis.errors import (
     EstimatorError,
     LayerError,
 )
-from analysis.gram_cache import DirectoryGramCache, GramCache
-from analysis.layers import default_layers, resolve_layers
+from analysis.inference.baselines import random_init_twin
+from analysis.inference.significance import CKATest, cka_test
 from analysis.options import CompareOptions, OptionsError, option_specs
-from analysis.partial import Partial, batch_count, combine, compare_partial, shard_ranges
-from analysis.significance import CKATest, cka_test
+from analysis.shards.shard import Partial, batch_count, combine, compare_partial, shard_ranges
 
 __all__ = [
     "AnalysisError",

@@ -18,34 +18,36 @@ Present only when computed (so an atlas without them serialises as before):
 
 ``p_value``, ``null_mean``, ``null_q95``
     (L_total, L_total) permutation-null summaries (the analytic null by default, see
-    :mod:`analysis.analytic_null`; ``compare(..., permutations=P)``, see
-    :mod:`analysis.calibration`); the ``matrices`` entries then carry their blocks too.
+    :mod:`analysis.inference.analytic_null`; ``compare(..., permutations=P)``, see
+    :mod:`analysis.inference.permutation_null`); the ``matrices`` entries then carry their blocks
+    too.
 ``p_draws``, ``p_method``
     with them: the permutations behind each p-value (0 for none) and what it rests on,
     ``analytic``, ``monte_carlo``, ``bound`` or ``permutation`` (``None`` where p is
-    undefined; see :class:`analysis.calibration.NullSummary`).
+    undefined; see :class:`analysis.inference.permutation_null.NullSummary`).
 ``effective_dim``, ``top_pc_share``
     per model, per layer: the minibatch participation ratio of the centred Gram and the share
-    of its top component (:mod:`analysis.spectrum`): with ``sensitivity=True`` the share of
-    the whole sample's top principal direction, else a batch average.
+    of its top component (:mod:`analysis.estimators.spectrum`): with ``sensitivity=True`` the share
+    of the whole sample's top principal direction, else a batch average.
 ``cka_without_top_pc``
     (L_total, L_total), ``sensitivity=True``: CKA with the *row* layer's top direction removed.
 ``q_value``
     (L_total, L_total) with a null: Benjamini–Hochberg over the atlas's cells
-    (:func:`analysis.verdicts.atlas_q_values`); derived, for readers.
+    (:func:`analysis.inference.verdicts.atlas_q_values`); derived, for readers.
 ``baselines``
-    with ``baselines=...`` (:mod:`analysis.baselines`, :mod:`analysis.seed_ceiling`): per
-    baseline its full matrices (``random_init``: ``cka`` the mean over the draws, ``sd``,
-    ``min``, ``max``, ``draws``, ``seeds``; ``seed_ceiling``: ``cka`` and, with intervals,
-    ``ci_low``/``ci_high``) and per block what stood in, or the ``reason`` it is undefined.
+    with ``baselines=...`` (:mod:`analysis.inference.baselines`,
+    :mod:`analysis.inference.seed_ceiling`): per baseline its full matrices (``random_init``:
+    ``cka`` the mean over the draws, ``sd``, ``min``, ``max``, ``draws``, ``seeds``;
+    ``seed_ceiling``: ``cka`` and, with intervals, ``ci_low``/``ci_high``) and per block what
+    stood in, or the ``reason`` it is undefined.
 ``measures``, ``cca_degenerate``
     with ``measures`` beyond CKA (:mod:`analysis.measures`): per measure its full
     (L_total, L_total) matrix, whose blocks the ``matrices`` entries carry under the measure's
     name; with a CCA-family measure, per cell whether CCA is degenerate there.
 ``verdicts``
     with baselines and intervals: each cell's difference from its baselines with its interval
-    and verdict (:func:`analysis.verdicts.cell_verdicts`, the arrays of
-    :data:`analysis.verdicts.VERDICT_KEYS`, with the ``margin`` and ``level``); derived.
+    and verdict (:func:`analysis.inference.verdicts.cell_verdicts`, the arrays of
+    :data:`analysis.inference.verdicts.VERDICT_KEYS`, with the ``margin`` and ``level``); derived.
 
 Warnings about these (a list of sentences) and their structured flags live in
 ``diagnostics["warnings"]`` and ``diagnostics["flags"]``.
@@ -58,9 +60,9 @@ from typing import Any
 
 import numpy as np
 
-from analysis.calibration import NullSummary
-from analysis.hsic import cka_from_hsic
-from analysis.verdicts import (
+from analysis.estimators.hsic import cka_from_hsic
+from analysis.inference.permutation_null import NullSummary
+from analysis.inference.verdicts import (
     LEVEL,
     MARGIN,
     atlas_q_values,
@@ -215,7 +217,7 @@ class Atlas:
 
     def undefined_baselines(self, a: str, b: str | None = None) -> dict[str, str]:
         """Per baseline undefined for the block (a, b), why (no baseline compares a model with
-        itself; see :func:`analysis.baselines.choose`)."""
+        itself; see :func:`analysis.inference.baselines.choose`)."""
         b = a if b is None else b
         self._check(a, b)
         out = {}
@@ -258,7 +260,7 @@ class Atlas:
         ``seed_gap`` (CKA minus the seed ceiling) with its bounds and ``seed_verdict``
         (``within_seed_spread | below_seed_ceiling | undecided``); verdicts are strings, None
         where a cell has none. None without baselines or intervals. ``margin``: how wide an
-        interval may reach past 0 and still decide (:mod:`analysis.verdicts`)."""
+        interval may reach past 0 and still decide (:mod:`analysis.inference.verdicts`)."""
         full = self._verdicts_full(margin)
         if not full:
             self._check(a, a if b is None else b)

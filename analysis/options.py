@@ -11,15 +11,16 @@ listing them again: :meth:`CompareOptions.model_json_schema` gives each option's
 the pydantic fields themselves, whose per-field validators travel with them (they sit in the
 annotations), so ``pydantic.create_model`` can reuse them in a request body.
 
-Values are canonical once validated: the kernel is the string :func:`analysis.kernels.parse_kernel`
-reads back (``"RBF:0.50"`` becomes ``"rbf:0.5"``), the dtype one of ``"fp32"``, ``"bf16"``,
-``"fp16"`` (``None``, torch dtypes and the long names are read too), a list of layers a tuple.
+Values are canonical once validated: the kernel is the string
+:func:`analysis.estimators.kernels.parse_kernel` reads back (``"RBF:0.50"`` becomes
+``"rbf:0.5"``), the dtype one of ``"fp32"``, ``"bf16"``, ``"fp16"`` (``None``, torch dtypes and
+the long names are read too), a list of layers a tuple.
 
 Options that depend on others are checked after them (fields validate in order):
-``batch_size`` must reach the estimator's smallest batch (:data:`analysis.hsic.MIN_SAMPLES`),
-an ``interval`` needs ``minibatch`` mode, and ``baselines`` turn ``interval`` ``"none"`` into
-``"images"`` (a verdict weighs a cell's difference from its baseline against the cell's own
-interval, :mod:`analysis.verdicts`).
+``batch_size`` must reach the estimator's smallest batch
+(:data:`analysis.estimators.hsic.MIN_SAMPLES`), an ``interval`` needs ``minibatch`` mode,
+and ``baselines`` turn ``interval`` ``"none"`` into ``"images"`` (a verdict weighs a cell's
+difference from its baseline against the cell's own interval, :mod:`analysis.inference.verdicts`).
 
 ``interval`` is the intervals' switch and unit, ``resamples`` the batch bootstrap's count.
 ``bootstrap``, the single number that used to mean both, is still read (deprecated):
@@ -53,10 +54,10 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from analysis.engine.layers import FeaturePolicy
 from analysis.errors import EstimatorError
-from analysis.hsic import MIN_SAMPLES, Estimator
-from analysis.kernels import Kernel, parse_kernel
-from analysis.layers import FeaturePolicy
+from analysis.estimators.hsic import MIN_SAMPLES, Estimator
+from analysis.estimators.kernels import Kernel, parse_kernel
 from analysis.measures import DEFAULT_K, MEASURES, MeasureName, budget_bytes, estimate_bytes
 from analysis.measures.budget import BUDGET_ENV, gib
 
@@ -423,7 +424,7 @@ class CompareOptions(BaseModel):
     def _interval_fits(cls, value: IntervalUnit, info: ValidationInfo) -> IntervalUnit:
         mode = info.data.get("mode")
         if value == "none" and info.data.get("baselines") and mode == "minibatch":
-            return "images"  # a verdict needs the cell's interval (analysis.verdicts)
+            return "images"  # a verdict needs the cell's interval (analysis.inference.verdicts)
         if value != "none" and mode not in (None, "minibatch"):
             raise _error(
                 "interval_needs_minibatch",

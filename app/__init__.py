@@ -10,3 +10,10 @@ errors) and :mod:`app.logs` (structured logs) sit beneath all four and import no
 :mod:`app`. The libraries :mod:`models` and :mod:`analysis` never import :mod:`app`, nor does
 :mod:`migrations` (app hands it the metadata); ``tests/test_layers.py`` enforces all of this.
 """
+
+import os
+
+# Idle OpenMP threads sleep rather than spin. OpenMP reads this once, when torch loads, so it is
+# set here, before any layer imports torch; an operator's own value wins. Beside busy
+# neighbours spinning pool threads made one training 30× slower (BENCHMARKS.md, issue 38).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -1,10 +1,11 @@
-"""Structured logs: one JSON object per line, stamped with the job being run.
+"""Logs: one JSON object per line stamped with the job being run, or plain lines on a terminal.
 
 A worker wraps each job in :func:`job_context`; every record logged inside it (by this
 thread, or by tasks that copied its context) carries ``job_id`` and ``job_kind``, so
 ``grep '"job_id": 42'`` or a log pipeline's filter shows one job's whole story across the
 API, the embedded worker and Celery workers. :func:`configure_logging` installs the
-formatter on the root logger; :func:`uvicorn_log_config` gives uvicorn the same format.
+formatter on the root logger (``CKA_LOG_FORMAT``: json, text, or auto, which is text on a
+terminal); :func:`uvicorn_log_config` gives uvicorn the same JSON format.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "configure_logging",
     "current_job",
     "job_context",
+    "resolved_format",
     "uvicorn_log_config",
 ]
 
@@ -50,6 +52,10 @@ def job_context(job_id: int, kind: str) -> Iterator[None]:
         yield
     finally:
         _job.reset(token)
+
+
+# A plain line: time, level, logger, message.
+TEXT_FORMAT = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
 
 
 def _jsonable(value: Any) -> Any:
@@ -80,18 +86,32 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, ensure_ascii=False)
 
 
-def configure_logging(level: str = "info", *, fmt: str = "json") -> None:
-    """Send every logger's records to stderr, as JSON lines (``fmt="json"``) or plain text."""
+def resolved_format(fmt: str = "auto") -> str:
+    """``json`` or ``text``: ``auto`` (``CKA_LOG_FORMAT``'s default) is plain text when stderr
+    is a terminal, JSON otherwise (a container, a file, a log pipeline)."""
+    if fmt == "auto":
+        return "text" if sys.stderr.isatty() else "json"
+    return fmt
+
+
+def configure_logging(level: str = "info", *, fmt: str = "auto") -> None:
+    """Send every logger's records to stderr, as JSON lines or plain text (see
+    :func:`resolved_format`).
+
+    Alembic's own lines (its dialect, one "Running upgrade" per revision) are left out below
+    warnings: :func:`app.store.db.upgrade` logs one line per revision it runs.
+    """
     handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
+    if resolved_format(fmt) == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TEXT_FORMAT)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    logging.getLogger("alembic").setLevel(max(root.level, logging.WARNING))
 
 
 def uvicorn_log_config(level: str = "info") -> dict[str, Any]:

@@ -8,7 +8,7 @@ draws depend on the layers, so this is the demo atlas itself); without it the mo
 untrained. The runs alternate (none, analytic) ``--repeat`` times; medians are reported, and
 their ratio. Issues 20 and 37 ask for at most 1.1. ``--permutations P`` adds P brute-force
 permutations to the same table, for reference. The last line says what the analytic null's
-p-values rest on (its tail check, :mod:`analysis.analytic_null`).
+p-values rest on (its tail check, :mod:`analysis.inference.analytic_null`).
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/bench_analytic_null.py --zoo zoo
 """

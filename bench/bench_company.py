@@ -6,11 +6,11 @@ the demo's batch size, 150, linear unbiased minibatch CKA on the CPU. Timed, bes
 ``--repeats`` rounds, each running every kind once: the plain atlas; with image-level
 intervals (``interval="images"``); with the whole-sample sensitivity (``sensitivity=True``); with
 both; and, of the runs with both, the whole-sample step alone (every layer's top direction,
-then what it carries in each batch: :func:`analysis.spectrum.whole_sample_sensitivity`),
+then what it carries in each batch: :func:`analysis.estimators.spectrum.whole_sample_sensitivity`),
 which wall times on a noisy machine blur. Then, on the atlas with
 sensitivity, how many cells the ``top_pc`` flag marks (a single direction carries more than
-half of the cell's CKA, :mod:`analysis.flags`) against the former rule (CKA moves by more than
-0.1 when one side's top component is removed).
+half of the cell's CKA, :mod:`analysis.inference.flags`) against the former rule (CKA moves by more
+than 0.1 when one side's top component is removed).
 
 With ``--timm N`` the workload is instead one where the forward passes dominate, as they do
 for real models: the shard benchmark's two random-init 224-pixel timm models
@@ -34,7 +34,7 @@ from workloads import TIMM_PAIR, time_whole_sample_step, timm_model
 
 import analysis
 import models
-from analysis.datasets import load_digits
+from analysis.data.datasets import load_digits
 from models.checkpoint import weights_path
 from models.training import ZOO, build_zoo
 

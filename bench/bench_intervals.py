@@ -23,7 +23,7 @@ import torch
 
 import analysis
 import models
-from analysis.datasets import load_digits
+from analysis.data.datasets import load_digits
 from models.checkpoint import weights_path
 
 PAIR = ("mixer_digits", "rp_mixer_digits")

@@ -25,7 +25,7 @@ import torch
 
 import analysis
 import models
-from analysis.layers import LayerReader
+from analysis.engine.layers import LayerReader
 from analysis.measures import WHOLE_SAMPLE, estimate_bytes
 from models.training import ZOO  # the demo's six models: (name, preset, seed)
 

@@ -28,8 +28,8 @@ from fastapi.testclient import TestClient
 from workloads import TIMM_PAIR as MODELS
 from workloads import hub_zip, photos_zip, timm_model
 
-from analysis.hsic import hsic_from_grams
-from analysis.kernels import gram, parse_kernel
+from analysis.estimators.hsic import hsic_from_grams
+from analysis.estimators.kernels import gram, parse_kernel
 from app.http.main import create_app
 from app.jobs.celery_process import celery_workers, own_store
 

@@ -24,8 +24,8 @@ import torch
 
 import models
 from analysis import ImageDataset
-from analysis.engine import compare
-from analysis.gram_cache import DirectoryGramCache
+from analysis.engine.compare import compare
+from analysis.engine.gram_cache import DirectoryGramCache
 
 FIVE = ("mixer", "sw_mlp", "rp_mixer", "gmlp", "mlp")
 

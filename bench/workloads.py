@@ -21,7 +21,7 @@ from PIL import Image
 from timm.models import save_for_hf
 from torch import nn
 
-import analysis.partial
+import analysis.shards.shard
 from models.hub import load_hub, read_hub
 
 TIMM_PAIR = ("mixer_s16_224", "resmlp_12_224")
@@ -75,10 +75,10 @@ def imported_pair(root: Path, names: tuple[str, ...] = TIMM_PAIR) -> dict[str, n
 
 def time_whole_sample_step() -> list[float]:
     """From now on, time every call of the sensitivity's whole-sample step
-    (:func:`analysis.spectrum.whole_sample_sensitivity`, as :mod:`analysis.partial` calls it:
-    a wrap for benchmarks only); each call's seconds are appended to the list returned."""
+    (:func:`analysis.estimators.spectrum.whole_sample_sensitivity`, as :mod:`analysis.shards.shard`
+    calls it: a wrap for benchmarks only); each call's seconds are appended to the list returned."""
     seconds: list[float] = []
-    step = analysis.partial.whole_sample_sensitivity
+    step = analysis.shards.shard.whole_sample_sensitivity
 
     def timed(*args: Any) -> Any:
         start = time.perf_counter()
@@ -87,5 +87,5 @@ def time_whole_sample_step() -> list[float]:
         finally:
             seconds.append(time.perf_counter() - start)
 
-    analysis.partial.whole_sample_sensitivity = timed  # type: ignore[assignment]
+    analysis.shards.shard.whole_sample_sensitivity = timed  # type: ignore[assignment]
     return seconds

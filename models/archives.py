@@ -1,6 +1,6 @@
 """Reading zip archives a user sent, safely: the one place that decides which entries may be read.
 
-A model folder (:mod:`models.hub`) and a dataset (``analysis.datasets``) both arrive as zips.
+A model folder (:mod:`models.hub`) and a dataset (``analysis.data.datasets``) both arrive as zips.
 They are never extracted wholesale: :func:`safe_entries` refuses an archive with too many
 entries, an absolute, drive or ``..`` path (zip slip), a symbolic link, more uncompressed bytes
 than allowed, or an entry compressed suspiciously well (a bomb); :func:`read_entry` and

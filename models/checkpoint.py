@@ -401,7 +401,8 @@ def load(
     else:  # sidecars written before pipelines were recorded, and plain state dicts
         pipeline = data_config(model)
     model.atlas_preprocessing = pipeline  # type: ignore[assignment]
-    # What makes two checkpoints seed siblings besides the architecture (analysis.seed_ceiling).
+    # What makes two checkpoints seed siblings besides the architecture
+    # (analysis.inference.seed_ceiling).
     model.atlas_checkpoint = {  # type: ignore[assignment]
         "sha256": digest,
         "dataset": meta.get("dataset"),

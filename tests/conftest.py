@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +12,10 @@ from tests import servers
 
 # Two cores on CI; more threads than cores only adds contention.
 torch.set_num_threads(min(2, torch.get_num_threads()))
+# The service's workers size their threads from the environment's OMP_NUM_THREADS where it is
+# set (app.jobs.threads): the apps of this process and the commands it starts use the same
+# count as the references the tests compute here, on any machine.
+os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 
 @pytest.fixture(scope="session")

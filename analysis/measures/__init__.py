@@ -2,9 +2,9 @@
 regression, orthogonal Procrustes and mutual k-NN (definitions and formulas: docs/measures.md).
 
 Owns the measures' math and their memory estimate; imports torch and NumPy only (nothing else
-of :mod:`analysis`, which calls it: the engine keeps each layer's features over the whole sample
-and hands them to :func:`measure_matrices`). A measure is a module here plus its row in
-:data:`MEASURES`.
+of :mod:`analysis`, which calls it: a run keeps each layer's features over the whole sample and
+:mod:`analysis.batch_statistics.measures` hands them to :func:`measure_matrices`). A measure is a
+module here plus its row in :data:`MEASURES`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ MeasureName = Literal[
     "cka", "cca", "cca_mean", "svcca", "pwcca", "linreg", "procrustes", "mutual_knn"
 ]
 # Every measure by name, with the module that computes it. ``cka`` is the engine's own
-# (streamed per batch, analysis.hsic); the others need every image's features at once.
+# (streamed per batch, analysis.estimators.hsic); the others need every image's features at once.
 MEASURES: dict[str, str] = {
-    "cka": "analysis.hsic (streamed, per batch)",
+    "cka": "analysis.estimators.hsic (streamed, per batch)",
     "cca": "analysis.measures.cca: mean squared canonical correlation R²_CCA",
     "cca_mean": "analysis.measures.cca: mean canonical correlation ρ̄",
     "svcca": "analysis.measures.cca: R²_CCA on the top directions with 99 % of the variance",

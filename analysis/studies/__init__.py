@@ -1,8 +1,9 @@
 """Studies: the fixed-Ω experiments of Hayase & Karakida as declarative specs, plans and summaries.
 
-A study spec (YAML/JSON, :class:`StudySpec`; built-ins ``sparsity`` and ``width`` ship in
-``analysis/studies/builtin/``) names a dataset, a training recipe, seeds, a reference arm and
-arms (a preset, fixed options, a grid of explicit values or of widths at fixed Ω). Running one
+A study spec (YAML/JSON, :class:`StudySpec`; built-ins ``sparsity``, ``width`` and
+``layer_identification`` ship in ``analysis/studies/builtin/``) names a dataset, a training
+recipe, seeds, a reference arm and arms (a preset, fixed options, a grid of explicit values or
+of widths at fixed Ω). Running one
 takes two calls; everything between them (training, the atlas) belongs to the caller::
 
     from analysis import studies
@@ -39,6 +40,10 @@ model's name in the atlas, default the key; ``training``: its sidecar's ``traini
 optional, read for the summary's ``devices``); trainings not yet finished are left out of the
 statistics. The
 atlas may be any object with ``layers`` and ``matrix(a, b)``, like :class:`analysis.Atlas`.
+An identification study (``layer_identification``: Kornblith 2019's test, one architecture's
+seeds, no arms) compares its models once per entry of ``plan.atlases`` (``main`` and one per RBF
+bandwidth); pass the others as ``summarize(plan, finished, atlas, extra={name: atlas})`` and the
+summary gets ``identification`` (:mod:`analysis.studies.identification`).
 ``plan_seeds(spec, pilot, detect=0.03)`` → :class:`SeedPlan`: how many seeds the study needs
 to detect a difference at 80 % power, from a pilot run's summary.json
 (:mod:`analysis.studies.pilot`; ``cka-atlas study plan`` prints it).

@@ -16,8 +16,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.datasets import training_data
+from analysis.data.datasets import training_data
 from analysis.errors import AnalysisError
+from analysis.studies.identification import atlas_options
 from analysis.studies.spec import Arm, FixedOmegaGrid, Recipe, StudyError, StudySpec, load_spec
 from models import ConfigError, fixed_omega_grid, structure, validate_config
 from models import recipe as family_recipe
@@ -94,6 +95,9 @@ class StudyPlan:
     entries: list[Entry]  # the arms' points, in spec order
     trainings: list[Training] = field(default_factory=list)
     cka: dict[str, Any] = field(default_factory=dict)
+    # The comparisons over every model, by name: "main" (``cka``), and for an identification
+    # study one per RBF bandwidth (analysis.studies.identification.atlas_options).
+    atlases: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def all_entries(self) -> list[Entry]:
         return [self.reference, *self.entries]
@@ -177,6 +181,16 @@ def _check_cka(options: dict[str, Any]) -> dict[str, Any]:
     return dict(options)
 
 
+def _atlases(spec: StudySpec, cka: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    test = spec.identification
+    if test is None:
+        return {"main": dict(cka)}
+    out = atlas_options(cka, test.measures, test.rbf)
+    for options in out.values():
+        _check_cka(options)
+    return out
+
+
 class _Expander:
     def __init__(self, spec: StudySpec, seeds: list[int], quick: bool, dataset: str) -> None:
         self.spec, self.seeds, self.quick = spec, seeds, quick
@@ -237,10 +251,13 @@ def plan(
     """Expand a spec (anything :func:`load_spec` takes) into entries and unique trainings.
 
     ``seeds=N`` overrides the spec's seeds with 0..N-1; ``quick`` merges the spec's ``quick``
-    recipe over its recipe (other keys, so quick checkpoints never stand in for full ones);
-    ``dataset`` overrides the spec's dataset.
+    recipe over its recipe (other keys, so quick checkpoints never stand in for full ones)
+    and takes its ``quick_seeds`` where ``seeds`` is not given; ``dataset`` overrides the
+    spec's dataset.
     """
     spec = load_spec(source)
+    if seeds is None and quick and spec.quick_seeds is not None:
+        seeds = spec.quick_seeds
     seed_list = spec.seed_list(seeds)
     if not seed_list:
         raise StudyError("a study needs at least one seed")
@@ -258,6 +275,7 @@ def plan(
     names = [e.name for e in entries]
     if len(set(names)) != len(names):
         raise StudyError(f"two grid points of one arm are the same point: {names}")
+    cka = _check_cka(spec.cka)
     return StudyPlan(
         spec=spec,
         dataset=expander.identity,
@@ -266,5 +284,6 @@ def plan(
         reference=reference,
         entries=entries,
         trainings=list(expander.trainings.values()),
-        cka=_check_cka(spec.cka),
+        cka=cka,
+        atlases=_atlases(spec, cka),
     )

@@ -8,9 +8,12 @@ seed-to-seed baseline as a grey band; entries without a density (RP-Mixer, …) 
 ``accuracy_vs_width`` (the width study): test accuracy against effective width m (log axis),
 one line per arm (family) with 95 % interval error bars.
 
-Below either, when the summary has ``differences``: every arm's difference in diagonal CKA from
-the arm at the reference's matched point (filled) and from the seed-to-seed baseline (open),
-with the crossed-seed 95 % intervals; an interval clear of 0 is a decided difference.
+``identification`` (the layer-identification study): one bar per measure, its accuracy with the
+95 % interval over models as an error bar, and chance (1/L, L layers) as a dotted line.
+
+Below the first two, when the summary has ``differences``: every arm's difference in diagonal
+CKA from the arm at the reference's matched point (filled) and from the seed-to-seed baseline
+(open), with the crossed-seed 95 % intervals; an interval clear of 0 is a decided difference.
 
 matplotlib's object API only (no pyplot), deterministic bytes as :mod:`analysis.plot`.
 """
@@ -32,7 +35,7 @@ from analysis.plot import plain_text
 
 __all__ = ["PLOT_KINDS", "render_plot", "render_plots"]
 
-PLOT_KINDS = ("cka_vs_density", "accuracy_vs_width")
+PLOT_KINDS = ("cka_vs_density", "accuracy_vs_width", "identification")
 _METADATA: dict[str, dict[str, Any]] = {
     "png": {"Software": None},
     "svg": {"Date": None, "Creator": None},
@@ -117,6 +120,22 @@ def _width_plot(ax: Axes, summary: dict[str, Any]) -> None:
     ax.set_ylabel("test accuracy")
 
 
+def _identification_plot(ax: Axes, summary: dict[str, Any]) -> None:
+    items = [i for i in summary.get("identification") or [] if i.get("accuracy") is not None]
+    xs = list(range(len(items)))
+    ys = [100.0 * i["accuracy"] for i in items]
+    below = [0.0 if i["low"] is None else 100.0 * (i["accuracy"] - i["low"]) for i in items]
+    above = [0.0 if i["high"] is None else 100.0 * (i["high"] - i["accuracy"]) for i in items]
+    ax.bar(xs, ys, color="C0", label="accuracy (95 % interval, models resampled)")
+    ax.errorbar(xs, ys, yerr=[below, above], fmt="none", ecolor="black", capsize=3)
+    layers = len(summary["baselines"]["seed_to_seed"].get("per_layer") or [])
+    if layers:
+        ax.axhline(100.0 / layers, color="C3", linestyle=":", label=f"chance (1/{layers} layers)")
+    ax.set_xticks(xs, [i["measure"] for i in items], rotation=30, ha="right", fontsize=8)
+    ax.set_ylim(0.0, 105.0)
+    ax.set_ylabel("same-depth layer identified (%)")
+
+
 def _log2_tick(value: float, _position: int) -> str:
     return f"{value:g}" if value >= 1 else f"1/{Fraction(1 / value).limit_denominator()}"
 
@@ -186,6 +205,8 @@ def render_plots(
         ax = fig.subplots()
     if kind == "cka_vs_density":
         _density_plot(ax, summary)
+    elif kind == "identification":
+        _identification_plot(ax, summary)
     else:
         _width_plot(ax, summary)
     seeds = summary.get("seeds") or []

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.studies.differences import ArmTable, study_differences
+from analysis.studies.identification import LEVEL, score
 from analysis.studies.plan import Entry, StudyPlan
 from analysis.studies.plots import render_plots
 from analysis.studies.power import ALPHA, POWER, difference_power, max_seeds, power_settings
@@ -304,15 +305,55 @@ def results_table(
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
 
 
+def identification_summary(
+    plan: StudyPlan,
+    recs: Mapping[str, Sequence[ModelRecord]],
+    atlases: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    """summary.json's ``identification`` over the reference's finished seeds
+    (:func:`analysis.studies.identification.score`)."""
+    test = plan.spec.identification
+    assert test is not None
+    missing = sorted(set(plan.atlases) - set(atlases))
+    if missing:
+        raise StudyError(f"the identification study needs its comparisons {missing} too")
+    names = [r.name for r in recs[plan.reference.name]]
+    try:
+        return score(
+            names, atlases, test.measures, test.rbf, resamples=test.resamples, seed=test.seed
+        )
+    except ValueError as exc:
+        raise StudyError(f"identification: {exc}") from None
+
+
 def summarize(
-    plan: StudyPlan, finished: Sequence[Mapping[str, Any]], atlas: AtlasLike
+    plan: StudyPlan,
+    finished: Sequence[Mapping[str, Any]],
+    atlas: AtlasLike,
+    extra: Mapping[str, Any] | None = None,
 ) -> StudyResult:
-    """(summary dict, tidy DataFrame, plot bytes) of a study whose models are in ``atlas``."""
+    """(summary dict, tidy DataFrame, plot bytes) of a study whose models are in ``atlas``.
+
+    ``extra``: the plan's other comparisons by name (an identification study's RBF ones,
+    ``plan.atlases`` beyond ``main``), each an atlas over the same models.
+    """
     recs = records(plan, finished)
     if not recs[plan.reference.name]:
         raise StudyError("no reference model has finished, so there is nothing to compare with")
     summary = summary_dict(plan, recs, atlas)
     summary["devices"] = training_devices(plan, finished)
+    if plan.spec.identification is not None:
+        test = plan.spec.identification
+        summary["identification"] = identification_summary(
+            plan, recs, {**(extra or {}), "main": atlas}
+        )
+        summary["identification_settings"] = {
+            "resamples": test.resamples,
+            "seed": test.seed,
+            "level": LEVEL,
+            "unit": "models",
+            "ties": "1/t for a t-way tie that includes the same-depth layer",
+        }
     table = results_table(plan, recs, atlas)
     plots = render_plots(summary, ("png", "svg"))
     return StudyResult(summary=summary, table=table, plots=plots)

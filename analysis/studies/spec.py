@@ -17,8 +17,19 @@ A study spec is YAML or JSON validated by :class:`StudySpec`::
         arch: sw_mlp_digits
         grid: {fixed_omega: 24576, widths: [128, 256, 512]}   # or shapes: [{patch_size: 4}]
     cka: {}                         # comparison options, checked by analysis.CompareOptions
-    plot: cka_vs_density            # or accuracy_vs_width
+    plot: cka_vs_density            # or accuracy_vs_width, or identification
     detect: 0.03                    # optional: the summary says how many seeds detect it
+    quick_seeds: 3                  # optional: the seeds of a --quick run (default: seeds)
+    identification:                 # optional: the layer-identification test (see below)
+      rbf: [0.2, 0.4, 0.8]
+
+A study with ``identification`` (the built-in ``layer_identification``) needs no arms: its
+reference arm's seeds are the models, ``reference.arch`` the architecture. Besides the
+comparison of ``cka`` (the linear kernel; it gives ``cka`` and the unnormalised linear
+``hsic``) it runs one comparison per ``rbf`` multiplier t, the same options with kernel
+``rbf:t`` (measure ``cka_rbf_t``), and scores every measure with
+:func:`analysis.studies.identification.identification`. ``measures`` defaults to
+:data:`analysis.studies.identification.MEASURES`.
 
 In an explicit grid the value ``matched`` of ``density`` is the reference's (1/S + 1/C)/2,
 computed from its structure. ``fixed_omega: reference`` takes the reference's Ω. ``detect``
@@ -38,6 +49,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from analysis.errors import AnalysisError
+from analysis.studies.identification import MEASURES, RESAMPLES, check_measures
 
 __all__ = [
     "BUILTIN_STUDIES",
@@ -49,13 +61,14 @@ __all__ = [
     "MAX_TRAININGS",
     "Arm",
     "FixedOmegaGrid",
+    "IdentificationSpec",
     "Recipe",
     "StudyError",
     "StudySpec",
     "load_spec",
 ]
 
-BUILTIN_STUDIES = ("sparsity", "width")
+BUILTIN_STUDIES = ("sparsity", "width", "layer_identification")
 _NAME = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 
 # Bounds of every training a user asks for (a study's recipe, and /v1/trainings), checked
@@ -136,6 +149,24 @@ class Arm(_Strict):
         return self
 
 
+class IdentificationSpec(_Strict):
+    """The layer-identification test: which measures, which RBF bandwidths, its bootstrap."""
+
+    measures: list[str] = Field(default_factory=lambda: list(MEASURES), min_length=1)
+    rbf: list[Annotated[float, Field(gt=0.0, le=100.0)]] = Field(
+        default_factory=lambda: [0.2, 0.4, 0.8], max_length=8
+    )
+    resamples: int = Field(default=RESAMPLES, ge=0, le=100_000)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+
+    @model_validator(mode="after")
+    def _known(self) -> IdentificationSpec:
+        check_measures(self.measures)
+        if len(set(self.rbf)) != len(self.rbf):
+            raise ValueError(f"identification.rbf lists a bandwidth twice: {self.rbf}")
+        return self
+
+
 class StudySpec(_Strict):
     """A whole study; see the module docstring for the document's shape."""
 
@@ -149,15 +180,24 @@ class StudySpec(_Strict):
         | Annotated[list[Annotated[int, Field(ge=0, le=MAX_SEED)]], Field(max_length=MAX_SEEDS)]
     ) = 3
     reference: Arm
-    arms: list[Arm] = Field(min_length=1)
+    arms: list[Arm] = Field(default_factory=list)
     cka: dict[str, Any] = Field(default_factory=dict)
-    plot: Literal["cka_vs_density", "accuracy_vs_width"] = "cka_vs_density"
+    plot: Literal["cka_vs_density", "accuracy_vs_width", "identification"] = "cka_vs_density"
     detect: float | None = Field(default=None, gt=0.0, le=1.0)
+    quick_seeds: int | None = Field(default=None, ge=1, le=MAX_SEEDS)
+    identification: IdentificationSpec | None = None
 
     @model_validator(mode="after")
     def _check(self) -> StudySpec:
         if self.reference.grid is not None:
             raise ValueError("the reference arm is one architecture: it takes no grid")
+        if not self.arms and self.identification is None:
+            raise ValueError("arms is empty: a study needs an arm, or an identification test")
+        if self.identification is not None and str(self.cka.get("kernel", "linear")) != "linear":
+            raise ValueError(
+                "an identification study's cka kernel is linear; RBF bandwidths go in "
+                "identification.rbf"
+            )
         names = [self.reference.name, *(arm.name for arm in self.arms)]
         if len(set(names)) != len(names):
             raise ValueError(f"arm names must be unique (reference included): {names}")

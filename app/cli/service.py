@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from app.cli.commands import command
-from app.logs import configure_logging, uvicorn_log_config
+from app.logs import configure_logging, resolved_format, uvicorn_log_config
 
 if TYPE_CHECKING:  # the service stack is imported by the commands that run it
     from app.store.db import SchemaError
@@ -62,8 +62,19 @@ def run_serve(args: argparse.Namespace) -> int:
         return _refuse(exc)
     finally:
         db.dispose()
-    print(f"cka-atlas: serving on http://{settings.host}:{settings.port}", file=sys.stderr)
-    log_config = uvicorn_log_config(settings.log_level) if settings.log_format == "json" else None
+    url = f"http://{settings.host}:{settings.port}"
+    print(f"cka-atlas: serving on {url}", file=sys.stderr)
+    if args.demo:
+        from app.cli.demo import setup_demo
+
+        job_id, queued = setup_demo(settings, args.zoo)
+        print(
+            f"cka-atlas: demo {'queued' if queued else 'found'} (job {job_id}): the zoo's "
+            f"trainings one by one, then its atlas; progress on {url}/ and {url}/jobs",
+            file=sys.stderr,
+        )
+    json_lines = resolved_format(settings.log_format) == "json"
+    log_config = uvicorn_log_config(settings.log_level) if json_lines else None
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -181,16 +192,16 @@ def run_demo(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _logging(settings)
     try:
-        comparison_id = setup_demo(settings, args.zoo, progress=not args.quiet)
+        job_id, queued = setup_demo(settings, args.zoo)
     except SchemaError as exc:
         return _refuse(exc)
     if not args.quiet:
-        print(_orientation(settings, comparison_id), file=sys.stderr)
+        print(_orientation(settings, job_id, queued), file=sys.stderr)
     return 0
 
 
-def _orientation(settings: Any, comparison_id: int) -> str:
-    """What a newcomer needs once the demo is set up: the page, the store, the command."""
+def _orientation(settings: Any, job_id: int, queued: bool) -> str:
+    """What a newcomer needs once the demo is queued: the page, the store, the command."""
     from pathlib import Path
 
     from app.cli.store import describe_store
@@ -210,9 +221,9 @@ def _orientation(settings: Any, comparison_id: int) -> str:
         command = "`cka-atlas --help`"
     url = f"http://{settings.host}:{settings.port}"
     return (
-        f"\nThe demo is ready. `cka-atlas serve` (what `make run` does next) serves it:\n"
-        f"  page   {url}/comparisons/{comparison_id}  (the atlas of the zoo; {url}/jobs shows "
-        "its progress)\n"
+        f"\nThe demo is {'queued' if queued else 'already queued'} (job {job_id}): the zoo's "
+        "trainings, then its atlas. `cka-atlas serve` (or `cka-atlas worker`) runs them:\n"
+        f"  page   {url}/  (the demo's progress, then the atlas; {url}/jobs lists the jobs)\n"
         f"  store  {store}\n"
         f"  CLI    {command} in another terminal, from this folder\n"
     )
@@ -226,6 +237,13 @@ def register(subparsers: Any) -> None:
         help="Bind address (default CKA_HOST, 127.0.0.1); 0.0.0.0 needs CKA_ALLOWED_HOSTS.",
     )
     p.add_argument("--port", type=int, default=None, help="Port (default CKA_PORT, 8000).")
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="Queue the demo (the zoo's trainings, then its atlas) unless it is queued already, "
+        "then serve at once; the in-process worker runs it.",
+    )
+    p.add_argument("--zoo", default="zoo", help="With --demo: zoo checkpoints to reuse (./zoo).")
 
     p = command(
         subparsers,
@@ -248,7 +266,8 @@ def register(subparsers: Any) -> None:
         subparsers,
         "demo",
         run_demo,
-        "Register the demo zoo (training it if missing) and queue its atlas over digits.",
+        "Queue the demo as jobs: the zoo's trainings (checkpoints in --zoo are reused), "
+        "then its atlas over digits; a worker or the server runs them.",
     )
-    p.add_argument("--zoo", default="zoo", help="Zoo directory (default ./zoo).")
-    p.add_argument("--quiet", action="store_true", help="No progress bars.")
+    p.add_argument("--zoo", default="zoo", help="Zoo checkpoints to reuse (default ./zoo).")
+    p.add_argument("--quiet", action="store_true", help="Print nothing but errors.")

@@ -6,8 +6,10 @@ process — showing two progress bars: trainings k of n, then the atlas. A secon
 every checkpoint by its training key and trains nothing; an interrupted run (Ctrl-C)
 cancels its job and its trainings, and the next run resumes from the finished trainings.
 The results are written to ``--out``: summary.json, results.csv, plot.png and
-plot.svg. ``study plan`` reads a pilot run's summary.json and answers how many seeds would
-detect a difference at 80 % power (:mod:`analysis.studies.pilot`); it needs no database.
+plot.svg, and for an identification study (``layer_identification``) its table as
+identification.csv and identification.md. ``study plan`` reads a pilot run's summary.json
+and answers how many seeds would detect a difference at 80 % power
+(:mod:`analysis.studies.pilot`); it needs no database.
 """
 
 from __future__ import annotations
@@ -41,14 +43,21 @@ def register(subparsers: Any) -> None:
         sub,
         "run",
         run_study_command,
-        "run a built-in study (sparsity, width) or a YAML/JSON spec file",
+        "run a built-in study (sparsity, width, layer_identification) or a YAML/JSON spec file",
         "Train (or reuse) every model of the study, compare them once, and write "
-        "DIR/summary.json, DIR/results.csv, DIR/plot.png and DIR/plot.svg.",
+        "DIR/summary.json, DIR/results.csv, DIR/plot.png and DIR/plot.svg (and "
+        "DIR/identification.csv and .md for layer_identification).",
     )
-    run.add_argument("study", metavar="NAME_OR_SPEC_FILE", help="sparsity, width, or a file")
+    run.add_argument(
+        "study", metavar="NAME_OR_SPEC_FILE", help="a built-in study's name, or a file"
+    )
     run.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the spec's)")
     run.add_argument("--out", default=None, help="output directory (default: studies/NAME)")
-    run.add_argument("--quick", action="store_true", help="the spec's quick recipe (1 epoch)")
+    run.add_argument(
+        "--quick",
+        action="store_true",
+        help="the spec's quick recipe (1 epoch) and its quick_seeds where it has them",
+    )
     no_progress_flag(run)
     listing = command(sub, "list", list_studies_command, "list the studies in the local database")
     listing.add_argument("--limit", type=int, default=50)
@@ -206,6 +215,13 @@ def _write(services: Any, study_id: int, out: Path) -> list[Path]:
         target = out / name
         target.write_bytes(services.store.path(artifacts[kind], f".{kind}").read_bytes())
         written.append(target)
+    if summary.get("identification") is not None:
+        from analysis.studies.identification import identification_table, markdown_table
+
+        items = summary["identification"]
+        written += [out / "identification.csv", out / "identification.md"]
+        identification_table(items).to_csv(written[-2], index=False)
+        written[-1].write_text(markdown_table(items), encoding="utf-8")
     return written
 
 

@@ -7,7 +7,7 @@ diagnostics and provenance in the same transaction that marks the job succeeded.
 the baselines run through the same pipeline afterwards (:func:`analysis.add_baselines`), the
 seed ceiling's siblings taken from every checkpoint in the store. The stored result is the
 library's own JSON form (:meth:`analysis.Atlas.to_dict`: q-values, baselines and verdicts
-included); progress counts every phase (:func:`analysis.engine.phase_weights`).
+included); progress counts every phase (:func:`analysis.engine.compare.phase_weights`).
 
 A sharded comparison (:mod:`app.jobs.shards`) comes here twice: the first run starts its
 shards and parks the job; the run after the last shard combines their terms instead of
@@ -28,8 +28,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 import analysis
-from analysis.engine import Phases, phase_weights
-from analysis.seed_ceiling import CeilingPlan, Identity, needed_siblings, plan_ceiling
+from analysis.engine.compare import Phases, phase_weights
+from analysis.inference.seed_ceiling import CeilingPlan, Identity, needed_siblings, plan_ceiling
 from app.jobs import shards
 from app.jobs.control import JobControl
 from app.jobs.inputs import load_comparison, member_rows, stored_options

@@ -25,8 +25,8 @@ from pydantic import (
     model_validator,
 )
 
-from analysis.hsic import Estimator
-from analysis.layers import FeaturePolicy as Feature
+from analysis.engine.layers import FeaturePolicy as Feature
+from analysis.estimators.hsic import Estimator
 from analysis.options import BASELINES, MAX_PERMUTATIONS, Baseline, CompareOptions, Mode
 from analysis.studies.spec import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_LR, MAX_SEED
 from app.store.values import NO_NUL, Id, Text
@@ -196,18 +196,22 @@ class StudyIn(BaseModel):
         },
     )
 
-    builtin: Literal["sparsity", "width"] | None = Field(
-        default=None, description="A built-in study: `sparsity` or `width`"
+    builtin: Literal["sparsity", "width", "layer_identification"] | None = Field(
+        default=None,
+        description="A built-in study: `sparsity`, `width` or `layer_identification`",
     )
     spec: dict[str, Any] | None = Field(
         default=None,
         description="A study spec (the YAML document as JSON): name, dataset (built-in), recipe, "
-        "seeds, reference, arms, cka, plot",
+        "seeds, reference, arms, cka, plot, quick_seeds, identification",
     )
     seeds: int | None = Field(
         default=None, ge=1, le=MAX_STUDY_SEEDS, description="Seeds 0..N-1 (default: the spec's)"
     )
-    quick: bool = Field(default=False, description="The spec's quick recipe (1 epoch)")
+    quick: bool = Field(
+        default=False,
+        description="The spec's quick recipe (1 epoch); its quick_seeds if seeds is not given",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> StudyIn:

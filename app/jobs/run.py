@@ -18,6 +18,7 @@ import analysis
 from app.errors import problem_of
 from app.jobs.compare import run_comparison
 from app.jobs.control import JobControl
+from app.jobs.demo import run_demo
 from app.jobs.parking import Parked, children_left
 from app.jobs.queue import LostJob, claim, fail, mark_cancelled, release, retry_s, take_over
 from app.jobs.shards import run_shard
@@ -35,8 +36,10 @@ log = logging.getLogger(__name__)
 
 
 def _run_training(services: Services, job: Job, control: JobControl) -> None:
-    # A training of a study is the study's child; any other is a /v1/trainings request.
-    (run_study_training if job.parent_id is not None else run_training)(services, job, control)
+    # A study's training names its study; any other is a /v1/trainings request (the demo's
+    # included, children of the demo job).
+    study = (job.detail or {}).get("study_id") is not None
+    (run_study_training if study else run_training)(services, job, control)
 
 
 # One handler per job kind: ``handler(services, job, control)`` does the work and writes the
@@ -46,6 +49,7 @@ HANDLERS: dict[str, Callable[[Services, Job, JobControl], None]] = {
     "training": _run_training,
     "study": run_study,
     "shard": run_shard,
+    "demo": run_demo,
 }
 
 

@@ -147,6 +147,7 @@ def stored_spec(plan: studies.StudyPlan) -> dict[str, Any]:
     """The spec as stored with the study: its seeds resolved to the list that was planned."""
     document: dict[str, Any] = plan.spec.model_dump(mode="json")
     document["seeds"] = list(plan.seeds)
+    document["quick_seeds"] = None  # resolved into seeds
     return document
 
 

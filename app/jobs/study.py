@@ -11,7 +11,9 @@ done and takes the next step, then parks (:mod:`app.jobs.parking`) until they ha
    of the atlas is shared by the workers too. The study parks while they run.
 2. ``comparison``: once they have all succeeded, the atlas over every model of the study is
    found (by its request hash) or queued as a child job — sharded when ``CKA_SHARD_BATCHES``
-   says so — and the study parks again, its atlas's id in its ``detail``.
+   says so — and the study parks again, its atlas's id in its ``detail``. An identification
+   study has more comparisons (``plan.atlases``: one per RBF bandwidth), found or queued
+   together; the study's ``comparison_id`` is the main one, summary.json lists them all.
 3. ``summary``: :func:`analysis.studies.summarize` writes summary.json (with ``devices``:
    where the trainings ran, from their checkpoints' sidecars), results.csv and the plots to
    the artifact store; ``done``.
@@ -44,7 +46,7 @@ from app.jobs.cancel import study_requester
 from app.jobs.control import JobControl
 from app.jobs.parking import Parked, progress_plan
 from app.jobs.queue import LostJob, enqueue, park
-from app.jobs.studies import atlas_body
+from app.jobs.studies import comparison_body
 from app.jobs.study_grams import store_atlas_grams
 from app.jobs.submit import submit_comparison
 from app.jobs.train import train_and_register
@@ -53,7 +55,7 @@ from app.store.orm import Comparison, Job, JobState, Model, Study, StudyMember
 from app.store.services import Services
 from models.training import train
 
-__all__ = ["run_study", "run_study_training"]
+__all__ = ["models_by_key", "run_study", "run_study_training"]
 
 log = logging.getLogger(__name__)
 # How often a study polls an atlas that belongs to another job (two identical studies at once).
@@ -73,7 +75,7 @@ def _set_stage(services: Services, study_id: int, stage: str) -> None:
         s.execute(update(Study).where(Study.id == study_id).values(stage=stage))
 
 
-def _models_by_key(services: Services, keys: list[str]) -> dict[str, Model]:
+def models_by_key(services: Services, keys: list[str]) -> dict[str, Model]:
     """The model of each training key that has one (the oldest, if several), in one query."""
     found: dict[str, Model] = {}
     with services.db.session(readonly=True) as s:
@@ -173,7 +175,7 @@ def _trainings(
     children = _children(services, job.id)
     _check(children, n)
     trained = [c for c in children if c.kind == "training"]
-    by_key = _models_by_key(services, [t.key for t in plan.trainings])
+    by_key = models_by_key(services, [t.key for t in plan.trainings])
     found = {t.key: by_key.get(t.key) for t in plan.trainings}
     if not trained:  # the first run: reuse what exists, queue the rest
         with services.db.session() as s:
@@ -188,17 +190,55 @@ def _trainings(
             _queue_trainings(services, study, job, missing, n)
             children = _children(services, job.id)
             trained = children
-    models_by_key = {key: m for key, m in found.items() if m is not None}
-    if len(models_by_key) == n:
-        return models_by_key
+    have = {key: m for key, m in found.items() if m is not None}
+    if len(have) == n:
+        return have
     # Reused trainings count as done; each training child adds its own progress.
     plan_detail = progress_plan(n + 1, n - len(trained))
     if not any(c.status.live for c in children):
         # Every child succeeded but a model is missing: it was deleted meanwhile.
-        lost = next(t for t in plan.trainings if t.key not in models_by_key)
+        lost = next(t for t in plan.trainings if t.key not in have)
         raise analysis.AnalysisError(f"the model of training {lost.name!r} was deleted")
     _wait_for_children(services, job, control, children, plan_detail)
     raise AssertionError("unreachable")  # pragma: no cover - _wait_for_children raises
+
+
+def _submit_atlases(
+    services: Services, study: Study, job: Job, plan: studies.StudyPlan, trained: dict[str, Model]
+) -> dict[str, int]:
+    """Find or queue every comparison of the plan (``plan.atlases``) as the study's child."""
+    model_ids = list(dict.fromkeys(trained[t.key].id for t in plan.trainings))
+    ids = {}
+    for name, options in plan.atlases.items():
+        body = comparison_body(options, model_ids, study.dataset_id)
+        ids[name], _ = submit_comparison(
+            services, body, dispatch=False, parent_id=job.id, requester=study_requester(study)
+        )
+    return ids
+
+
+def _adopt(
+    services: Services, study: Study, job: Job, comparison_id: int, main: bool
+) -> tuple[JobState, int | None, str | None, int]:
+    """(status, parent job, error, job id) of an atlas's job, adopting it when it has no parent;
+    the main atlas is recorded as the study's comparison."""
+    with services.db.session() as s:
+        # the comparison's job, not the comparison: its result is large and not needed here
+        cmp_job = s.scalar(
+            select(Job)
+            .join(Comparison, Comparison.job_id == Job.id)
+            .where(Comparison.id == comparison_id)
+            .with_for_update(of=Job)
+        )
+        if cmp_job is None:
+            raise analysis.AnalysisError(f"comparison {comparison_id} was deleted")
+        if cmp_job.parent_id is None and cmp_job.status.live:
+            # Adopted, to wake the study when it ends; the study holds it as one requester
+            # (submit_comparison recorded it): cancelling the study withdraws only that.
+            cmp_job.parent_id = job.id
+        if main:
+            s.execute(update(Study).where(Study.id == study.id).values(comparison_id=comparison_id))
+        return cmp_job.status, cmp_job.parent_id, cmp_job.error, cmp_job.id
 
 
 def _atlas(
@@ -208,47 +248,31 @@ def _atlas(
     control: JobControl,
     plan: studies.StudyPlan,
     trained: dict[str, Model],
-) -> int:
-    """The id of the study's succeeded atlas; else find or queue it as a child, and park.
+) -> dict[str, int]:
+    """The ids of the study's succeeded comparisons by name (``main``: the atlas; an
+    identification study has one per RBF bandwidth too); else find or queue them as children,
+    and park.
 
-    The atlas's id is kept in the parked job's ``detail`` (``atlas``), so the run after it
-    reads its state instead of submitting (and validating) the request again.
+    Their ids are kept in the parked job's ``detail`` (``atlases``), so the run after it reads
+    their state instead of submitting (and validating) the requests again.
     """
     n = len(plan.trainings)
-    comparison_id = (job.detail or {}).get("atlas")
-    if not isinstance(comparison_id, int):
-        model_ids = list(dict.fromkeys(trained[t.key].id for t in plan.trainings))
-        body = atlas_body(study, model_ids)
-        comparison_id, _ = submit_comparison(
-            services, body, dispatch=False, parent_id=job.id, requester=study_requester(study)
-        )
+    ids = (job.detail or {}).get("atlases")
+    if not isinstance(ids, dict) or set(ids) != set(plan.atlases):
+        ids = _submit_atlases(services, study, job, plan, trained)
     while True:
-        with services.db.session() as s:
-            # the comparison's job, not the comparison: its result is large and not needed here
-            cmp_job = s.scalar(
-                select(Job)
-                .join(Comparison, Comparison.job_id == Job.id)
-                .where(Comparison.id == comparison_id)
-                .with_for_update(of=Job)
-            )
-            if cmp_job is None:
-                raise analysis.AnalysisError(f"comparison {comparison_id} was deleted")
-            if cmp_job.parent_id is None and cmp_job.status.live:
-                # Adopted, to wake the study when it ends; the study holds it as one requester
-                # (submit_comparison recorded it): cancelling the study withdraws only that.
-                cmp_job.parent_id = job.id
-            s.execute(update(Study).where(Study.id == study.id).values(comparison_id=comparison_id))
-            status, owner, error = cmp_job.status, cmp_job.parent_id, cmp_job.error
-            cmp_job_id = cmp_job.id
-        if status == JobState.SUCCEEDED:
-            return comparison_id
-        if not status.live:
-            raise analysis.AnalysisError(
-                f"the study's comparison {comparison_id} {status}: {error or 'no reason given'}"
-            )
-        if owner == job.id:
+        states = {name: _adopt(services, study, job, i, name == "main") for name, i in ids.items()}
+        for name, (status, _owner, error, _job_id) in states.items():
+            if not status.live and status != JobState.SUCCEEDED:
+                raise analysis.AnalysisError(
+                    f"the study's comparison {ids[name]} {status}: {error or 'no reason given'}"
+                )
+        live = {name: state for name, state in states.items() if state[0].live}
+        if not live:
+            return ids
+        if any(owner == job.id for _status, owner, _error, _job_id in live.values()):
             break
-        # Another study's atlas: wait for it here (rare: two identical studies at once).
+        # Other studies' atlases: wait for them here (rare: two identical studies at once).
         control.progress = (n + 0.5) / (n + 1)
         if control.lost:
             raise LostJob(f"job {job.id} is no longer this worker's")
@@ -257,8 +281,9 @@ def _atlas(
         time.sleep(POLL_S)
     children = _children(services, job.id)
     trainings = sum(1 for c in children if c.kind == "training")
-    plan_detail = {**progress_plan(n + 1, n - trainings), "atlas": comparison_id}
-    waiting = [c for c in children if c.id == cmp_job_id]
+    plan_detail = {**progress_plan(n + 1, n - trainings), "atlases": ids}
+    mine = {state[3] for state in live.values() if state[1] == job.id}
+    waiting = [c for c in children if c.id in mine]
     _wait_for_children(services, job, control, waiting, plan_detail)
     raise AssertionError("unreachable")  # pragma: no cover - _wait_for_children raises
 
@@ -270,15 +295,30 @@ def _accuracy(model: Model) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def _summarize(
-    services: Services, plan: studies.StudyPlan, trained: dict[str, Model], comparison_id: int
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """summary.json (with each entry's model ids) and the stored artifacts' sha256s."""
+def _load_atlas(services: Services, comparison_id: int) -> tuple[Any, dict[int, str]]:
+    """The comparison's atlas (an AtlasLike for summarize) and its model labels by model id."""
     with services.db.session(readonly=True) as s:
         cmp = s.get(Comparison, comparison_id)
         assert cmp is not None and cmp.result is not None
         labels = {m.model_id: m.label for m in cmp.members}
-        atlas: Any = analysis.Atlas.from_dict(cmp.result)  # an AtlasLike for summarize
+        return analysis.Atlas.from_dict(cmp.result), labels
+
+
+def _summarize(
+    services: Services,
+    plan: studies.StudyPlan,
+    trained: dict[str, Model],
+    comparison_ids: dict[str, int],
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """summary.json (with each entry's model ids) and the stored artifacts' sha256s."""
+    atlas, labels = _load_atlas(services, comparison_ids["main"])
+    extra = {}
+    for name, cid in comparison_ids.items():
+        if name != "main":
+            other, other_labels = _load_atlas(services, cid)
+            if other_labels != labels:  # the same request but for its options: same labels
+                raise analysis.AnalysisError(f"comparison {cid} labels the models otherwise")
+            extra[name] = other
     finished = [
         {
             "key": key,
@@ -288,14 +328,16 @@ def _summarize(
         }
         for key, model in trained.items()
     ]
-    result = studies.summarize(plan, finished, atlas)
+    result = studies.summarize(plan, finished, atlas, extra)
     summary = dict(result.summary)
     ids = {
         e.name: [trained[e.keys[seed]].id for seed in sorted(e.keys)] for e in plan.all_entries()
     }
     summary["reference"] = {**summary["reference"], "model_ids": ids[plan.reference.name]}
     summary["arms"] = [{**arm, "model_ids": ids[arm["name"]]} for arm in summary["arms"]]
-    summary["comparison_id"] = comparison_id
+    summary["comparison_id"] = comparison_ids["main"]
+    if len(comparison_ids) > 1:
+        summary["comparison_ids"] = dict(comparison_ids)
     with services.store.writing():
         artifacts = {
             "csv": services.store.put_bytes(result.csv().encode(), ".csv"),
@@ -313,11 +355,12 @@ def run_study(services: Services, job: Job, control: JobControl) -> None:
         _set_stage(services, study.id, "trainings")
     trained = {t.key: m for t, m in _ordered(plan, _trainings(services, study, job, control, plan))}
     _set_stage(services, study.id, "comparison")
-    comparison_id = _atlas(services, study, job, control, plan, trained)
+    comparison_ids = _atlas(services, study, job, control, plan, trained)
+    comparison_id = comparison_ids["main"]
     if control.should_stop or control.shutdown.is_set():
         raise Cancelled(f"study {study.id} was stopped")
     _set_stage(services, study.id, "summary")
-    summary, artifacts = _summarize(services, plan, trained, comparison_id)
+    summary, artifacts = _summarize(services, plan, trained, comparison_ids)
 
     def write(s: Session) -> None:
         row = s.get(Study, study.id)
@@ -349,7 +392,7 @@ def run_study_training(services: Services, job: Job, control: JobControl) -> Non
     if job.parent_id is None or "key" not in d:
         raise LostJob(f"job {job.id} is not a training of a study")
     began = time.perf_counter()
-    model = _models_by_key(services, [d["key"]]).get(d["key"])
+    model = models_by_key(services, [d["key"]]).get(d["key"])
     if model is None:
         model = train_and_register(
             services,

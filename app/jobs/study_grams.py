@@ -7,8 +7,8 @@ options (:func:`app.jobs.compare.run_engine` on the one-model comparison
 :func:`app.jobs.studies.atlas_body` gives): its Grams, the analytic null's numbers and its
 block with itself go to the store's Gram cache under the keys the atlas asks for, since a key
 is made of the model, the dataset, the batch plan and the options, never of the other models
-(:mod:`analysis.gram_cache`). The atlas then runs no model: it reads them and forms the blocks
-between models, the same numbers bit for bit. With W workers this part of the atlas is
+(:mod:`analysis.engine.gram_cache`). The atlas then runs no model: it reads them and forms the
+blocks between models, the same numbers bit for bit. With W workers this part of the atlas is
 divided by W instead of running on the one worker that runs the atlas.
 
 Best effort: when the one-model comparison is refused (its options or size), or its worker is

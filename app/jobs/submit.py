@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 import models
 from analysis import AnalysisError
-from analysis.layers import LayerReader, check_feature, resolve_layers
+from analysis.engine.layers import LayerReader, check_feature, resolve_layers
 from analysis.options import CompareOptions, OptionsError
 from analysis.studies import training_key
 from app.errors import ProblemError
@@ -423,9 +423,15 @@ def training_identity(
 
 
 def submit_training(
-    services: Services, body: TrainingIn, requester: Requester | None = None
+    services: Services,
+    body: TrainingIn,
+    requester: Requester | None = None,
+    *,
+    parent_id: int | None = None,
+    dispatch: bool = True,
 ) -> int:
-    """Queue a training; ``requester`` holds its job (see :func:`submit_comparison`)."""
+    """Queue a training; ``requester`` holds its job, ``parent_id`` and ``dispatch`` as for
+    :func:`submit_comparison` (the demo's trainings are its children)."""
     with services.db.session(readonly=True) as s:
         ds = s.get(Dataset, body.dataset_id)
     if ds is None:
@@ -452,7 +458,7 @@ def submit_training(
     params = body.model_dump(exclude={"arch", "dataset_id", "config"})
     params["config"] = {**config, "seed": body.seed} if "seed" in config else config
     with services.db.session() as s:
-        job = enqueue(s, "training")
+        job = enqueue(s, "training", parent_id=parent_id)
         if requester is not None:
             record(s, job.id, requester)
         tr = Training(
@@ -465,5 +471,6 @@ def submit_training(
         s.add(tr)
         s.flush()
         tr_id, job_id = tr.id, job.id
-    services.dispatch(job_id)
+    if dispatch:
+        services.dispatch(job_id)
     return tr_id

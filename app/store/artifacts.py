@@ -283,7 +283,7 @@ class StoreGramCache:
     def __init__(self, store: ArtifactStore) -> None:
         self.store = store
         # imported here: the store's other users (``cka-atlas gc``, ``db``) need no torch
-        from analysis.gram_cache import DirectoryGramCache
+        from analysis.engine.gram_cache import DirectoryGramCache
 
         self._inner = DirectoryGramCache(store.grams)
         self.touched: set[str] = set()

@@ -8,12 +8,12 @@ null (``p_value``/``null_mean``/``null_q95``, and ``q_value``, the Benjamini–H
 over the comparison's cells), the baselines (``baselines.random_init.cka`` with its spread over
 the draws ``.sd``, exported as ``random_init_sd``; ``baselines.seed_ceiling.cka``; an undefined
 block's reason in ``baselines.*.blocks``), each cell's verdicts against them (``verdicts``: the
-arrays of :data:`analysis.verdicts.VERDICT_KEYS`) and CKA with the row layer's whole-sample top
-principal component removed (``cka_without_top_pc``, with ``sensitivity``), all in the atlas's
-layer order (model by model): the library's :meth:`analysis.Atlas.to_dict`. The q-values and
-verdicts are read as the library stored them; a result stored before they were gets them from
-the same functions (:mod:`analysis.verdicts`). A cell's ``sensitivity`` is the larger move of
-its CKA when either side's top component is removed. :class:`Cells` reads them once and slices
+arrays of :data:`analysis.inference.verdicts.VERDICT_KEYS`) and CKA with the row layer's
+whole-sample top principal component removed (``cka_without_top_pc``, with ``sensitivity``), all in
+the atlas's layer order (model by model): the library's :meth:`analysis.Atlas.to_dict`. The q-values
+and verdicts are read as the library stored them; a result stored before they were gets them from
+the same functions (:mod:`analysis.inference.verdicts`). A cell's ``sensitivity`` is the larger move
+of its CKA when either side's top component is removed. :class:`Cells` reads them once and slices
 any of them for a model pair, so the matrix endpoint, the page and the exports agree cell for
 cell.
 
@@ -32,8 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from analysis.measures.matrices import CCA_FAMILY
-from analysis.verdicts import (
+from analysis.inference.verdicts import (
     MARKS,
     VERDICT_KEYS,
     WORDS,
@@ -41,6 +40,7 @@ from analysis.verdicts import (
     cell_verdicts,
     verdicts_from_json,
 )
+from analysis.measures.matrices import CCA_FAMILY
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -128,7 +128,7 @@ VERDICT_LEGEND = (
 
 def verdict_marks(counts: dict[str, int], question: str) -> str:
     """A pair's verdicts as marks with their counts over its summarised cells, decided first
-    (``"▲7"``, ``"▽2 ?5"``, see :data:`analysis.verdicts.MARKS`); "" without any."""
+    (``"▲7"``, ``"▽2 ?5"``, see :data:`analysis.inference.verdicts.MARKS`); "" without any."""
     marks = MARKS[question]
     return " ".join(f"{marks[v]}{counts[v]}" for v in marks if counts.get(v))
 

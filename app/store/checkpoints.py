@@ -19,7 +19,7 @@ from typing import Any
 import timm
 
 import models
-from analysis.layers import default_layers
+from analysis.engine.layers import default_layers
 from app.errors import ProblemError
 from app.store.artifacts import ArtifactStore
 from app.store.values import clean_name

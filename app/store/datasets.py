@@ -93,7 +93,7 @@ def register_dataset_file(
     """Check an uploaded file as a job would read it, store it, and add its row.
 
     ``path`` is a scratch file the caller owns; it is renamed in place, then moved into the
-    store. The check streams the file (:func:`analysis.datasets.describe_dataset`): this
+    store. The check streams the file (:func:`analysis.data.datasets.describe_dataset`): this
     process never holds the images, whose float32 size is bounded by CKA_MAX_DATASET_BYTES;
     the first job that uses the dataset loads it.
     """

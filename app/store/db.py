@@ -279,10 +279,19 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             f"(written by a newer release?), or {revision!r} is not a revision; nothing was "
             "changed"
         ) from None
-    steps = [r.revision for r in reversed(pending)]
+    steps = [(r.revision, (r.doc or "").strip().splitlines()) for r in reversed(pending)]
     with _migration_connection(engine) as conn:
         cfg.attributes["connection"] = conn
-        for step in steps:
+        for position, (step, doc) in enumerate(steps, 1):
+            # One line per revision, in the order they run (the chain's order, which is not
+            # that of the ids: 0002 was written after 0004).
+            log.info(
+                "database schema: revision %d of %d, %s: %s",
+                position,
+                len(steps),
+                step,
+                doc[0] if doc else "",
+            )
             try:
                 command.upgrade(cfg, step)
                 broken = (

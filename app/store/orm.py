@@ -205,7 +205,8 @@ class Job(Base):
     __tablename__ = "jobs"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    # comparison | training | study | shard (a study's trainings: training, parent the study)
+    # comparison | training | study | shard | demo (a study's or the demo's trainings: training,
+    # parent the study or the demo)
     kind: Mapped[str] = mapped_column(String(20))
     # Stored as the state's name in a VARCHAR(20), no database enum type: rows written as plain
     # strings before read back as JobState, and no migration is needed.

@@ -73,6 +73,13 @@ class Settings(BaseSettings):
         "activations: models.estimate) for a training, study or comparison to be queued.",
     )
     worker_threads: int = Field(default=1, ge=0, description="Threads of the in-process worker.")
+    cpu_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="CPU threads (torch's intra-op pool, BLAS) per job thread; default: the "
+        "CPUs this process may use (its affinity) divided among its worker threads.",
+    )
     device: str = Field(
         default="auto",
         description="Torch device for jobs, trainings included: auto, cpu, cuda, cuda:1…",
@@ -89,8 +96,10 @@ class Settings(BaseSettings):
     )
     port: int = Field(default=8000, ge=1, le=65535, description="Port `cka-atlas serve` binds.")
     log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")
-    log_format: Literal["json", "text"] = Field(
-        default="json", description="Log lines as JSON objects (with the job id) or plain text."
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto",
+        description="Log lines as JSON objects (with the job id) or plain text; auto: plain "
+        "text on a terminal, JSON otherwise (a container, a file, a log pipeline).",
     )
     heartbeat_s: float = Field(default=5.0, gt=0, description="Seconds between job heartbeats.")
     stale_after_s: float = Field(

@@ -12,7 +12,13 @@ import numpy as np
 import torch
 
 import models
-from analysis.baselines import Candidates, StandIn, choose, random_init_baseline, twin_seed
+from analysis.inference.baselines import (
+    Candidates,
+    StandIn,
+    choose,
+    random_init_baseline,
+    twin_seed,
+)
 
 
 def _net(identity: str) -> StandIn:

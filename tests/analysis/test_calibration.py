@@ -14,11 +14,11 @@ import torch
 
 import models
 from analysis import AnalysisError, cka_test, directions, random_init_twin
-from analysis.calibration import accumulate_null, summarise_null
-from analysis.directions import top_directions
-from analysis.hsic import centred_rows
-from analysis.kernels import parse_kernel
-from analysis.spectrum import layer_spectra, whole_sample_sensitivity
+from analysis.estimators.directions import top_directions
+from analysis.estimators.hsic import centred_rows
+from analysis.estimators.kernels import parse_kernel
+from analysis.estimators.spectrum import layer_spectra, whole_sample_sensitivity
+from analysis.inference.permutation_null import accumulate_null, summarise_null
 
 
 def test_identical_features_give_cka_one_and_the_smallest_p() -> None:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from analysis import DatasetError, DatasetTooLarge, describe_dataset, load_dataset, training_data
-from analysis.datasets import content_sha256, load_image_folder, load_npz
-from analysis.npz import NpzArchive
+from analysis.data.datasets import content_sha256, load_image_folder, load_npz
+from analysis.data.npz import NpzArchive
 from tests.files import png_bytes, zip_bytes
 
 
@@ -114,7 +114,7 @@ def test_npz_read_in_many_slices_is_the_array(
 ) -> None:
     """With slices of a few rows, the images, labels and hash are those of the whole array
     converted at once, and describe_dataset gives what load_dataset gives."""
-    monkeypatch.setattr("analysis.npz.SLICE_BYTES", 500)
+    monkeypatch.setattr("analysis.data.npz.SLICE_BYTES", 500)
     rng = np.random.default_rng(4)
     y = rng.integers(0, 3, 23)
     if stored == "NHWC uint8":
@@ -311,7 +311,7 @@ def test_mixed_sizes_and_modes_keep_the_original_files() -> None:
     and a hash of exactly those bytes; only a comparison (per-model pipelines) reads them."""
     import hashlib
 
-    from analysis.images import ImageFiles
+    from analysis.data.images import ImageFiles
 
     gray = png_bytes(np.full((4, 6), 7, np.uint8))
     rgba = png_bytes(np.full((9, 5, 4), 200, np.uint8))

@@ -66,7 +66,7 @@ def test_compare_gives_every_measure_as_the_reference_computes_it() -> None:
 def test_cka_alone_keeps_no_features_and_is_bit_identical() -> None:
     nets, x = _nets(), _images()
     plain = compare_partial(nets, x, batch_size=30, layers=LAYERS, batches=range(4), device="cpu")
-    assert plain.features is None
+    assert "measures" not in plain.statistics and "features" not in plain.statistics
     wide = analysis.compare(nets, x, batch_size=30, layers=LAYERS, measures="cca", device="cpu")
     assert np.array_equal(combine([plain]).hsic, wide.hsic)
     assert "measures" not in combine([plain]).to_dict()
@@ -79,6 +79,8 @@ def test_shards_and_full_mode_give_the_same_measures() -> None:
     parts = [
         compare_partial(nets, x, opts, batches=r, device="cpu") for r in (range(1), range(1, 4))
     ]
+    kept = {f"layer.{k}" for k in range(6)} | {"sizes"}  # 3 layers of each of 2 models
+    assert all(set(p.statistics["measures"]) == kept for p in parts)
     split = combine(parts)
     full = analysis.compare(nets, x, opts, mode="full", device="cpu")
     for name in ("procrustes", "cca"):
@@ -117,3 +119,17 @@ def test_measures_options_are_canonical_and_each_named_once() -> None:
         CompareOptions.build(measures=["cca", "cca"])
     with pytest.raises(OptionsError, match=r"^measures"):
         CompareOptions.build(measures=["rsa"])
+
+
+def test_the_sensitivity_and_the_measures_share_the_kept_features() -> None:
+    nets, x = _nets(), _images()
+    both = analysis.compare(
+        nets, x, batch_size=30, layers=LAYERS, measures="linreg", sensitivity=True, device="cpu"
+    )
+    alone = analysis.compare(nets, x, batch_size=30, layers=LAYERS, measures="linreg", device="cpu")
+    plain = analysis.compare(nets, x, batch_size=30, layers=LAYERS, sensitivity=True, device="cpu")
+    assert both.matrix("a", "b", "linreg") == pytest.approx(
+        alone.matrix("a", "b", "linreg"), abs=TOL
+    )
+    assert both.cka_drop is not None and plain.cka_drop is not None
+    assert np.allclose(both.cka_drop, plain.cka_drop, equal_nan=True)

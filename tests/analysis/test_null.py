@@ -1,4 +1,5 @@
-"""The analytic permutation null (analysis.null) against permutations counted by brute force.
+"""The analytic permutation null (analysis.inference.null_moments) against permutations counted by
+brute force.
 
 Expectations: exact moments over all n! permutations of small batches, and ≥ 20,000 random
 permutations whose HSIC is computed here with the feature-space identities below (checked
@@ -19,11 +20,11 @@ import torch
 from scipy import stats
 
 import models
-from analysis.analytic_null import AnalyticNull
-from analysis.datasets import load_digits
-from analysis.hsic import centred_rows
-from analysis.layers import LayerReader
-from analysis.null import batch_moments, layer_invariants, q_values
+from analysis.data.datasets import load_digits
+from analysis.engine.layers import LayerReader
+from analysis.estimators.hsic import centred_rows
+from analysis.inference.analytic_null import AnalyticNull
+from analysis.inference.null_moments import batch_moments, layer_invariants, q_values
 
 PERMUTATIONS = 20_000
 

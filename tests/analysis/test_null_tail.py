@@ -1,5 +1,6 @@
-"""The analytic null's tail (analysis.analytic_null, analysis.null_draws): heavy-tailed low-rank
-layers, where three moments do not pin the null down, get permutation p-values that hold.
+"""The analytic null's tail (analysis.inference.analytic_null, analysis.inference.null_draws):
+heavy-tailed low-rank layers, where three moments do not pin the null down, get permutation p-values
+that hold.
 
 Expectations: rates of p < α under independence (a valid p-value has P(p < α) ≤ α, and a good
 one ≈ α), exact permutation distributions enumerated here, and HSIC written out here (U-centring
@@ -17,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.analytic_null import AnalyticNull, finish
-from analysis.null_draws import (
+from analysis.inference.analytic_null import AnalyticNull, finish
+from analysis.inference.null_draws import (
     EXCEEDANCES,
     KEEP_BYTES,
     MAX_DRAWS,
@@ -174,8 +175,8 @@ def test_monte_carlo_p_follows_the_exact_permutation_p() -> None:
 
 @pytest.mark.parametrize("estimator", ["unbiased", "biased"])
 def test_the_moment_bound_holds_over_every_permutation(estimator: str) -> None:
-    from analysis.hsic import centred_rows
-    from analysis.null import batch_moments, layer_invariants
+    from analysis.estimators.hsic import centred_rows
+    from analysis.inference.null_moments import batch_moments, layer_invariants
 
     rng = np.random.default_rng(3)
     x, y = rng.normal(size=(8, 1)) ** 3, rng.normal(size=(8, 2)) ** 3
@@ -295,7 +296,7 @@ def test_the_gram_store_reads_back_only_the_grams_the_draws_need(tmp_path: Path)
 def test_without_room_for_the_grams_flagged_cells_keep_the_fit_and_say_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("analysis.streaming.KEEP_BYTES", 1000)
+    monkeypatch.setattr("analysis.batch_statistics.analytic_null.KEEP_BYTES", 1000)
     atlas = _heavy_compare()
     methods = atlas.p_method("a", "c")
     assert methods is not None and (methods == "analytic").all()
@@ -321,8 +322,8 @@ def test_cka_test_says_what_its_p_rests_on() -> None:
 def test_narrow_features_draw_what_their_grams_draw(estimator: str) -> None:
     """Kept as features (linear kernel, d < n/2) or as the centred Gram, a layer gives the same
     statistic, so the same p and draws: ‖Xᵀ P Y‖² (less a diagonal term, unbiased)."""
-    from analysis.hsic import centred_rows
-    from analysis.null import u_centre
+    from analysis.estimators.hsic import centred_rows
+    from analysis.inference.null_moments import u_centre
 
     rng = np.random.default_rng(4)
     x, y = rng.normal(size=(30, 3)) ** 3 + 5, rng.normal(size=(30, 2)) ** 3 - 2  # off-centre

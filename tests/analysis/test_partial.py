@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors.numpy import save_file
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -26,11 +28,16 @@ from analysis import (
     compare_partial,
     shard_ranges,
 )
-from analysis.calibration import _STREAM, PermutationNull, accumulate_null, draw_permutations
-from analysis.hsic import centred_rows
-from analysis.images import ImageFiles
-from analysis.kernels import gram, parse_kernel
-from analysis.sources import batch_source
+from analysis.data.images import ImageFiles
+from analysis.data.sources import batch_source
+from analysis.estimators.hsic import centred_rows
+from analysis.estimators.kernels import gram, parse_kernel
+from analysis.inference.permutation_null import (
+    _STREAM,
+    PermutationNull,
+    accumulate_null,
+    draw_permutations,
+)
 
 CALIBRATED = {"bootstrap": 50, "permutations": 20, "sensitivity": True, "seed": 3}
 BASE = {"batch_size": 32, "device": "cpu"}
@@ -182,8 +189,8 @@ def test_a_dropped_last_batch_keeps_its_global_index(nets: dict[str, nn.Module])
     x = torch.randn(290, 1, 8, 8, generator=torch.Generator().manual_seed(1))  # last batch: 2
     part = compare_partial(nets, x, batches=range(7, 10), **BASE, **CALIBRATED)
     assert part.counters["dropped"] == [{"batch": 9, "size": 2}]
-    assert part.counters["batches"] == 2 and part.sizes is not None
-    assert list(part.sizes) == [32, 32]
+    assert part.counters["batches"] == 2 and "features" in part.statistics
+    assert list(part.statistics["features"]["sizes"]) == [32, 32]
     got = combine([part, compare_partial(nets, x, batches=range(0, 7), **BASE, **CALIBRATED)])
     assert got.diagnostics["dropped_batches"] == [{"batch": 9, "size": 2}]
     assert got.n == 288 and got.diagnostics["dropped_samples"] == 2
@@ -212,23 +219,30 @@ def test_save_and_load_round_trip_exactly(
         got, want = getattr(back, field.name), getattr(part, field.name)
         if isinstance(want, np.ndarray):
             assert identical(got, want), field.name
-        elif field.name in ("spectra", "moments"):
-            assert got.keys() == want.keys()
-            assert all(identical(got[k], want[k]) for k in want), field.name
-        elif field.name == "features":
-            pairs = zip(got, want, strict=True)
-            assert all(identical(g.numpy(), w.numpy()) for g, w in pairs), field.name
+        elif field.name == "statistics":
+            assert got.keys() == want.keys() and {"null", "spectra", "features"} <= want.keys()
+            for key, state in want.items():
+                assert got[key].keys() == state.keys(), key
+                for name, value in state.items():
+                    mine = value.numpy() if isinstance(value, torch.Tensor) else value
+                    assert identical(got[key][name], mine), f"{key}.{name}"
         else:
             assert got == want, field.name
     assert path.read_bytes()[:8] != b"\x80\x04\x95"  # not a pickle
     plain = compare_partial(nets, images, batches=range(0, 10), **BASE)
     plain.save(path)
     again = Partial.load(path)
-    assert again.per_batch is None and again.null is None and again.spectra is None
+    assert again.statistics.keys() == {"analytic"}  # the default null, and nothing else
     assert np.array_equal(combine([again]).cka, combine([plain]).cka, equal_nan=True)
     (tmp_path / "bad").write_bytes(b"not a safetensors file")
     with pytest.raises(AnalysisError, match="not a readable partial"):
         Partial.load(tmp_path / "bad")
+    # a shard file of the format before the statistics protocol is refused in one sentence
+    old = tmp_path / "old.safetensors"
+    meta = {"partial": json.dumps({"format": "cka-atlas-partial/3"})}
+    save_file({"hsic": np.zeros((2, 2))}, str(old), metadata=meta)
+    with pytest.raises(AnalysisError, match=r"partial/3, written by an earlier version.*again"):
+        Partial.load(old)
 
 
 def test_combine_refuses_what_does_not_tile_one_comparison(

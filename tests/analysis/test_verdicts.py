@@ -19,7 +19,7 @@ from scipy import stats
 
 import analysis
 import models
-from analysis.verdicts import atlas_q_values, learned, seed_gap
+from analysis.inference.verdicts import atlas_q_values, learned, seed_gap
 
 Z = 1.959963984540054
 MARGIN = 0.05

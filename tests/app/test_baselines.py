@@ -169,7 +169,8 @@ def test_random_init_draws_are_an_option(idle_client: TestClient, seeds: dict[in
 
 def test_demo_atlas_is_calibrated(settings: Settings, tmp_path: Path) -> None:
     from app.cli.demo import setup_demo
-    from app.store.orm import Comparison
+    from app.jobs.run import execute
+    from app.store.orm import Comparison, Job
     from app.store.services import Services
     from models.training import ZOO
 
@@ -177,11 +178,17 @@ def test_demo_atlas_is_calibrated(settings: Settings, tmp_path: Path) -> None:
     for name, arch, seed in ZOO:  # untrained stand-ins: the demo finds them and trains nothing
         net = models.create(arch, seed=seed)
         models.save(net, zoo / f"{name}.safetensors", seed=seed, metrics={"test": {"accuracy": 0}})
-    cmp_id = setup_demo(settings.model_copy(update={"worker_threads": 0}), zoo, progress=False)
-    services = Services(settings)
+    idle = settings.model_copy(update={"worker_threads": 0})
+    job_id, _ = setup_demo(idle, zoo)
+    services = Services(idle)
     try:
+        assert execute(services, "w:1:test", job_id) is not None  # queues the atlas at once
         with services.db.session(readonly=True) as s:
+            job = s.get(Job, job_id)
+            assert job is not None and job.detail is not None
+            cmp_id = job.detail["comparison_id"]
             params = s.scalars(select(Comparison).where(Comparison.id == cmp_id)).one().params
+            assert not s.scalars(select(Job).where(Job.kind == "training")).all()
     finally:
         services.close()
     assert params["interval"] == "images"

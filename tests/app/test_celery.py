@@ -34,6 +34,10 @@ from tests.helpers import (
     wait,
 )
 
+# Celery workers run beside PostgreSQL: the GPU host's stack (docs/deploy.md). A laptop's SQLite
+# store has the in-process worker instead, whose tests run on both databases.
+pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+
 
 @pytest.fixture
 def broker_settings(settings: Settings, redis_url: str) -> Iterator[Settings]:
@@ -238,6 +242,7 @@ def _one_worker_summary(tmp_path: Path) -> dict[str, Any]:
     import torch
 
     solo = make_settings(f"sqlite:///{tmp_path / 'solo.db'}", tmp_path / "solo")
+    solo = solo.model_copy(update={"cpu_threads": 1})  # the worker sets it as it starts
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

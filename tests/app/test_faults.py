@@ -98,6 +98,9 @@ def broker(settings: Settings, redis_url: str) -> Iterator[Settings]:
     client.close()
 
 
+# Celery workers run beside PostgreSQL, the GPU host's stack (docs/deploy.md); SQLite has the
+# in-process worker, whose faults run on both databases.
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_celery_worker_sigkilled_midway_job_is_requeued_and_finishes_once(
     broker: Settings, cifar_zoo: dict[str, Path], slow_data: Path, tmp_path: Path
 ) -> None:
@@ -417,6 +420,9 @@ def own_redis() -> Iterator[RedisServer]:
         yield server
 
 
+# Celery workers run beside PostgreSQL, the GPU host's stack (docs/deploy.md); SQLite has the
+# in-process worker, whose faults run on both databases.
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_a_broker_restarted_without_persistence_loses_no_queued_job(
     own_redis: RedisServer,
     settings: Settings,

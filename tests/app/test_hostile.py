@@ -25,7 +25,7 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load_file
 
 from analysis import DatasetError
-from analysis.datasets import load_image_folder, load_npz
+from analysis.data.datasets import load_image_folder, load_npz
 from app.http.main import create_app
 from tests.app.payloads import (
     WritesMarker,

@@ -389,13 +389,15 @@ class SlowTrainer:
     """A training of many short steps that asks ``on_step`` after each, as the real one does;
     it records every step, and never finishes within a test."""
 
+    TOTAL = 100_000  # steps: its end is never reached unless ``on_step`` is ignored
+
     def __init__(self) -> None:
         self.steps = 0
         self.stopped = False
 
     def __call__(self, arch: str, dataset: Any = "digits", **kwargs: Any) -> Path:
         on_step = kwargs.get("on_step")
-        total = 100_000
+        total = self.TOTAL
         for i in range(total):
             self.steps += 1
             if on_step is not None and not on_step(i, total):
@@ -418,13 +420,12 @@ def test_a_running_study_cancels_within_one_training_step(
         time.sleep(0.01)
     running = [m for m in client.get(url).json()["models"] if m["status"] == "running"]
     assert len(running) == 1 and running[0]["worker"].startswith("embedded"), running
-    asked = time.monotonic()
     assert client.post(f"{url}/cancel").status_code == 200
-    done = wait(client, url, timeout=30)
+    done = wait(client, url, timeout=30)  # a give-up limit, not a bound
     assert done["status"] == "cancelled", done
-    # The flag reaches the training with its next heartbeat (0.2 s here); the training stops
-    # at the step after that, through its callback, never running to its end.
-    assert slow.stopped and time.monotonic() - asked < 5
+    # The flag reaches the training with its next heartbeat; the training stops at the step
+    # after that, through its callback, long before its last step.
+    assert slow.stopped and slow.steps < SlowTrainer.TOTAL
     trainings = client.get("/v1/jobs", params={"parent_id": done["job_id"]}).json()["items"]
     assert {j["status"] for j in trainings} == {"cancelled"}
 
@@ -436,9 +437,9 @@ def test_the_embedded_worker_stops_a_job_past_its_time_limit(
     monkeypatch.setattr("app.jobs.study.train", slow)
     with TestClient(create_app(settings.model_copy(update={"job_timeout_s": 1}))) as client:
         r = client.post("/v1/studies", json={"spec": TINY, "quick": True})
-        started = time.monotonic()
-        done = wait(client, r.headers["location"], timeout=60)
-        assert done["status"] == "failed" and time.monotonic() - started < 30
+        done = wait(client, r.headers["location"], timeout=60)  # a give-up limit
+        # Failed for its time limit (not for the slow training's end, which it never reaches).
+        assert done["status"] == "failed", done
         assert "CKA_JOB_TIMEOUT_S (1 s)" in done["error"], done
         trainings = client.get("/v1/jobs", params={"parent_id": done["job_id"]}).json()["items"]
         first = next(j for j in trainings if j["detail"]["position"] == 0)
@@ -450,7 +451,7 @@ def test_sigterm_stops_the_server_while_a_study_trains_and_requeues_the_training
     db_url: str, tmp_path: Path
 ) -> None:
     """``cka-atlas serve`` with its embedded worker, a real training running: SIGTERM ends the
-    process within a few seconds, and the training goes back to the queue."""
+    process (it exits by itself, not killed), and the training goes back to the queue."""
     from app.jobs.parking import PARKED
     from app.store.db import Database
     from app.store.orm import Job, JobState
@@ -486,10 +487,11 @@ def test_sigterm_stops_the_server_while_a_study_trains_and_requeues_the_training
             poll(working, 120, "the study started", (server,))
             time.sleep(3)  # well into its first training (each takes tens of seconds)
             busy = working()
-        began = time.monotonic()
+        # The process exits on its own after SIGTERM (stop() would SIGKILL it after 30 s,
+        # a give-up limit, and the code would say so) ...
         code = server.stop(signal.SIGTERM, timeout=30)
-        assert time.monotonic() - began < 10, server.output()
         assert code in (0, -signal.SIGTERM), server.output()
+        # ... its training stopped and went back to the queue.
         assert working() == [], server.output()
         with db.session(readonly=True) as s:
             states = s.scalars(select(Job.status).where(Job.id.in_(busy))).all()

@@ -9,7 +9,7 @@ import timm
 from fastapi import Query
 
 import models
-from analysis.layers import default_layers
+from analysis.engine.layers import default_layers
 from app.http.api.deps import Paging, api_router, not_found
 from app.http.schemas import NO_NUL, ArchitectureOut, Page
 from app.http.security import READ

@@ -19,8 +19,8 @@ from fastapi import Query, Request, Response
 from sqlalchemy.orm import defer
 
 from analysis import Atlas
+from analysis.inference.verdicts import VERDICT_KEYS
 from analysis.plot import render_atlas
-from analysis.verdicts import VERDICT_KEYS
 from app.http.api.deps import ComparisonId, Svc, api_router, not_finished
 from app.http.api.rows import row_or_404
 from app.http.problems import ProblemError

@@ -12,8 +12,8 @@ from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
 import models
-from analysis.images import thumbnail
-from analysis.sources import image_files
+from analysis.data.images import thumbnail
+from analysis.data.sources import image_files
 from app.http.api.views import comparison_view
 from app.http.web.common import Auth, as_text, found, lookup, paged, services_of
 from app.http.web.rendering import render

@@ -10,13 +10,14 @@ from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from analysis.inference.verdicts import MARKS, WORDS
 from analysis.plot import MEASURE_TITLES, learned_limit
-from analysis.verdicts import MARKS, WORDS
 from app.http.api.options import option_filter, option_suggestions
 from app.http.api.views import comparison_view
 from app.http.problems import ProblemError
 from app.http.web.common import Auth, as_int, as_text, found, paged, services_of
 from app.http.web.rendering import render
+from app.jobs.demo import demo_status
 from app.jobs.requests import ComparisonIn
 from app.store import gc, repository
 from app.store.cells import QUANTITIES, VERDICT_LEGEND, Cells, verdict_marks
@@ -66,6 +67,8 @@ def comparisons_page(
     filters = {"model": model_id, "dataset": dataset_id, "status": state, "kernel": kernel}
     filters["option"] = wanted or None
     models, datasets, kernels = _catalog(request)
+    with services_of(request).db.session(readonly=True) as s:
+        demo = demo_status(s)
     where = {"model_id": model_id, "dataset_id": dataset_id, "status": state, "kernel": kernel}
     rows, pager = paged(
         request, page, "/", filters, repository.list_comparisons, _rows, params=params, **where
@@ -84,6 +87,7 @@ def comparisons_page(
         statuses=JOB_STATES,
         option_suggestions=option_suggestions(),
         option_refused=refused,
+        demo=demo,
     )
 
 

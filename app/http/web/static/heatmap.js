@@ -17,7 +17,7 @@
  * q_value (Benjamini–Hochberg over the comparison), null_mean (the null), random_init with
  * random_init_sd (its spread over random_init_draws draws) and seed_ceiling (baselines),
  * sensitivity (how far the value moves without either side's top principal component); and
- * `undefined`, per baseline the pair has none of, the reason; the verdicts (analysis.verdicts):
+ * `undefined`, per baseline the pair has none of, the reason; the verdicts (analysis.inference.verdicts):
  * learned with learned_low/high and learned_verdict, seed_gap with seed_gap_low/high and
  * seed_verdict, and `words`, each verdict in words. The tooltip shows those present (an
  * undefined baseline with its reason); a cell whose q-value is at least SIGNIFICANCE is

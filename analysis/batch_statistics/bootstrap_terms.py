@@ -1,0 +1,66 @@
+"""The batch bootstrap's terms: every kept batch's own HSIC, in batch order.
+
+With ``interval="batches"`` the interval resamples batches (:mod:`analysis.inference.bootstrap`),
+so a run keeps each batch's (L, L) terms; ranges join end to end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from analysis.atlas import Atlas
+from analysis.batch_statistics.protocol import (
+    Batch,
+    Diagnose,
+    Needs,
+    Setup,
+    State,
+    concatenate_states,
+)
+from analysis.inference.bootstrap import bootstrap_intervals
+from analysis.options import CompareOptions
+
+__all__ = ["BootstrapTerms"]
+
+
+class BootstrapTerms:
+    """Each kept batch's HSIC terms, for the percentile bootstrap over batches."""
+
+    key: ClassVar[str] = "per_batch"
+    needs: ClassVar[Needs] = "hsic"
+
+    def __init__(self, layers: int) -> None:
+        self.layers = layers
+        self.terms: list[np.ndarray] = []
+
+    @classmethod
+    def wanted(cls, options: CompareOptions) -> bool:
+        return options.mode != "full" and options.interval == "batches"
+
+    @classmethod
+    def start(cls, setup: Setup) -> BootstrapTerms:
+        return cls(setup.layers)
+
+    def update(self, batch: Batch) -> None:
+        self.terms.append(batch.hsic)
+
+    def state(self) -> State:
+        width = self.layers
+        return {"hsic": np.stack(self.terms) if self.terms else np.zeros((0, width, width))}
+
+    @classmethod
+    def join(cls, states: Sequence[State]) -> State:
+        return concatenate_states(states)
+
+    @classmethod
+    def finish(cls, atlas: Atlas, state: State, batches: int) -> Diagnose | None:
+        config = atlas.config
+        CompareOptions.build(interval="batches").check_batches(batches)
+        if len(state["hsic"]):
+            atlas.ci_low, atlas.ci_high = bootstrap_intervals(
+                state["hsic"], config["resamples"], config["seed"]
+            )
+        return None

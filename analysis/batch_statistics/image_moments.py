@@ -1,0 +1,52 @@
+"""The image-level interval's moments: sums over images of products of their HSIC terms.
+
+With ``interval="images"`` every cell's interval comes from the first-order Hoeffding projection
+(:mod:`analysis.inference.image_intervals`); its three sums add over batches and ranges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from analysis.atlas import Atlas
+from analysis.batch_statistics.protocol import Batch, Diagnose, Needs, Setup, State, sum_states
+from analysis.inference.image_intervals import ImageMoments, image_intervals
+from analysis.options import CompareOptions
+
+__all__ = ["ImageIntervalMoments"]
+
+
+class ImageIntervalMoments:
+    """:class:`ImageMoments` of every kept batch, finished into ``ci_low``/``ci_high``."""
+
+    key: ClassVar[str] = "moments"
+    needs: ClassVar[Needs] = "grams"
+
+    def __init__(self, setup: Setup) -> None:
+        self.moments = ImageMoments(setup.layers, setup.device)
+        self.estimator = setup.options.estimator
+
+    @classmethod
+    def wanted(cls, options: CompareOptions) -> bool:
+        return options.mode == "minibatch" and options.interval == "images"
+
+    @classmethod
+    def start(cls, setup: Setup) -> ImageIntervalMoments:
+        return cls(setup)
+
+    def update(self, batch: Batch) -> None:
+        assert batch.rows is not None
+        self.moments.add(batch.rows, self.estimator)
+
+    def state(self) -> State:
+        return self.moments.state()
+
+    @classmethod
+    def join(cls, states: Sequence[State]) -> State:
+        return sum_states(states, "image moments")
+
+    @classmethod
+    def finish(cls, atlas: Atlas, state: State, batches: int) -> Diagnose | None:
+        atlas.ci_low, atlas.ci_high = image_intervals(atlas.hsic, state)
+        return None

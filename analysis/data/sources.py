@@ -1,0 +1,147 @@
+"""Where the engine's batches come from: tensors, arrays, datasets, paths and DataLoaders.
+
+Every form becomes a :class:`BatchSource`: a replayable iterator of raw batches in data
+order, the batch count when it is known, and a dataset identity for the Gram store. A source
+reads a range of batches as cheaply as its form allows (see :meth:`BatchSource.indexed`). A raw
+batch is a (b, C, H, W) tensor, or, for image files read with ``files=True``, an
+:class:`ImageBatch` of decoded images that each model's pipeline turns into its own tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from analysis.data.datasets import ImageDataset, load_dataset
+from analysis.data.images import ImageFiles
+from analysis.errors import DatasetError
+
+__all__ = ["BatchSource", "DataLike", "ImageBatch", "batch_source", "image_files"]
+
+DataLike = (
+    torch.Tensor | np.ndarray | ImageDataset | ImageFiles | str | os.PathLike[str] | Iterable[Any]
+)
+
+
+class ImageBatch(list[Image.Image]):
+    """Decoded images of one batch; ``shape[0]`` is the batch size, as for a tensor."""
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self),)
+
+
+def image_files(data: Any) -> ImageFiles | None:
+    """The original files behind ``data`` (an ImageFiles, or an ImageDataset of a folder)."""
+    if isinstance(data, ImageFiles):
+        return data
+    return data.files if isinstance(data, ImageDataset) else None
+
+
+@dataclass
+class BatchSource:
+    """Fixed consecutive batches of a dataset, replayable, with the dataset's identity.
+
+    ``batches(first, stop)`` yields the batches ``first, first + 1, …`` before ``stop`` (None:
+    to the end) of the plan.
+    """
+
+    batches: Callable[[int, int | None], Iterator[Any]]
+    total: int | None
+    key: str | None  # a dataset identity known without work (sha256 of an ImageDataset, or given)
+    array: torch.Tensor | np.ndarray | None = None
+
+    def indexed(self, window: range | None = None) -> Iterator[tuple[int, Any]]:
+        """(global batch index, raw batch) for the batches in ``window`` (None: all), in order.
+
+        Arrays and tensors are sliced and image files decoded only for the window's batches;
+        an iterable (a DataLoader) cannot seek, so the batches before the window are read and
+        skipped.
+        """
+        first, stop = (0, None) if window is None else (window.start, window.stop)
+        return enumerate(self.batches(first, stop), first)
+
+    def fingerprint(self) -> str | None:
+        """The dataset identity, hashing an in-memory array once when none was given."""
+        if self.key is None and self.array is not None:
+            a = self.array
+            a = a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a
+            self.key = hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+        return self.key
+
+
+def _batch_tensor(item: Any) -> torch.Tensor:
+    if isinstance(item, dict):
+        item = next((item[k] for k in ("x", "image", "images", "input") if k in item), None)
+    elif isinstance(item, list | tuple) and item:
+        item = item[0]
+    if isinstance(item, np.ndarray):
+        item = torch.from_numpy(np.array(item, dtype=np.float32))
+    if not isinstance(item, torch.Tensor):
+        raise DatasetError("each batch must be a tensor, or a tuple or dict whose first is one")
+    return item
+
+
+def _end(n: int, stop: int | None, batch_size: int) -> int:
+    """The sample index where batch ``stop`` begins (the end of the data for None)."""
+    return n if stop is None else min(n, stop * batch_size)
+
+
+def load_data(data: DataLike) -> Any:
+    """A dataset spec or path loaded; anything else as it is."""
+    return load_dataset(os.fspath(data)) if isinstance(data, str | os.PathLike) else data
+
+
+def batch_source(
+    data: DataLike, batch_size: int, dataset_key: str | None, *, files: bool = False
+) -> BatchSource:
+    """Batches of ``data``; with ``files`` the original image files of a folder, decoded."""
+    data = load_data(data)
+    found = image_files(data)
+    if files and found is not None:
+        raw = found
+
+        def decoded(first: int, stop: int | None) -> Iterator[ImageBatch]:
+            for i in range(first * batch_size, _end(len(raw), stop, batch_size), batch_size):
+                yield ImageBatch(raw.batch(i, i + batch_size))
+
+        return BatchSource(decoded, math.ceil(len(raw) / batch_size), dataset_key or raw.sha256)
+    if isinstance(data, ImageFiles):
+        raise DatasetError(
+            f"the images of {data.name} have different sizes; only models with input "
+            "pipelines can read them"
+        )
+    if isinstance(data, ImageDataset):
+        dataset_key = dataset_key or data.sha256
+        data = data.x
+    if isinstance(data, np.ndarray | torch.Tensor):
+        arr = data
+        if arr.ndim != 4:
+            raise DatasetError(f"images must be shaped (N, C, H, W), not {tuple(arr.shape)}")
+        n = int(arr.shape[0])
+
+        def batches(first: int, stop: int | None) -> Iterator[torch.Tensor]:
+            for i in range(first * batch_size, _end(n, stop, batch_size), batch_size):
+                part = arr[i : i + batch_size]
+                # a copy per batch: the array may be read-only, and then no view may be shared
+                yield part if isinstance(part, torch.Tensor) else torch.from_numpy(np.array(part))
+
+        return BatchSource(batches, math.ceil(n / batch_size), dataset_key, arr)
+    if isinstance(data, Iterable):
+        loader = data
+        total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
+
+        def read(first: int, stop: int | None) -> Iterator[torch.Tensor]:
+            return (_batch_tensor(b) for b in itertools.islice(loader, first, stop))
+
+        return BatchSource(read, total, dataset_key)
+    raise DatasetError(f"cannot read images from a {type(data).__name__}")
