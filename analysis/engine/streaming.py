@@ -368,8 +368,8 @@ class StreamingRun:
                     invariants[m] = got
                 else:
                     needed.add(m)
-        if self.calibrating:
-            needed = set(self.names)  # the permutation null and the spectra need every Gram
+        if self.calibrating or self.features is not None:
+            needed = set(self.names)  # the permutation null, the spectra, kept features: all
         stacks: dict[str, torch.Tensor] = {}
 
         rows: dict[str, Rows] = {}
@@ -379,7 +379,7 @@ class StreamingRun:
             if cache is not None and m in needed and m in gkeys:
                 stored = cache.get(gkeys[m])
                 if stored is not None and not self._stored_features(m, gkeys[m], b):
-                    stored = None  # sensitivity needs the features too: run the model
+                    stored = None  # the kept features are needed too: run the model
             if m in gkeys and m not in needed:
                 self.hits += 1  # every block of m is stored: not even its Grams are read
             elif stored is not None and stored.shape == (len(self.selected[m]), b, b):
@@ -431,15 +431,15 @@ class StreamingRun:
         return out
 
     def _last_features(self, m: str, b: int) -> list[torch.Tensor]:
-        """With sensitivity: the features model ``m`` gave on the batch (of ``b``) just run."""
+        """With kept features: those model ``m`` gave on the batch (of ``b``) just run."""
         if self.features is None:
             return []
         layers = range(self.slices[m].start, self.slices[m].stop)
         return [self.features.last(k, b) for k in layers]
 
     def _stored_features(self, m: str, key: str, b: int) -> bool:
-        """With sensitivity, read model ``m``'s stored features of the batch (Grams key ``key``)
-        into the kept features; False when any is missing. Without sensitivity: True."""
+        """With kept features, read model ``m``'s stored features of the batch (Grams key
+        ``key``) into them; False when any is missing. Without kept features: True."""
         if self.features is None:
             return True
         assert self.cache is not None

@@ -3,6 +3,8 @@ budget, and CKA alone unchanged."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -133,3 +135,17 @@ def test_the_sensitivity_and_the_measures_share_the_kept_features() -> None:
     )
     assert both.cka_drop is not None and plain.cka_drop is not None
     assert np.allclose(both.cka_drop, plain.cka_drop, equal_nan=True)
+
+
+def test_measures_after_a_plain_run_on_the_gram_store(tmp_path: Path) -> None:
+    # The first run stores every Gram and block; the second, asking for a measure, must still
+    # run the models (their features are not in the store) and give the unstored answer.
+    nets, x = _nets(), _images()
+    store, keys = analysis.DirectoryGramCache(str(tmp_path)), {"a": "ka", "b": "kb"}
+    kw = {"batch_size": 30, "layers": LAYERS, "device": "cpu"}
+    analysis.compare(nets, x, gram_cache=store, model_keys=keys, **kw)
+    stored = analysis.compare(nets, x, gram_cache=store, model_keys=keys, measures="linreg", **kw)
+    fresh = analysis.compare(nets, x, measures="linreg", **kw)
+    assert stored.matrix("a", "b", "linreg") == pytest.approx(
+        fresh.matrix("a", "b", "linreg"), abs=TOL
+    )

@@ -28,7 +28,8 @@ def test_the_measure_selector_redraws_every_heatmap(
     r = server.api.post("/v1/comparisons", json=body)
     assert r.status_code == 202, r.text
     cid = r.json()["id"]
-    assert wait_done(server.api, cid)["status"] == "succeeded"
+    done = wait_done(server.api, cid)
+    assert done["status"] == "succeeded", done
     page.goto(f"{server.url}/comparisons/{cid}")
     focus = page.locator("#focus svg.heatmap")
     focus.wait_for()
