@@ -40,6 +40,10 @@ Present only when computed (so an atlas without them serialises as before):
     ``cka`` the mean over the draws, ``sd``, ``min``, ``max``, ``draws``, ``seeds``;
     ``seed_ceiling``: ``cka`` and, with intervals, ``ci_low``/``ci_high``) and per block what
     stood in, or the ``reason`` it is undefined.
+``measures``, ``cca_degenerate``
+    with ``measures`` beyond CKA (:mod:`analysis.measures`): per measure its full
+    (L_total, L_total) matrix, whose blocks the ``matrices`` entries carry under the measure's
+    name; with a CCA-family measure, per cell whether CCA is degenerate there.
 ``verdicts``
     with baselines and intervals: each cell's difference from its baselines with its interval
     and verdict (:func:`analysis.inference.verdicts.cell_verdicts`, the arrays of
@@ -98,6 +102,9 @@ class Atlas:
     layer_top_share: np.ndarray | None = None
     cka_drop: np.ndarray | None = None
     baselines: dict[str, Any] | None = None
+    # whole-sample measures other than CKA (analysis.measures): full (L_total, L_total) each
+    measures: dict[str, np.ndarray] | None = None
+    cca_flags: np.ndarray | None = None  # (L_total, L_total) bool: CCA degenerate there
 
     def __post_init__(self) -> None:
         self.hsic = np.asarray(self.hsic, dtype=np.float64)
@@ -122,10 +129,27 @@ class Atlas:
         self._check(a, b)
         return full[self._offsets[a], self._offsets[b]].copy()
 
-    def matrix(self, a: str, b: str | None = None) -> np.ndarray:
-        """CKA with rows the layers of ``a`` and columns those of ``b`` (default ``a``); NaN
-        where undefined (see ``diagnostics["undefined_layers"]``)."""
-        return self._block(self.cka, a, a if b is None else b)
+    def matrix(self, a: str, b: str | None = None, measure: str = "cka") -> np.ndarray:
+        """CKA (or ``measure``, one the comparison computed: :attr:`measure_names`) with rows
+        the layers of ``a`` and columns those of ``b`` (default ``a``); NaN where undefined
+        (see ``diagnostics["undefined_layers"]``)."""
+        if measure == "cka":
+            return self._block(self.cka, a, a if b is None else b)
+        if measure not in (self.measures or {}):
+            raise KeyError(
+                f"no measure {measure!r} in this atlas; it has {', '.join(self.measure_names)}"
+            )
+        return self._block((self.measures or {})[measure], a, a if b is None else b)
+
+    @property
+    def measure_names(self) -> list[str]:
+        """The measures this atlas has: ``cka``, then those computed beside it."""
+        return ["cka", *(self.measures or {})]
+
+    def cca_degenerate(self, a: str, b: str | None = None) -> np.ndarray | None:
+        """Per cell, whether CCA is degenerate there (some canonical correlations are 1
+        whatever the data, docs/measures.md); None without a CCA-family measure."""
+        return self._optional(self.cca_flags, a, b)
 
     def hsic_block(self, a: str, b: str | None = None) -> np.ndarray:
         """The accumulated HSIC terms behind :meth:`matrix` (summed over batches)."""
@@ -306,6 +330,8 @@ class Atlas:
                 entry[key] = _to_json(self._block(full, a, b))
             if self.null is not None and self.null.p_method is not None:
                 entry["p_method"] = _labels(self._block(self.null.p_method, a, b))
+            for name, full in (self.measures or {}).items():
+                entry[name] = _to_json(self._block(full, a, b))
             matrices.append(entry)
         out = {
             "format": FORMAT,
@@ -334,6 +360,10 @@ class Atlas:
         q = self._q_full()
         if q is not None:
             out["q_value"] = _to_json(q)
+        if self.measures is not None:
+            out["measures"] = {name: _to_json(full) for name, full in self.measures.items()}
+        if self.cca_flags is not None:
+            out["cca_degenerate"] = [[bool(v) for v in row] for row in self.cca_flags]
         if self.baselines is not None:
             out["baselines"] = self.baselines
             if verdicts := self._verdicts_full():
@@ -387,7 +417,17 @@ class Atlas:
             layer_top_share=_per_layer_from_json(data, "top_pc_share"),
             cka_drop=_from_json(data.get("cka_without_top_pc")),
             baselines=data.get("baselines"),
+            measures=_measures_from_json(data.get("measures")),
+            cca_flags=None
+            if data.get("cca_degenerate") is None
+            else np.array(data["cca_degenerate"], dtype=bool),
         )
+
+
+def _measures_from_json(data: dict[str, Any] | None) -> dict[str, np.ndarray] | None:
+    if data is None:
+        return None
+    return {name: full for name, rows in data.items() if (full := _from_json(rows)) is not None}
 
 
 def _labels(a: np.ndarray) -> list[list[str | None]]:

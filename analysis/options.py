@@ -58,6 +58,8 @@ from analysis.engine.layers import FeaturePolicy
 from analysis.errors import EstimatorError
 from analysis.estimators.hsic import MIN_SAMPLES, Estimator
 from analysis.estimators.kernels import Kernel, parse_kernel
+from analysis.measures import DEFAULT_K, MEASURES, MeasureName, budget_bytes, estimate_bytes
+from analysis.measures.budget import BUDGET_ENV, gib
 
 __all__ = [
     "BASELINES",
@@ -117,6 +119,7 @@ ERROR_TYPES = (
     "calibration_needs_minibatch",
     "null_needs_permutations",
     "too_few_batches",
+    "invalid_measures",
 )
 
 
@@ -326,6 +329,24 @@ class CompareOptions(BaseModel):
             "seed, per model); the baseline is their mean, with its spread."
         ),
     )
+    measures: tuple[MeasureName, ...] = Field(
+        default=("cka",),
+        description=(
+            "Similarity measures per cell: `cka` (always computed: the atlas rests on it) and "
+            "any of `cca` (mean squared canonical correlation), `cca_mean`, `svcca`, `pwcca`, "
+            "`linreg`, `procrustes`, `mutual_knn` (docs/measures.md). These need every image's "
+            "features of every layer at once: a run whose estimate passes "
+            f"{BUDGET_ENV} (GiB) is refused before it keeps them. Each name once; a "
+            "comma-separated string is read too."
+        ),
+        examples=[("cka",), ("cka", "pwcca", "procrustes")],
+    )
+    knn_k: int = Field(
+        default=DEFAULT_K,
+        ge=1,
+        le=1000,
+        description="Neighbours per image for `mutual_knn` (Huh et al. 2024); unused otherwise.",
+    )
     bootstrap: int | None = Field(
         default=None,
         ge=0,
@@ -380,6 +401,23 @@ class CompareOptions(BaseModel):
     def _canonical_baselines(cls, value: tuple[Baseline, ...]) -> tuple[Baseline, ...]:
         # Order and repetition change nothing: one canonical tuple (one request hash).
         return tuple(b for b in BASELINES if b in value)
+
+    @field_validator("measures", mode="before")
+    @classmethod
+    def _split_measures(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = tuple(item.strip() for item in value.split(",") if item.strip())
+        if isinstance(value, list | tuple):
+            twice = sorted({m for m in value if isinstance(m, str) and list(value).count(m) > 1})
+            if twice:
+                raise _error("invalid_measures", f"{', '.join(twice)} named more than once")
+        return value
+
+    @field_validator("measures")
+    @classmethod
+    def _canonical_measures(cls, value: tuple[MeasureName, ...]) -> tuple[MeasureName, ...]:
+        # CKA always runs; order changes nothing: one canonical tuple (one request hash).
+        return tuple(m for m in MEASURES if m == "cka" or m in value)  # type: ignore[misc]
 
     @field_validator("interval")
     @classmethod
@@ -458,6 +496,27 @@ class CompareOptions(BaseModel):
                 f"interval: a bootstrap over {batches} batches has too few distinct resamples "
                 f"for its percentiles to mean anything (it needs at least "
                 f"{MIN_BOOTSTRAP_BATCHES}); use interval='images', or smaller batches",
+            )
+
+    @property
+    def whole_sample(self) -> tuple[str, ...]:
+        """The measures that need every image's features at once (all but ``cka``)."""
+        return tuple(m for m in self.measures if m != "cka")
+
+    def check_memory(self, n: int, widths: list[int], itemsize: int = 4) -> None:
+        """Raise :class:`OptionsError` if the whole-sample measures over ``n`` images of layers
+        of ``widths`` features would take more memory than their budget
+        (:mod:`analysis.measures.budget`)."""
+        need = estimate_bytes(n, widths, self.measures, itemsize=itemsize, k=self.knn_k)
+        budget = budget_bytes()
+        if need > budget:
+            raise OptionsError(
+                "measures",
+                "over_memory_budget",
+                f"measures: {', '.join(self.whole_sample)} over {n} images and "
+                f"{len(widths)} layers ({sum(widths)} features) need about {gib(need)}, more "
+                f"than the budget of {gib(budget)} ({BUDGET_ENV}); use fewer images or layers, "
+                "or raise the budget",
             )
 
     @property

@@ -23,6 +23,7 @@ __all__ = [
     "COLOURS",
     "HEATMAP_COLORMAP",
     "LEARNED_COLORMAP",
+    "MEASURE_TITLES",
     "UNDEFINED_COLOR",
     "learned_limit",
     "plain_text",
@@ -36,6 +37,17 @@ __all__ = [
 HEATMAP_COLORMAP = "viridis"
 LEARNED_COLORMAP = "RdBu_r"
 UNDEFINED_COLOR = "#bbbbbb"
+# How a heatmap names each measure (analysis.measures; docs/measures.md).
+MEASURE_TITLES = {
+    "cka": "CKA",
+    "cca": "CCA R²",
+    "cca_mean": "CCA mean ρ",
+    "svcca": "SVCCA R²",
+    "pwcca": "PWCCA",
+    "linreg": "linear regression R²",
+    "procrustes": "Procrustes similarity",
+    "mutual_knn": "mutual k-NN",
+}
 # What a heatmap's colour can show: the value, or how far it lies above untrained twins.
 COLOURS = ("cka", "learned")
 # The learned scale runs over ±limit, the largest |learned| rounded up to this step.
@@ -73,11 +85,15 @@ def learned_limit(values: np.ndarray) -> float:
     return max(LEARNED_STEP, round(steps * LEARNED_STEP, 6))
 
 
-def render_atlas(atlas: Atlas, fmt: str = "png", *, dpi: int = 100, colour: str = "cka") -> bytes:
+def render_atlas(
+    atlas: Atlas, fmt: str = "png", *, dpi: int = 100, colour: str = "cka", measure: str = "cka"
+) -> bytes:
     """The atlas as PNG or SVG bytes: rows are models ``a`` (first layer on top), columns
     models ``b`` (first layer on the left). ``colour="learned"`` colours each cell by CKA minus
     its untrained twins' mean (:meth:`Atlas.verdicts`) on a diverging scale centred at 0; it
-    needs the random-init baseline (a :class:`ValueError` without it)."""
+    needs the random-init baseline (a :class:`ValueError` without it). ``measure``: another
+    measure the atlas has (:attr:`Atlas.measure_names`), drawn over [0, 1] and named in the
+    title and the colour bar."""
     if fmt not in ("png", "svg"):
         raise ValueError(f"heatmaps are 'png' or 'svg', not {fmt!r}")
     if colour not in COLOURS:
@@ -86,8 +102,13 @@ def render_atlas(atlas: Atlas, fmt: str = "png", *, dpi: int = 100, colour: str 
     size = max(3.2, 0.18 * max(len(v) for v in atlas.layers.values()) + 1.6)
     fig = Figure(figsize=(size * k + 1.0, size * k), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
-    blocks = {(a, b): atlas.matrix(a, b) for a in atlas.models for b in atlas.models}
-    low, high, name, label = 0.0, 1.0, HEATMAP_COLORMAP, "CKA"
+    if measure not in atlas.measure_names:
+        raise ValueError(f"no measure {measure!r} in this atlas; it has {atlas.measure_names}")
+    if measure != "cka" and colour != "cka":
+        raise ValueError(f"colour {colour!r} is CKA's alone, not {measure}'s")
+    blocks = {(a, b): atlas.matrix(a, b, measure) for a in atlas.models for b in atlas.models}
+    title = MEASURE_TITLES.get(measure, measure)
+    low, high, name, label = 0.0, 1.0, HEATMAP_COLORMAP, title
     if colour == "learned":
         for a, b in blocks:
             judged = atlas.verdicts(a, b)
@@ -117,12 +138,11 @@ def render_atlas(atlas: Atlas, fmt: str = "png", *, dpi: int = 100, colour: str 
     assert image is not None
     fig.colorbar(image, ax=axes, shrink=0.8, label=label)
     cfg = atlas.config
-    what = "CKA above untrained twins" if colour == "learned" else "CKA"
-    fig.suptitle(
-        f"{what} ({cfg.get('kernel', '?')}, {cfg.get('estimator', '?')}, "
-        f"{cfg.get('mode', '?')}), n = {atlas.n}",
-        fontsize=10,
-    )
+    what = "CKA above untrained twins" if colour == "learned" else title
+    how = f"{cfg.get('kernel', '?')}, {cfg.get('estimator', '?')}, {cfg.get('mode', '?')}"
+    if measure != "cka":
+        how = "centred features, whole sample"
+    fig.suptitle(f"{what} ({how}), n = {atlas.n}", fontsize=10)
     plain_text(fig)
     buf = io.BytesIO()
     with rc_context({"svg.hashsalt": "cka-atlas"}):  # stable SVG element ids

@@ -1,13 +1,13 @@
 """What a run accumulates over its batches, one module per statistic, under one protocol.
 
-Owns :class:`~analysis.batch_statistics.protocol.BatchStatistic` (what a statistic adds per
-batch, its state as named arrays, how the states of two ranges of batches join, how it finishes
-into the :class:`analysis.Atlas`), the statistics a comparison accumulates besides its HSIC sums
-— the batch bootstrap's terms, the image-level interval's moments, the permutation null drawn,
-the analytic null, the layer spectra, the sensitivity's features — and their registry
-(:mod:`.registry`), which the engine, the shards, their files and the combine read generically.
-Each statistic wraps the math that lives in :mod:`analysis.inference` or
-:mod:`analysis.estimators`; this package may import those, :mod:`analysis.engine.kept`, the
-atlas, the options and the errors, never :mod:`analysis.engine.streaming` or
-:mod:`analysis.shards` (they import it).
+Owns :class:`~analysis.batch_statistics.protocol.BatchStatistic` (what a statistic adds per batch,
+its state as named arrays, how the states of two ranges of batches join, how it finishes into the
+:class:`analysis.Atlas`), the statistics a comparison accumulates besides its HSIC sums — the batch
+bootstrap's terms, the image-level interval's moments, the permutation null drawn, the analytic
+null, the layer spectra, the sensitivity's features, the whole-sample measures
+(:mod:`analysis.measures`) — and their registry (:mod:`.registry`), which the engine, the shards,
+their files and the combine read generically. Each statistic wraps the math that lives in
+:mod:`analysis.inference` or :mod:`analysis.estimators` or :mod:`analysis.measures`; this package
+may import those, :mod:`analysis.engine.kept`, the atlas, the options and the errors, never
+:mod:`analysis.engine.streaming` or :mod:`analysis.shards` (they import it).
 """

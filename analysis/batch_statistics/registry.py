@@ -12,6 +12,7 @@ from analysis.batch_statistics.analytic_null import AnalyticNullSums
 from analysis.batch_statistics.bootstrap_terms import BootstrapTerms
 from analysis.batch_statistics.image_moments import ImageIntervalMoments
 from analysis.batch_statistics.layer_spectra import LayerSpectra
+from analysis.batch_statistics.measures import WholeSampleMeasures
 from analysis.batch_statistics.permutation_null import DrawnNull
 from analysis.batch_statistics.protocol import BatchStatistic, Setup
 from analysis.batch_statistics.sensitivity import SensitivityFeatures
@@ -25,6 +26,7 @@ STATISTICS: tuple[type[BatchStatistic], ...] = (
     DrawnNull,
     LayerSpectra,
     SensitivityFeatures,
+    WholeSampleMeasures,
     AnalyticNullSums,
 )
 

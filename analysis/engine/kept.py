@@ -65,6 +65,13 @@ class KeptFeatures:
             for buffer, rows in zip(self.buffers, self.rows, strict=True)
         ]
 
+    def keep_whole(self, layers: list[torch.Tensor]) -> None:
+        """Hold each layer's features (n, d) over the whole sample as they are (full mode, which
+        joins them itself), as one batch."""
+        self.buffers = list(layers)
+        self.rows = [int(x.shape[0]) for x in layers]
+        self.sizes = [self.rows[0]] if layers else []
+
     def _grow(self, layer: int, flat: torch.Tensor, need: int) -> torch.Tensor:
         old = self.buffers[layer]
         rows = max(need, (self.batches or 1) * flat.shape[0] if old is None else 2 * old.shape[0])

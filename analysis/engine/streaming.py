@@ -33,9 +33,9 @@ from tqdm import tqdm
 
 from analysis.atlas import Atlas
 from analysis.batch_statistics.analytic_null import AnalyticNullSums
+from analysis.batch_statistics.kept_features import FeatureStatistic
 from analysis.batch_statistics.protocol import Batch, BatchStatistic, Setup
 from analysis.batch_statistics.registry import start_wanted
-from analysis.batch_statistics.sensitivity import SensitivityFeatures
 from analysis.data.sources import BatchSource
 from analysis.engine.batches import BatchSums, sum_batches
 from analysis.engine.gram_cache import GramCache, gram_key
@@ -150,13 +150,17 @@ class StreamingRun:
         sizes = [len(self.selected[m]) for m in self.names]
         setup = Setup(options, sizes, device, self.gdtype, source.total or 0)
         self.statistics: dict[str, BatchStatistic] = start_wanted(setup)
-        # two are fed by the engine beside the batch: the analytic null per model from the
-        # Gram store, and the sensitivity each layer's features as they are read
-        analytic, features = self.statistics.get("analytic"), self.statistics.get("features")
+        # some are fed by the engine beside the batch: the analytic null per model from the
+        # Gram store, and those that read the features (the sensitivity, the measures) each
+        # layer's features as they are read, into one store they share
+        analytic = self.statistics.get("analytic")
         self.analytic: AnalyticNull | None = (
             analytic.null if isinstance(analytic, AnalyticNullSums) else None
         )
-        self.features = features.kept if isinstance(features, SensitivityFeatures) else None
+        readers = [s for s in self.statistics.values() if isinstance(s, FeatureStatistic)]
+        self.features = readers[0].kept if readers else None
+        for reader in readers[1:]:
+            reader.kept = readers[0].kept
         # with the store: (batch, size, model, Grams key) of the Grams not at hand, for the
         # models whose layers the tail check needs after all (:meth:`_keep_stored`)
         self.unkept: list[tuple[int, int, str, str]] = []
@@ -239,12 +243,24 @@ class StreamingRun:
         try:
             for i, x in self.src.indexed(window):
                 yield i, int(x.shape[0]), x
+                if self.features is not None and len(self.features.sizes) == 1:
+                    self._check_memory()  # each layer's width is known from the first batch
                 bar.update(1)
                 done = self.sums.seen
                 if self.on_batch is not None and self.on_batch(done, total or 0) is False:
                     raise Cancelled(f"cancelled after {done} batches")
         finally:
             bar.close()
+
+    def _check_memory(self) -> None:
+        """Refuse the whole-sample measures (:class:`analysis.OptionsError`) when their estimate
+        over the whole plan passes the budget; the plan of an iterable of unknown length is
+        not known, and not checked."""
+        assert self.features is not None
+        if self.options.whole_sample and self.src.total:
+            widths = [0 if b is None else int(b.shape[1]) for b in self.features.buffers]
+            n = self.src.total * self.options.batch_size
+            self.options.check_memory(n, widths, torch.finfo(self.gdtype).bits // 8)
 
     def _store_parts(self) -> dict[str, Any]:
         """What else the stored Grams depend on (empty: the store is not used), and the note."""
@@ -352,8 +368,8 @@ class StreamingRun:
                     invariants[m] = got
                 else:
                     needed.add(m)
-        if self.calibrating:
-            needed = set(self.names)  # the permutation null and the spectra need every Gram
+        if self.calibrating or self.features is not None:
+            needed = set(self.names)  # the permutation null, the spectra, kept features: all
         stacks: dict[str, torch.Tensor] = {}
 
         rows: dict[str, Rows] = {}
@@ -363,7 +379,7 @@ class StreamingRun:
             if cache is not None and m in needed and m in gkeys:
                 stored = cache.get(gkeys[m])
                 if stored is not None and not self._stored_features(m, gkeys[m], b):
-                    stored = None  # sensitivity needs the features too: run the model
+                    stored = None  # the kept features are needed too: run the model
             if m in gkeys and m not in needed:
                 self.hits += 1  # every block of m is stored: not even its Grams are read
             elif stored is not None and stored.shape == (len(self.selected[m]), b, b):
@@ -415,15 +431,15 @@ class StreamingRun:
         return out
 
     def _last_features(self, m: str, b: int) -> list[torch.Tensor]:
-        """With sensitivity: the features model ``m`` gave on the batch (of ``b``) just run."""
+        """With kept features: those model ``m`` gave on the batch (of ``b``) just run."""
         if self.features is None:
             return []
         layers = range(self.slices[m].start, self.slices[m].stop)
         return [self.features.last(k, b) for k in layers]
 
     def _stored_features(self, m: str, key: str, b: int) -> bool:
-        """With sensitivity, read model ``m``'s stored features of the batch (Grams key ``key``)
-        into the kept features; False when any is missing. Without sensitivity: True."""
+        """With kept features, read model ``m``'s stored features of the batch (Grams key
+        ``key``) into them; False when any is missing. Without kept features: True."""
         if self.features is None:
             return True
         assert self.cache is not None
@@ -462,7 +478,14 @@ class StreamingRun:
                 raise EstimatorError(
                     f"{self.sums.n} samples are too few for the {self.estimator} estimator"
                 )
-            xs = [torch.cat(p).to(torch.float64) for p in parts]
+            if self.options.whole_sample:
+                widths = [int(p[0][0].numel()) if p else 0 for p in parts]
+                self.options.check_memory(self.sums.n, widths, torch.finfo(self.gdtype).bits // 8)
+            if self.features is None:
+                xs = [torch.cat(p).to(torch.float64) for p in parts]
+            else:  # the whole-sample measures read them, in the features' own precision
+                self.features.keep_whole([torch.cat(p) for p in parts])
+                xs = [f.to(torch.float64) for f in self.features.layers()]
             return full_hsic(xs, self.kern, self.estimator).cpu().numpy()
 
     def counters(self) -> dict[str, Any]:

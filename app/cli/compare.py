@@ -42,6 +42,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gram-cache", type=Path, metavar="DIR", help="keep per-batch Grams here")
     p.add_argument("--out", type=Path, help="write the atlas as JSON here")
     p.add_argument("--heatmap", type=Path, help="write the heatmap grid here (.png or .svg)")
+    p.add_argument(
+        "--heatmap-measure",
+        default="cka",
+        metavar="MEASURE",
+        help="the measure the heatmap draws: cka (default) or one given with --measure",
+    )
 
 
 def _add_option_flags(p: argparse.ArgumentParser) -> None:
@@ -54,7 +60,15 @@ def _add_option_flags(p: argparse.ArgumentParser) -> None:
         flag = "--" + spec.name.replace("_", "-")
         described = spec.description.replace("%", "%%")  # argparse formats help with %
         shown = argparse.SUPPRESS if spec.deprecated else f"{described} (default {spec.default})"
-        if spec.kind == "flag":
+        if spec.name == "measures":  # one name per flag, repeatable (comma lists read too)
+            p.add_argument(
+                "--measure",
+                dest="measures",
+                action="append",
+                choices=spec.choices,
+                help=f"{shown}; repeat for several",
+            )
+        elif spec.kind == "flag":
             p.add_argument(flag, action="store_true", default=None, help=described)
         elif spec.kind == "choice":
             p.add_argument(flag, choices=spec.choices, help=shown)
@@ -104,6 +118,15 @@ def _options(args: argparse.Namespace) -> Any:
         raise SystemExit(f"error: {flag}: {exc}") from None
 
 
+def _diagonal_mean(block: Any) -> float | None:
+    """The mean of a block's diagonal (the same depth on both sides), None if undefined."""
+    import numpy as np
+
+    diagonal = np.diagonal(block)
+    finite = diagonal[np.isfinite(diagonal)]
+    return float(finite.mean()) if finite.size else None
+
+
 def _siblings(paths: list[Path], keys: dict[str, str], taken: list[str]) -> dict[str, Any]:
     """The ``--sibling`` checkpoints (candidate seed siblings, never compared), by name; their
     sha256 goes into ``keys``."""
@@ -124,6 +147,11 @@ def run(args: argparse.Namespace) -> int:
     from app.store.cells import VERDICT_LEGEND, Cells, verdict_marks
 
     options = _options(args)
+    if args.heatmap_measure not in options.measures:
+        raise SystemExit(
+            f"error: --heatmap-measure: {args.heatmap_measure!r} is not among the measures "
+            f"computed ({', '.join(options.measures)}); add --measure {args.heatmap_measure}"
+        )
     dataset = analysis.load_dataset(args.dataset, split=args.split)
     paths = [Path(c) for c in args.checkpoints]
     loaded = {}
@@ -151,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     if args.heatmap:
         fmt = "svg" if args.heatmap.suffix.lower() == ".svg" else "png"
         args.heatmap.parent.mkdir(parents=True, exist_ok=True)
-        args.heatmap.write_bytes(render_atlas(atlas, fmt))
+        args.heatmap.write_bytes(render_atlas(atlas, fmt, measure=args.heatmap_measure))
     width = max(len(n) for n in atlas.models)
     print(f"n = {atlas.n} samples of {dataset.name}, {atlas.diagnostics['batches']} batches")
     cells = Cells(result)
@@ -180,6 +208,12 @@ def run(args: argparse.Namespace) -> int:
         )
     if judged:
         print(f"verdicts: {VERDICT_LEGEND}")
+    for measure in atlas.measure_names[1:]:
+        means = "  ".join(
+            f"{a}×{b} {_number(_diagonal_mean(atlas.matrix(a, b, measure)))}"
+            for a, b in atlas.pairs()
+        )
+        print(f"{measure}: mean diagonal {means}")
     for warning in atlas.diagnostics.get("warnings", []):
         print(f"warning: {warning}")
     for item in atlas.diagnostics["undefined_layers"]:

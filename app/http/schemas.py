@@ -219,8 +219,20 @@ class MatrixOut(BaseModel):
     b: str = Field(examples=["sw_mlp_digits"])
     rows: list[str] = Field(description="Layers of model a", examples=[["blocks.0", "norm"]])
     cols: list[str] = Field(description="Layers of model b", examples=[["blocks.0", "norm"]])
+    measure: str = Field(default="cka", description="What `values` holds (the `measure` asked for)")
+    measures: list[str] = Field(
+        default_factory=lambda: ["cka"],
+        description="The measures this comparison computed (option `measures`)",
+    )
     values: list[list[float | None]] = Field(
-        description="CKA, rows × cols; null where undefined", examples=[[[0.98, 0.5], [0.4, 0.9]]]
+        description="CKA (or `measure`), rows × cols; null where undefined",
+        examples=[[[0.98, 0.5], [0.4, 0.9]]],
+    )
+    cca_degenerate: list[list[bool]] | None = Field(
+        default=None,
+        description="With a CCA-family measure: per cell, whether CCA is degenerate there "
+        "(its layers' ranks add past n − 1: some canonical correlations are 1 whatever the "
+        "data; docs/measures.md)",
     )
     ci_low: Cells | None = Field(
         default=None, description="95 % interval, lower bound (with `interval`)"

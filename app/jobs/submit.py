@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 import models
 from analysis import AnalysisError
-from analysis.engine.layers import check_feature, resolve_layers
+from analysis.engine.layers import LayerReader, check_feature, resolve_layers
 from analysis.options import CompareOptions, OptionsError
 from analysis.studies import training_key
 from app.errors import ProblemError
@@ -174,8 +174,28 @@ def validate_comparison(
     labels = _labels(rows)
     resolved = {label: _resolve(row, body.layers) for label, row in zip(labels, rows, strict=True)}
     _check_size(body, options, ds, sum(len(names) for names in resolved.values()))
+    if options.whole_sample:  # the measures' memory, before anything is queued
+        widths = [
+            w
+            for label, row in zip(labels, rows, strict=True)
+            for w in _widths(row, resolved[label], options)
+        ]
+        try:
+            options.check_memory(ds.n, widths)
+        except OptionsError as exc:
+            raise _invalid(exc.kind, str(exc), exc.field) from None
     params = comparison_params(body, options, labels, resolved, ds.id)
     return rows, ds, params
+
+
+def _widths(row: Model, layers: list[str], options: CompareOptions) -> list[int]:
+    """The features per image of each of ``layers`` of ``row``: one image through the model's
+    weightless skeleton (meta tensors: shapes only, nothing computed)."""
+    net = skeleton(row.arch, row.config)
+    device = next(net.parameters()).device
+    with torch.inference_mode():
+        x = torch.zeros(1, *row.input_shape, device=device)
+        return [int(f[0].numel()) for f in LayerReader(net, layers, options.feature)(x)]
 
 
 def _who(row: Model) -> str:
@@ -256,6 +276,7 @@ def _check_size(body: ComparisonIn, options: CompareOptions, ds: Dataset, layers
 # so such a request still finds the comparison stored for it.
 _UNSET: dict[str, Any] = {"permutations": 0, "sensitivity": False, "baselines": []}
 _UNSET |= {"random_init_draws": None, "dtype": "fp32", "seed": 0}
+_UNSET |= {"measures": ["cka"], "knn_k": 10}
 # What every request hashed, from the first release on.
 _ALWAYS = ("resolved_layers", "kernel", "estimator", "mode", "batch_size", "feature")
 

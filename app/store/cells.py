@@ -19,7 +19,9 @@ cell.
 
 The long table has one row per cell of every model pair (a, b) with a at or before b in the
 comparison's order (a model's block with itself included), the order of ``matrices``:
-:data:`COLUMNS`, NaN where a quantity was not computed or is undefined.
+:data:`COLUMNS`, NaN where a quantity was not computed or is undefined; a comparison with other
+measures than CKA (``measures``, with ``cca_degenerate`` per cell for the CCA family) repeats
+the rows once per measure, named in ``measure``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from analysis.inference.verdicts import (
     cell_verdicts,
     verdicts_from_json,
 )
+from analysis.measures.matrices import CCA_FAMILY
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -67,7 +70,19 @@ QUANTITIES = (
     "sensitivity",
     *VERDICT_KEYS,
 )
-COLUMNS = ("model_a", "layer_a", "model_b", "layer_b", "cka", *QUANTITIES)
+# ``measure`` names what ``value`` is: a CKA row (its ``cka`` and company repeated in ``value``)
+# or one of the comparison's other measures (analysis.measures; CKA's columns empty there).
+COLUMNS = (
+    "model_a",
+    "layer_a",
+    "model_b",
+    "layer_b",
+    "measure",
+    "value",
+    "cca_degenerate",
+    "cka",
+    *QUANTITIES,
+)
 LABEL_COLUMNS = ("model_a", "layer_a", "model_b", "layer_b")
 # A spreadsheet reads a cell that starts with one of these as a formula (OWASP, CSV injection).
 FORMULA_LEADS = ("=", "+", "-", "@", "\t", "\r")
@@ -193,6 +208,13 @@ class Cells:
                     pair = (item["a"], item["b"])
                     self._reasons.setdefault(key, {})[pair] = item["reason"]
                     self._reasons[key][pair[::-1]] = item["reason"]
+        self.measures: dict[str, np.ndarray] = {
+            name: full
+            for name, rows in (result.get("measures") or {}).items()
+            if (full := _array(rows)) is not None
+        }
+        flags = result.get("cca_degenerate")
+        self.cca_flags = None if flags is None else np.array(flags, dtype=bool)
         drop = _array(result.get("cka_without_top_pc"))
         self.full["sensitivity"] = (
             None if drop is None else np.fmax(np.abs(drop - cka), np.abs(drop.T - cka))
@@ -228,6 +250,29 @@ class Cells:
         """Every quantity's block of (a, b) as JSON (null cells where undefined)."""
         return {key: _jsonable(self.block(key, a, b)) for key in ("cka", *QUANTITIES)}
 
+    @property
+    def measure_names(self) -> list[str]:
+        """``cka``, then the other measures the comparison computed."""
+        return ["cka", *self.measures]
+
+    def measure_block(self, measure: str, a: str, b: str) -> np.ndarray:
+        """Measure ``measure``'s block of (a, b) (one of :attr:`measure_names`)."""
+        full = self.full["cka"] if measure == "cka" else self.measures[measure]
+        assert full is not None
+        return full[self._slices[a], self._slices[b]].copy()
+
+    def measure_json(self, measure: str, a: str, b: str) -> list[list[Any]]:
+        """:meth:`measure_block` as JSON (null cells where undefined)."""
+        block = _jsonable(self.measure_block(measure, a, b))
+        assert block is not None
+        return block
+
+    def degenerate_block(self, a: str, b: str) -> np.ndarray | None:
+        """Per cell of (a, b), whether CCA is degenerate there; None without the CCA family."""
+        if self.cca_flags is None:
+            return None
+        return self.cca_flags[self._slices[a], self._slices[b]].copy()
+
     def undefined(self, a: str, b: str) -> dict[str, str]:
         """Per baseline undefined for the pair (a, b), the reason (see app.jobs.baselines)."""
         return {key: why[a, b] for key, why in self._reasons.items() if (a, b) in why}
@@ -239,21 +284,27 @@ class Cells:
     def columns(self) -> dict[str, Any]:
         """The long table as columns (lists of strings, float64 arrays)."""
         out: dict[str, list[Any]] = {name: [] for name in COLUMNS}
-        for a, b in self.pairs():
-            la, lb = self.layers[a], self.layers[b]
-            out["model_a"] += [a] * (len(la) * len(lb))
-            out["layer_a"] += [layer for layer in la for _ in lb]
-            out["model_b"] += [b] * (len(la) * len(lb))
-            out["layer_b"] += list(lb) * len(la)
-            for key in ("cka", *QUANTITIES):
-                block = self.block(key, a, b)
-                empty = None if key.endswith("_verdict") else np.nan
-                values = np.full(len(la) * len(lb), empty) if block is None else block.ravel()
-                out[key].append(values)
+        for measure in self.measure_names:
+            for a, b in self.pairs():
+                la, lb = self.layers[a], self.layers[b]
+                size = len(la) * len(lb)
+                out["model_a"] += [a] * size
+                out["layer_a"] += [layer for layer in la for _ in lb]
+                out["model_b"] += [b] * size
+                out["layer_b"] += list(lb) * len(la)
+                out["measure"] += [measure] * size
+                out["value"].append(self.measure_block(measure, a, b).ravel())
+                flags = self.degenerate_block(a, b) if measure in CCA_FAMILY else None
+                out["cca_degenerate"] += [None] * size if flags is None else flags.ravel().tolist()
+                for key in ("cka", *QUANTITIES):
+                    block = self.block(key, a, b) if measure == "cka" else None
+                    empty = None if key.endswith("_verdict") else np.nan
+                    values = np.full(size, empty) if block is None else block.ravel()
+                    out[key].append(values)
         table: dict[str, Any] = {}
         for name in COLUMNS:
             parts = out[name]
-            if name in ("model_a", "layer_a", "model_b", "layer_b"):
+            if name in (*LABEL_COLUMNS, "measure", "cca_degenerate"):
                 table[name] = parts
             else:
                 table[name] = np.concatenate(parts) if parts else np.zeros(0)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import models
-from analysis import AnalysisError, cka_test, directions, random_init_twin
+from analysis import AnalysisError, cka_test, random_init_twin
+from analysis.estimators import directions
 from analysis.estimators.directions import top_directions
 from analysis.estimators.hsic import centred_rows
 from analysis.estimators.kernels import parse_kernel

@@ -133,9 +133,9 @@ def test_a_resample_of_one_model_is_skipped() -> None:
 
 
 def test_measures_and_comparisons_of_the_study() -> None:
-    check_measures(["cka", "hsic"])
-    with pytest.raises(ValueError, match=r"does not compute \['pwcca'\] yet"):
-        check_measures(["cka", "pwcca"])
+    check_measures(["cka", "hsic", "pwcca", "mutual_knn"])
+    with pytest.raises(ValueError, match="listed twice"):
+        check_measures(["cka", "pwcca", "cka"])
     with pytest.raises(ValueError, match="unknown measures"):
         check_measures(["cka", "nope"])
     options = atlas_options({"mode": "full"}, ["hsic", "cka"], [0.2, 0.8])

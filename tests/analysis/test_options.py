@@ -41,6 +41,8 @@ def test_defaults() -> None:
         "sensitivity": False,
         "seed": 0,
         "random_init_draws": 3,
+        "measures": ("cka",),
+        "knn_k": 10,
         "bootstrap": None,  # deprecated: read, never kept
     }
 
@@ -152,6 +154,8 @@ def test_option_specs_describe_what_is_accepted() -> None:
             # shuffles need a count of them
             count = {"permutations": 10} if choice == "permutation" else {}
             want = (choice,) if spec.kind == "choices" else choice
+            if name == "measures":  # CKA always runs, first
+                want = tuple(dict.fromkeys(("cka", choice)))
             assert getattr(CompareOptions(**{name: choice}, **count), name) == want
     for example in specs["kernel"].examples:
         CompareOptions(kernel=example)

@@ -281,7 +281,8 @@ def test_baselines_interval_and_exports(
         "rest parquet": pd.read_parquet(io.BytesIO(parquet.content)),
         "cli parquet": pd.read_parquet(out),
     }
-    columns = ["model_a", "layer_a", "model_b", "layer_b", "cka", "ci_low", "ci_high"]
+    columns = ["model_a", "layer_a", "model_b", "layer_b", "measure", "value", "cca_degenerate"]
+    columns += ["cka", "ci_low", "ci_high"]
     columns += ["p_value", "q_value", "null_mean"]
     rows = sum(
         len(stored["layers"][m["a"]]) * len(stored["layers"][m["b"]]) for m in stored["matrices"]

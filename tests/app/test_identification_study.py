@@ -25,16 +25,19 @@ from app.store.settings import Settings
 from tests.app.study_tools import FakeTrainer
 from tests.helpers import make_settings
 
-MEASURES = ["hsic", "cka", "cka_rbf_0.2", "cka_rbf_0.4", "cka_rbf_0.8"]
+LINEAR = ["cca_mean", "cca", "svcca", "pwcca", "linreg", "hsic", "cka", "procrustes", "mutual_knn"]
+MEASURES = [*LINEAR, "cka_rbf_0.2", "cka_rbf_0.4", "cka_rbf_0.8"]
 
 
 def _loop_accuracy(block_of: dict[tuple[str, str], np.ndarray], names: list[str]) -> float:
-    """Mean over ordered pairs of distinct models and layers of [argmax of the row == layer]."""
-    right = total = 0
+    """Mean over ordered pairs of distinct models and layers of 1/t when the row's layer is one
+    of its t maxima, else 0 (a saturated measure, CCA where features outnumber images, ties)."""
+    right, total = 0.0, 0
     for a, b in itertools.permutations(names, 2):
         block = block_of[a, b]
         for layer, row in enumerate(block):
-            right += int(np.argmax(row) == layer)
+            best = [j for j, v in enumerate(row) if v == max(row)]
+            right += 1 / len(best) if layer in best else 0.0
             total += 1
     return right / total
 
@@ -94,6 +97,9 @@ def test_quick_layer_identification_writes_its_table_and_shows_it(
         "hsic": _loop_accuracy({p: atlases["main"].hsic_block(*p) for p in pairs}, names),
         "cka": _loop_accuracy({p: atlases["main"].matrix(*p) for p in pairs}, names),
     }
+    for m in LINEAR[:5] + LINEAR[7:]:  # the measures beside CKA, from the same comparison
+        blocks = {p: atlases["main"].matrix(*p, measure=m) for p in pairs}
+        expected[m] = _loop_accuracy(blocks, names)
     for t in ("0.2", "0.4", "0.8"):
         atlas = atlases[f"cka_rbf_{t}"]
         expected[f"cka_rbf_{t}"] = _loop_accuracy({p: atlas.matrix(*p) for p in pairs}, names)

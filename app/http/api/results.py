@@ -143,24 +143,36 @@ def get_matrix(
     comparison_id: ComparisonId,
     a: str | None = Query(None, max_length=220, description="Model label or id (default: first)"),
     b: str | None = Query(None, max_length=220, description="Model label or id (default: a)"),
+    measure: str = Query(
+        "cka",
+        max_length=40,
+        description="Which measure `values` holds: `cka`, or one the comparison computed "
+        "(its option `measures`; docs/measures.md)",
+    ),
 ) -> dict[str, Any] | Response:
-    """CKA between every layer of model ``a`` (rows) and every layer of model ``b`` (columns).
+    """CKA (or ``measure``) between every layer of model ``a`` (rows) and every layer of model
+    ``b`` (columns).
 
-    With the cells' company when the comparison computed it: the 95 % interval
+    With the CKA cells' company when the comparison computed it: the 95 % interval
     (``ci_low``, ``ci_high``), the null (``p_value``, its Benjamini–Hochberg ``q_value`` over
     the comparison's cells, ``null_mean``, ``null_q95``), the top-component ``sensitivity``,
-    the ``baselines`` and each cell's ``verdicts`` against them; each null when not computed.
+    the ``baselines`` and each cell's ``verdicts`` against them; each null when not computed,
+    and for any other measure (they are CKA's). ``cca_degenerate`` with the CCA family.
     """
     cmp = _finished(services, comparison_id, load_result=False)
     la = _pick(cmp, a, "a") if a is not None else cmp.members[0].label
     lb = _pick(cmp, b, "b") if b is not None else la
-    key = hashlib.sha256(f"matrix-v4:{cmp.result_sha256}:{la}:{lb}".encode()).hexdigest()
+    key = hashlib.sha256(f"matrix-v5:{cmp.result_sha256}:{la}:{lb}:{measure}".encode()).hexdigest()
     headers = _cache_headers(services, f'"{key}"')
     if _not_modified(request, headers["ETag"]):
         return Response(status_code=304, headers=headers)
-    response.headers.update(headers)
     cells = _cached_cells(services, cmp)
+    _check_measure(cells, measure)
+    response.headers.update(headers)
     blocks = cells.blocks_json(la, lb)
+    if measure != "cka":
+        blocks = dict.fromkeys(blocks, None) | {"cka": cells.measure_json(measure, la, lb)}
+    flags = cells.degenerate_block(la, lb)
     names = ("random_init", "random_init_sd", "seed_ceiling")
     baselines = {k: blocks[k] for k in names if blocks[k] is not None}
     verdicts = {k: blocks[k] for k in VERDICT_KEYS if blocks[k] is not None}
@@ -170,7 +182,10 @@ def get_matrix(
         "b": lb,
         "rows": list(cells.layers[la]),
         "cols": list(cells.layers[lb]),
+        "measure": measure,
+        "measures": cells.measure_names,
         "values": blocks["cka"],
+        "cca_degenerate": None if flags is None else flags.tolist(),
         **{
             k: blocks[k]
             for k in ("ci_low", "ci_high", "p_value", "q_value", "null_mean", "null_q95")
@@ -201,9 +216,24 @@ def get_heatmap(
         description="`cka`: CKA on viridis over [0, 1]; `learned`: CKA minus the untrained "
         "twins' mean, on a diverging scale centred at 0 (needs the `random_init` baseline)",
     ),
+    measure: str = Query(
+        "cka",
+        max_length=40,
+        description="The measure drawn (`cka`, or one the comparison computed), named in the "
+        "title and colour bar; `colour` `learned` is CKA's alone",
+    ),
 ) -> Response:
     """The atlas heatmap grid, rendered once and cached in the artifact store; has an ETag."""
     cmp = _finished(services, comparison_id, load_result=False)
+    if measure != "cka":
+        _check_measure(_cached_cells(services, cmp), measure)
+        if colour == "learned":
+            raise ProblemError(
+                422,
+                "validation_error",
+                f"colour learned is CKA above its untrained twins; measure {measure} has none",
+                field="colour",
+            )
     if colour == "learned" and not _cached_cells(services, cmp).has("learned"):
         raise ProblemError(
             422,
@@ -215,9 +245,10 @@ def get_heatmap(
         services,
         request,
         cmp,
-        "heatmap-v1" if colour == "cka" else "heatmap-learned-v1",
+        ("heatmap-v1" if colour == "cka" else "heatmap-learned-v1")
+        + ("" if measure == "cka" else f"-{measure}"),
         fmt,
-        lambda: render_atlas(_cached_atlas(services, cmp), fmt=fmt, colour=colour),
+        lambda: render_atlas(_cached_atlas(services, cmp), fmt=fmt, colour=colour, measure=measure),
         media_type=MEDIA[fmt],
         ref_kind="heatmap",
     )
@@ -235,7 +266,9 @@ def get_heatmap(
 def get_cells(
     services: Svc, request: Request, comparison_id: ComparisonId, fmt: Literal["csv", "parquet"]
 ) -> Response:
-    """Every cell as one long table: ``model_a, layer_a, model_b, layer_b, cka, ci_low,
+    """Every cell as one long table: ``model_a, layer_a, model_b, layer_b, measure, value,
+    cca_degenerate`` (one row per cell and measure: ``cka`` and any other the comparison
+    computed, its CCA-degenerate flag with the CCA family), then CKA's ``cka, ci_low,
     ci_high, p_value, q_value, null_mean, null_q95, random_init, random_init_sd, seed_ceiling,
     sensitivity``, then the verdicts ``learned, learned_low, learned_high, learned_verdict,
     seed_gap, seed_gap_low, seed_gap_high, seed_verdict`` (empty/NaN where not computed or
@@ -250,13 +283,25 @@ def get_cells(
         services,
         request,
         cmp,
-        "cells-v3",
+        "cells-v4",
         fmt,
         table,
         media_type=TABLE_MEDIA[fmt],
         ref_kind="export",
         filename=f"comparison-{comparison_id}-cells.{fmt}",
     )
+
+
+def _check_measure(cells: Cells, measure: str) -> None:
+    """A 422 naming the comparison's measures unless ``measure`` is one of them."""
+    if measure not in cells.measure_names:
+        raise ProblemError(
+            422,
+            "unknown_measure",
+            f"measure {measure!r} is not one this comparison computed: "
+            f"{', '.join(cells.measure_names)}",
+            field="measure",
+        )
 
 
 def _rendered(

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from analysis.inference.verdicts import MARKS, WORDS
-from analysis.plot import learned_limit
+from analysis.plot import MEASURE_TITLES, learned_limit
 from app.http.api.options import option_filter, option_suggestions
 from app.http.api.views import comparison_view
 from app.http.problems import ProblemError
@@ -141,7 +141,11 @@ def atlas_payload(result: dict[str, Any]) -> dict[str, Any]:
     matrices = []
     for a, b in cells.pairs():
         blocks = cells.blocks_json(a, b)
-        pair = {"a": a, "b": b, "cka": blocks["cka"], "undefined": cells.undefined(a, b)}
+        pair: dict[str, Any] = {"a": a, "b": b, "cka": blocks["cka"]}
+        pair["undefined"] = cells.undefined(a, b)
+        others = {name: cells.measure_json(name, a, b) for name in cells.measure_names[1:]}
+        if others:
+            pair["measures"] = others
         matrices.append(pair | {k: blocks[k] for k in has})
     random_init = (result.get("baselines") or {}).get("random_init") or {}
     learned = cells.full.get("learned")
@@ -155,6 +159,8 @@ def atlas_payload(result: dict[str, Any]) -> dict[str, Any]:
         "has": has,
         "permutations": (result.get("config") or {}).get("permutations") or 0,
         "matrices": matrices,
+        "measures": cells.measure_names,
+        "measure_titles": MEASURE_TITLES,
     }
 
 

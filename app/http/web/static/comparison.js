@@ -19,6 +19,7 @@
   let drawCards = [];
   let resizeTimer = 0;
   let colour = "cka";
+  let measure = "cka"; /* what every heatmap shows: CKA or another measure the atlas has */
 
   /* What every heatmap is coloured by, and its scale. */
   function scale() {
@@ -29,20 +30,23 @@
     return values.length ? values[0].map(function (_, j) { return values.map(function (r) { return r[j]; }); }) : [];
   }
 
-  /* The CKA block with rows the layers of a and columns those of b, with the blocks of
-   * every computed quantity (interval, null, baselines). */
+  /* The CKA block (or the chosen measure's) with rows the layers of a and columns those of b,
+   * with the blocks of every computed quantity (interval, null, baselines: CKA's alone). */
   function block(a, b) {
     const out = { a: a, b: b, rows: atlas.layers[a], cols: atlas.layers[b], values: [] };
     out.random_init_draws = atlas.random_init_draws;
     out.words = atlas.verdict_words;
-    const keys = (atlas.has || []);
+    out.measure = measure;
+    out.measureLabel = (atlas.measure_titles || {})[measure] || measure;
+    const keys = measure === "cka" ? (atlas.has || []) : [];
+    const pick = function (m) { return measure === "cka" ? m.cka : m.measures[measure]; };
     atlas.matrices.forEach(function (m) {
       if ((m.a === a && m.b === b) || (m.a === b && m.b === a)) out.undefined = m.undefined || {};
       if (m.a === a && m.b === b) {
-        out.values = m.cka;
+        out.values = pick(m);
         keys.forEach(function (k) { out[k] = m[k]; });
       } else if (m.a === b && m.b === a && !(a === b)) {
-        out.values = transpose(m.cka);
+        out.values = transpose(pick(m));
         keys.forEach(function (k) { out[k] = m[k] ? transpose(m[k]) : null; });
       }
     });
@@ -85,11 +89,12 @@
     const m = block(a, b);
     const fit = $("focus").parentElement.clientWidth;
     window.CkaHeatmap.draw($("focus"), m, Object.assign({ maxSize: 460, minCell: 12, maxCell: 64, font: 12, showValues: true, fit: fit }, scale()));
-    $("focus-json").href = "/v1/comparisons/" + meta.id + "/matrix?a=" + encodeURIComponent(a) + "&b=" + encodeURIComponent(b);
+    $("focus-json").href = "/v1/comparisons/" + meta.id + "/matrix?a=" + encodeURIComponent(a) + "&b=" + encodeURIComponent(b) +
+      (measure === "cka" ? "" : "&measure=" + encodeURIComponent(measure));
     stats(m);
     $("null-legend").classList.toggle("hidden", !(atlas.has || []).includes("p_value"));
     window.CkaProfile.draw($("profile"), m, { fit: $("profile").parentElement.clientWidth });
-    $("profile-caption").textContent = "CKA per layer of " + a + " against " + b;
+    $("profile-caption").textContent = m.measureLabel + " per layer of " + a + " against " + b;
     document.querySelectorAll(".heatmap-card").forEach(function (card) {
       const on = (card.dataset.a === a && card.dataset.b === b) || (card.dataset.a === b && card.dataset.b === a);
       card.classList.toggle("selected", on);
@@ -151,6 +156,16 @@
     $("colour-by-label").classList.toggle("hidden", !learned);
     if (!learned) colour = "cka";
     $("colour-by").value = colour;
+    const measures = atlas.measures || ["cka"];
+    const pickMeasure = $("measure-by");
+    pickMeasure.replaceChildren();
+    measures.forEach(function (name) {
+      option(pickMeasure, name);
+      pickMeasure.lastChild.textContent = (atlas.measure_titles || {})[name] || name;
+    });
+    if (!measures.includes(measure)) measure = "cka";
+    pickMeasure.value = measure;
+    $("measure-by-label").classList.toggle("hidden", measures.length < 2);
     redraw();
     bindSummary();
   }
@@ -158,7 +173,8 @@
   /* Every heatmap, the focus and the colour bar, in the current colour. */
   function redraw() {
     drawCards.forEach(function (draw) { draw(); });
-    window.CkaHeatmap.colorbar($("colorbar"), 220, colour, scale().limit);
+    const title = measure === "cka" ? undefined : measure;
+    window.CkaHeatmap.colorbar($("colorbar"), 220, colour, scale().limit, title);
     renderFocus();
   }
 
@@ -244,6 +260,12 @@
   }
   $("colour-by").addEventListener("change", function () {
     colour = $("colour-by").value;
+    if (colour !== "cka") measure = $("measure-by").value = "cka"; /* CKA's own colour */
+    redraw();
+  });
+  $("measure-by").addEventListener("change", function () {
+    measure = $("measure-by").value;
+    if (measure !== "cka") colour = $("colour-by").value = "cka";
     redraw();
   });
   $("focus-a").addEventListener("change", renderFocus);

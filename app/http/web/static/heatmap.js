@@ -11,7 +11,8 @@
  * (matrix.learned) on a diverging map centred at 0, over ±options.limit (the server gives the
  * PNG's analysis.plot.learned_limit). Undefined cells (null) are grey.
  *
- * matrix: {a, b, rows: [layer names], cols: [layer names], values: [[number|null]]}, and
+ * matrix: {a, b, rows: [layer names], cols: [layer names], values: [[number|null]]} (with
+ * measure and measureLabel when values are another measure than CKA, over [0, 1] too), and
  * optionally blocks of the same shape: ci_low, ci_high (bootstrap interval), p_value,
  * q_value (Benjamini–Hochberg over the comparison), null_mean (the null), random_init with
  * random_init_sd (its spread over random_init_draws draws) and seed_ceiling (baselines),
@@ -179,7 +180,7 @@
     verdicts(tip, matrix, i, j);
     const value = document.createElement("div");
     value.className = "tt-value";
-    value.textContent = "CKA " + formatValue(v);
+    value.textContent = (matrix.measureLabel || "CKA") + " " + formatValue(v);
     tip.appendChild(value);
     company(tip, matrix, i, j);
     line(tip, matrix.a, matrix.rows[i]);
@@ -233,12 +234,13 @@
     const width = Math.ceil(left + w + 8);
     const height = Math.ceil(top + h + colReach + fs + 10 + titleBand);
 
-    const label = (learned ? "CKA above untrained twins" : "CKA") + " between the layers of " +
+    const label = (learned ? "CKA above untrained twins" : matrix.measureLabel || "CKA") + " between the layers of " +
       matrix.a + " (rows) and " + matrix.b + " (columns)";
     const svg = window.CkaSvg.chart("heatmap", width, height, label, matrix, {
       "data-rows": nr,
       "data-cols": nc,
       "data-colour": learned ? "learned" : "cka",
+      "data-measure": matrix.measure || "cka",
       "font-size": fs,
     });
     const cells = el("g", { class: "cells", transform: "translate(" + left + "," + top + ")" }, svg);
@@ -368,8 +370,9 @@
   }
 
   /* A vertical colour bar, `height` pixels tall: CKA over [0, 1], or with mode "learned"
-   * CKA minus the untrained twins' mean over [-limit, limit]. */
-  function colorbar(host, height, mode, limit) {
+   * CKA minus the untrained twins' mean over [-limit, limit]; `title` names another
+   * measure over [0, 1]. */
+  function colorbar(host, height, mode, limit, title) {
     const h = height || 200;
     const learned = mode === "learned";
     const lim = limit || 0.05;
@@ -385,7 +388,7 @@
       "data-colour": learned ? "learned" : "cka",
       "aria-label": learned
         ? "Colour scale: CKA minus the untrained twins' mean, from " + (-lim).toFixed(2) + " to " + lim.toFixed(2)
-        : "Colour scale: CKA from 0 to 1",
+        : "Colour scale: " + (title || "CKA") + " from 0 to 1",
     });
     const grad = el("linearGradient", { id: id, x1: 0, y1: 1, x2: 0, y2: 0 }, el("defs", {}, svg));
     const stops = learned ? DIVERGING : VIRIDIS;
@@ -393,7 +396,7 @@
       const t = k / (stops.length - 1);
       el("stop", { offset: t, "stop-color": interpolate(stops, t) }, grad);
     });
-    el("text", { class: "colorbar-title", x: 2, y: 11 }, svg, learned ? "learned" : "CKA");
+    el("text", { class: "colorbar-title", x: 2, y: 11 }, svg, learned ? "learned" : title || "CKA");
     el("rect", { x: 2, y: 20, width: 16, height: h, fill: "url(#" + id + ")", class: "frame" }, svg);
     [0, 0.25, 0.5, 0.75, 1].forEach(function (t) {
       const y = 20 + (1 - t) * h;

@@ -1,0 +1,60 @@
+"""The comparison page's measure selector, in a real browser: every heatmap switches to the
+chosen measure, and its cells hold the values the REST matrix gives for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.e2e_tools import MODELS, Server, wait_done
+from tests.e2e.test_browser import page, shot  # noqa: F401  (the page fixture)
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_measure_selector_redraws_every_heatmap(
+    page: Any,  # noqa: F811
+    server: Server,
+    results_dir: Path,
+) -> None:
+    body = {
+        "model_ids": [server.model_ids[m] for m in MODELS[:2]],
+        "dataset_id": server.digits_id,
+        "batch_size": 150,
+        "measures": ["pwcca", "procrustes"],
+    }
+    r = server.api.post("/v1/comparisons", json=body)
+    assert r.status_code == 202, r.text
+    cid = r.json()["id"]
+    done = wait_done(server.api, cid)
+    assert done["status"] == "succeeded", done
+    page.goto(f"{server.url}/comparisons/{cid}")
+    focus = page.locator("#focus svg.heatmap")
+    focus.wait_for()
+    assert focus.get_attribute("data-measure") == "cka"
+    picker = page.locator("#measure-by")
+    assert picker.is_visible()
+    assert [o.get_attribute("value") for o in picker.locator("option").all()] == [
+        "cka",
+        "pwcca",
+        "procrustes",
+    ]
+    picker.select_option("procrustes")
+    page.locator('#focus svg.heatmap[data-measure="procrustes"]').wait_for()
+    cards = page.locator(".heatmap-card svg.heatmap")
+    assert cards.count() == 3
+    assert all(c.get_attribute("data-measure") == "procrustes" for c in cards.all())
+    a, b = MODELS[0], MODELS[1]
+    m = server.api.get(
+        f"/v1/comparisons/{cid}/matrix", params={"a": a, "b": b, "measure": "procrustes"}
+    ).json()
+    i, j = 1, 0
+    focus.locator(f'rect.cell[data-i="{i}"][data-j="{j}"]').hover()
+    tooltip = page.locator("#heatmap-tooltip")
+    tooltip.wait_for(state="visible")
+    assert f"Procrustes similarity {m['values'][i][j]:.4f}" in tooltip.inner_text()
+    assert "measure=procrustes" in (page.locator("#focus-json").get_attribute("href") or "")
+    assert "Procrustes similarity per layer" in page.locator("#profile-caption").inner_text()
+    shot(page, results_dir, "20-measure-procrustes")
