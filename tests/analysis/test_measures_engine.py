@@ -3,6 +3,8 @@ budget, and CKA alone unchanged."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -117,3 +119,14 @@ def test_measures_options_are_canonical_and_each_named_once() -> None:
         CompareOptions.build(measures=["cca", "cca"])
     with pytest.raises(OptionsError, match=r"^measures"):
         CompareOptions.build(measures=["rsa"])
+
+
+def test_a_store_that_has_every_block_still_gives_the_features(tmp_path: Path) -> None:
+    nets, x = _nets(), _images()
+    store = analysis.DirectoryGramCache(tmp_path)
+    keys = {"a": "sha-a", "b": "sha-b"}
+    plain = {"batch_size": 30, "layers": LAYERS, "device": "cpu"}
+    analysis.compare(nets, x, gram_cache=store, model_keys=keys, **plain)  # stores every block
+    stored = analysis.compare(nets, x, gram_cache=store, model_keys=keys, measures="cca", **plain)
+    fresh = analysis.compare(nets, x, measures="cca", **plain)
+    assert stored.matrix("a", "b", "cca") == pytest.approx(fresh.matrix("a", "b", "cca"), abs=TOL)
