@@ -432,7 +432,7 @@ class StreamingRun:
                     self.unkept.append((i, b, m, gkeys[m]))
             stacked_inv = np.concatenate([invariants[m] for m in self.names])
             self.analytic.add_invariants(stacked_inv, b)
-        if self.calibrating or self.features is not None:
+        if self.calibrating:
             ordered = [rows[m] for m in self.names]
             stacked = (torch.cat([r[0] for r in ordered]), torch.cat([r[1] for r in ordered]))
             self._calibrate(i, torch.cat([stacks[m] for m in self.names]), stacked)
