@@ -18,13 +18,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
+from workloads import demo_models  # bench/workloads.py, beside this script
 
 import analysis
-import models
-from models.training import ZOO  # the demo's six models: (name, preset, seed)
 
 
 def main() -> None:
@@ -42,10 +40,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if args.zoo:
-        nets = {name: models.load(Path(args.zoo) / name)[0].eval() for name, _, _ in ZOO}
-    else:
-        nets = {name: models.create(arch, seed=seed).eval() for name, arch, seed in ZOO}
+    nets = demo_models(args.zoo)
     data = analysis.load_dataset("digits")  # the test split, as the demo registers it
 
     atlases: dict[str, analysis.Atlas] = {}

@@ -18,10 +18,9 @@ import statistics
 import time
 
 import torch
+from workloads import demo_models  # bench/workloads.py, beside this script
 
 import analysis
-import models
-from models.training import ZOO
 
 
 def main() -> None:
@@ -30,7 +29,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    nets = {name: models.create(arch, seed=seed).eval() for name, arch, seed in ZOO}
+    nets = demo_models()
     data = analysis.load_dataset("digits")
     analysis.compare(nets, data, batch_size=150, device="cpu")  # warm-up
     times = []

@@ -16,10 +16,9 @@ import statistics
 import time
 
 import torch
+from workloads import demo_models  # bench/workloads.py, beside this script
 
 import analysis
-import models
-from models.training import ZOO  # the demo's six models: (name, preset, seed)
 
 
 def main() -> None:
@@ -30,7 +29,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    nets = {name: models.create(arch, seed=seed).eval() for name, arch, seed in ZOO}
+    nets = demo_models()
     data = analysis.load_dataset("digits")  # the test split, as the demo registers it
 
     def run(permutations: int) -> float:

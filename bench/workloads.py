@@ -3,7 +3,8 @@
 The 224-pixel timm pair (``mixer_s16_224``, ``resmlp_12_224``, random-init, 10 classes) as
 timm's ``save_for_hf`` writes it, and an ImageFolder of random photos of mixed sizes, each
 zipped as a user would upload them; the pair read back as an upload is (:func:`imported_pair`);
-and a timer on the sensitivity's whole-sample step.
+the demo zoo's six models, trained or untrained (:func:`demo_models`); and a timer on the
+sensitivity's whole-sample step.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from timm.models import save_for_hf
 from torch import nn
 
 import analysis.shards.shard
+import models
 from models.hub import load_hub, read_hub
+from models.training import ZOO
 
 TIMM_PAIR = ("mixer_s16_224", "resmlp_12_224")
 
@@ -71,6 +74,14 @@ def imported_pair(root: Path, names: tuple[str, ...] = TIMM_PAIR) -> dict[str, n
         model, _ = load_hub(read_hub(archive, scratch))
         nets[name] = model.eval()
     return nets
+
+
+def demo_models(zoo: str | Path | None = None) -> dict[str, nn.Module]:
+    """The demo's six models (``models.training.ZOO``) in eval mode: loaded from the trained zoo
+    in ``zoo`` (what ``make run`` trains), else untrained from their presets and seeds."""
+    if zoo:
+        return {name: models.load(Path(zoo) / name)[0].eval() for name, _, _ in ZOO}
+    return {name: models.create(arch, seed=seed).eval() for name, arch, seed in ZOO}
 
 
 def time_whole_sample_step() -> list[float]:
