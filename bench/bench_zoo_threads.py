@@ -7,15 +7,20 @@ sets its thread counts as a worker of the service would (``app.jobs.threads``):
 
 - ``before``: nothing set, torch's own default (the machine's cores, whatever else runs) and
   libgomp's own spin (an idle pool thread spins 300,000 rounds before it sleeps);
-- ``after``: :func:`app.jobs.threads.cpu_threads` for the process's worker threads
+- ``static``: :func:`app.jobs.threads.cpu_threads` for the process's worker threads
   (``--workers``, default 1, as ``make run``) or ``CKA_CPU_THREADS``, and the shorter spin
-  ``app`` sets (``GOMP_SPINCOUNT=10000``), as every row below does;
+  ``app`` sets (``GOMP_SPINCOUNT=10000``), as every row below does — issue 38's first rule;
+- ``adaptive``: what a worker of the service does now: :func:`app.jobs.threads.start_job_threads`
+  once, then :meth:`~app.jobs.threads.JobThreads.apply` as each model's training starts (each is
+  a job of the demo), so each trains on the CPUs its neighbours left idle;
 - ``N``: exactly N threads (``--threads 1 2``).
 
 "Busy" runs beside a neighbour that keeps every CPU of this process's affinity busy: one
 child process per CPU spinning in pure Python (what a test suite or another job does to the
 cores), started before and stopped after the zoo. Each configuration runs ``--repeats`` times;
-the medians are printed as a markdown table.
+the runs alternate (every configuration idle and busy, then again), and the medians are
+printed as a markdown table; the torch threads column gives each run's counts (per model for
+``adaptive``).
 
     nice -n 10 .venv/bin/python bench/bench_zoo_threads.py                 # quick zoo
     nice -n 10 .venv/bin/python bench/bench_zoo_threads.py --epochs 0      # the full recipes
@@ -62,27 +67,35 @@ def busy_neighbour(cpus: int) -> Iterator[None]:
 
 
 def child(threads: str, epochs: int, workers: int) -> None:
-    """Train the zoo once with ``threads`` (before / after / a number); print the seconds."""
+    """Train the zoo once with ``threads`` (before / static / adaptive / a number); print the
+    seconds and the torch threads each model trained with."""
     import torch
 
     from analysis import training_data
-    from app.jobs.threads import cpu_threads, limit_cpu_threads
+    from app.jobs.threads import cpu_threads, limit_cpu_threads, start_job_threads
     from app.store.settings import Settings
     from models.training import ZOO, train
 
-    if threads == "after":
+    plan = None
+    if threads == "static":
         limit_cpu_threads(cpu_threads(Settings(), workers))
+    elif threads == "adaptive":
+        plan = start_job_threads(Settings(), workers)  # as the worker starts
     elif threads != "before":
         limit_cpu_threads(int(threads))
     data = training_data("digits")
+    used = []
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
         for name, arch, seed in ZOO:
+            if plan is not None:
+                plan.apply()  # as each job starts
+            used.append(torch.get_num_threads())
             train(arch, data, seed=seed, out_dir=out, name=name, epochs=epochs or None)
-    print(f"{time.perf_counter() - began:.2f} {torch.get_num_threads()}")
+    print(f"{time.perf_counter() - began:.2f} {''.join(map(str, used))}")
 
 
-def run_once(threads: str, epochs: int, workers: int) -> tuple[float, int]:
+def run_once(threads: str, epochs: int, workers: int) -> tuple[float, str]:
     command = [sys.executable, __file__, "--child", threads, "--epochs", str(epochs)]
     command += ["--workers", str(workers)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -90,7 +103,7 @@ def run_once(threads: str, epochs: int, workers: int) -> tuple[float, int]:
         env.pop("GOMP_SPINCOUNT", None)
     out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
     seconds, used = out.split()[-2:]
-    return float(seconds), int(used)
+    return float(seconds), used
 
 
 def main() -> None:
@@ -99,6 +112,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1, help="per model; 0: the recipes")
     parser.add_argument("--workers", type=int, default=1, help="worker threads for 'after'")
     parser.add_argument("--threads", nargs="*", default=[], help="fixed counts to add")
+    parser.add_argument(
+        "--configs",
+        nargs="*",
+        default=["before", "static", "adaptive"],
+        help="the rule-based rows to run (before, static, adaptive)",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
     if args.child is not None:
@@ -109,30 +128,36 @@ def main() -> None:
     cpus = available_cpus()
     print(
         f"{cpus} CPUs, zoo at {args.epochs or 'recipe'} epoch(s) per model, "
-        f"{args.repeats} run(s) each",
+        f"{args.repeats} run(s) each, load average {os.getloadavg()[0]:.2f}",
         file=sys.stderr,
     )
-    rows = []
-    for threads in ["before", "after", *args.threads]:
-        for busy in (False, True):
-            times = []
-            for _ in range(args.repeats):
+    configs = [*args.configs, *args.threads]
+    times: dict[tuple[str, bool], list[float]] = {
+        (c, b): [] for c in configs for b in (False, True)
+    }
+    counts: dict[str, set[str]] = {c: set() for c in configs}
+    for _ in range(args.repeats):
+        for threads in configs:
+            for busy in (False, True):
                 if busy:
                     with busy_neighbour(cpus):
                         seconds, used = run_once(threads, args.epochs, args.workers)
                 else:
                     seconds, used = run_once(threads, args.epochs, args.workers)
-                times.append(seconds)
+                times[threads, busy].append(seconds)
+                counts[threads].add(used)
                 print(
-                    f"  {threads} {'busy' if busy else 'idle'}: {seconds:.1f} s ({used} threads)",
+                    f"  {threads} {'busy' if busy else 'idle'}: {seconds:.1f} s "
+                    f"(threads {used}; load average {os.getloadavg()[0]:.2f})",
                     file=sys.stderr,
                 )
-            rows.append((threads, used, busy, statistics.median(times)))
     print("| threads | torch threads | idle s | beside a busy neighbour s | busy / idle |")
     print("|---|---:|---:|---:|---:|")
-    for i in range(0, len(rows), 2):
-        (threads, used, _, idle), (_, _, _, busy) = rows[i], rows[i + 1]
-        print(f"| {threads} | {used} | {idle:.1f} | {busy:.1f} | {busy / idle:.1f}× |")
+    for threads in configs:
+        idle = statistics.median(times[threads, False])
+        busy_s = statistics.median(times[threads, True])
+        used = ", ".join(sorted(counts[threads]))
+        print(f"| {threads} | {used} | {idle:.1f} | {busy_s:.1f} | {busy_s / idle:.1f}× |")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from app.jobs.queue import claim, new_worker_id, queued_ids
 from app.jobs.reaper import republish_queued, requeue_stale
 from app.jobs.run import run_claimed
 from app.jobs.runtime import compose
-from app.jobs.threads import cpu_threads, limit_cpu_threads
+from app.jobs.threads import start_job_threads
 from app.store.db import ensure_schema, retry
 from app.store.services import Services
 from app.store.settings import Settings
@@ -94,7 +94,7 @@ def run_worker(loglevel: str = "INFO") -> None:
     requeue_stale(services.db, settings.stale_after_s, settings.max_attempts)
     for module in LAZY_IMPORTS:  # before any job, so no job waits for them
         importlib.import_module(module)
-    limit_cpu_threads(cpu_threads(settings, workers=1))  # the solo pool: one job at a time
+    start_job_threads(settings, workers=1)  # the solo pool: one job at a time
     for job_id in queued_ids(services.db, limit=10_000):
         services.dispatch(job_id)
     threading.Thread(

@@ -18,6 +18,7 @@ import time
 from app.jobs.queue import new_worker_id
 from app.jobs.reaper import requeue_stale
 from app.jobs.run import execute
+from app.jobs.threads import JobThreads, job_threads, start_job_threads, stop_job_threads
 from app.store.db import is_transient
 from app.store.services import Services
 
@@ -43,8 +44,12 @@ class EmbeddedWorker:
         self._pool: list[threading.Thread] = []
         self._reap_lock = threading.Lock()
         self._next_reap = 0.0
+        self._cpu: JobThreads | None = None
 
     def start(self) -> None:
+        """Start the threads, the process's CPU threads shared among them
+        (:mod:`app.jobs.threads`: looked at again as each job starts and while idle)."""
+        self._cpu = start_job_threads(self.services.settings, self.threads)
         self._reap()
         for i in range(self.threads):
             name = self.services.settings.worker_name or "embedded"
@@ -63,6 +68,8 @@ class EmbeddedWorker:
         for t in self._pool:
             t.join(timeout)
         self._pool.clear()
+        if self._cpu is not None:
+            stop_job_threads(self._cpu)
 
     def _reap(self) -> None:
         """Re-queue stale jobs, at most once per ``stale_after_s / 4`` across the pool."""
@@ -92,3 +99,4 @@ class EmbeddedWorker:
             if job is None:
                 self._wake.wait(self.services.settings.poll_s)
                 self._wake.clear()
+                job_threads()  # a look at the CPUs while idle: the next job's is a recent one

@@ -23,6 +23,7 @@ from app.jobs.parking import Parked, children_left
 from app.jobs.queue import LostJob, claim, fail, mark_cancelled, release, retry_s, take_over
 from app.jobs.shards import run_shard
 from app.jobs.study import run_study, run_study_training
+from app.jobs.threads import job_threads
 from app.jobs.train import run_training
 from app.logs import job_context
 from app.store.artifacts import StoreError
@@ -95,8 +96,10 @@ def run_claimed(
     """Run a job this worker has claimed and record how it ended.
 
     ``shutdown`` set while the job runs stops it at its next batch and puts it back in the
-    queue for the next worker.
+    queue for the next worker. The job runs on the CPU threads that are idle as it starts
+    (:func:`app.jobs.threads.job_threads`).
     """
+    job_threads()
     interval = min(services.settings.heartbeat_s, 1.0)
     with (
         job_context(job.id, job.kind),  # every log record of this job carries its id

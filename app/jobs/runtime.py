@@ -25,7 +25,6 @@ from celery import Celery
 
 from app.jobs.broker import make_celery, send_job
 from app.jobs.embedded import EmbeddedWorker
-from app.jobs.threads import cpu_threads, limit_cpu_threads
 from app.store.db import Database
 from app.store.services import Services
 from app.store.settings import Settings
@@ -44,9 +43,9 @@ class Runtime:
 
     def start(self) -> None:
         """Start the in-process worker, if any (after the schema exists: it reads the jobs),
-        its CPU threads shared among its job threads (:mod:`app.jobs.threads`)."""
+        its CPU threads shared among its job threads and looked at again as each job starts
+        (:mod:`app.jobs.threads`)."""
         if self.worker is not None:
-            limit_cpu_threads(cpu_threads(self.services.settings, self.worker.threads))
             self.worker.start()
 
     def close(self) -> None:
