@@ -20,8 +20,10 @@ deterministic algorithms were on, the cuBLAS workspace setting and the float32 m
 
 What is bit-reproducible: the same seed, data and hyper-parameters give the same weights (the
 same sha256) on the same device type *and model* with the same torch (and CUDA, cuDNN) versions —
-CPU to CPU, or one GPU model to another card of that model. A CPU and a GPU, two GPU models, or
-two torch versions give different weights of the same quality: reductions run in another order.
+CPU to CPU with the same torch thread count (the record's ``torch_threads``: a CPU reduction
+is split by thread), or one GPU model to another card of that model. A CPU and a GPU, two GPU
+models, another thread count or two torch versions give different weights of the same quality:
+reductions run in another order.
 The minibatch order comes from a CPU generator, so it never depends on the device.
 """
 

@@ -23,18 +23,18 @@ The rule, for each job thread of a worker (see BENCHMARKS.md, "The demo zoo's th
   sooner than :data:`MIN_INTERVAL_S` after the last keeps the last decision. All CPU time
   of other processes counts as busy, a ``nice`` neighbour's and a hypervisor's steal included.
 
-A job keeps the count it started with: the weights a CPU training computes depend on its thread
-count (the sidecar records it as ``torch_threads``), so a training is reproducible from its
-record only if the count does not change under it. Pin ``CKA_CPU_THREADS`` for the same weights
-whatever the machine's load.
+A job keeps the count it started with, not changed between a training's epochs nor a
+comparison's batches: the weights a CPU training computes depend on its thread count (1 and 2
+threads give other weights; the sidecar records the count as ``torch_threads``), so a training
+is reproducible from its record only if the count does not change under it. Pin
+``CKA_CPU_THREADS`` for the same weights whatever the machine's load.
 
 :func:`start_job_threads` sets a worker's plan and its share when the worker starts (the
 in-process worker :class:`app.jobs.embedded.EmbeddedWorker` and the Celery worker call it);
-:func:`job_threads`,
-called by the thread that is about to run a job (:func:`app.jobs.run.run_claimed`) or waits for
-one, looks again and sets torch's count for that thread (torch keeps one per thread) and the
-BLAS libraries' count for the process. Without a started plan it does nothing. The libraries
-(``models``, ``analysis``) never set thread counts.
+:func:`job_threads`, called by the thread that is about to run a job
+(:func:`app.jobs.run.run_claimed`) or waits for one, looks again and sets torch's count for that
+thread (torch keeps one per thread) and the BLAS libraries' count for the process. Without a
+started plan it does nothing. The libraries (``models``, ``analysis``) never set thread counts.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ __all__ = [
 
 # A look this soon after the last one keeps the last decision: /proc/stat counts in ticks of
 # 10 ms, so a shorter interval says little.
-MIN_INTERVAL_S = 0.25
+MIN_INTERVAL_S = 0.1
 
 PROC_STAT = Path("/proc/stat")
 

@@ -77,8 +77,9 @@ class Settings(BaseSettings):
         default=None,
         ge=1,
         le=1024,
-        description="CPU threads (torch's intra-op pool, BLAS) per job thread; default: the "
-        "CPUs this process may use (its affinity) divided among its worker threads.",
+        description="CPU threads (torch's intra-op pool, BLAS) per job thread, pinned; default: "
+        "as each job starts, the CPUs of its share (this process's affinity divided among its "
+        "worker threads) that other processes left idle (app.jobs.threads).",
     )
     device: str = Field(
         default="auto",
