@@ -184,6 +184,16 @@ def u_centre(
     return k
 
 
+def _symmetric_square(a: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = a @ a`` for symmetric matrices ``a`` (L, n, n), in three quarters of the product:
+    the top half of the rows in full, the bottom-right quarter, and the bottom-left quarter as
+    the transpose of the top-right one (Ã² is symmetric)."""
+    h = a.shape[-1] // 2
+    torch.bmm(a[:, :h], a, out=out[:, :h])
+    torch.bmm(a[:, h:], a[:, :, h:], out=out[:, h:, h:])
+    out[:, h:, :h] = out[:, :h, h:].transpose(1, 2)
+
+
 def layer_invariants(
     centred: torch.Tensor,
     estimator: str,
@@ -213,12 +223,13 @@ def layer_invariants(
         a, sq, square = work[:, 0], work[:, 1], work[:, 2]
         u_centre(centred, dtype, a)
         torch.mul(a, a, out=sq)
-        torch.bmm(a, a, out=square)
+        _symmetric_square(a, square)
         rows = work.view(n_layers, 3, n * n)
         dots = torch.bmm(rows, rows.transpose(1, 2)).to(torch.float64)  # (L, 3, 3)
         out[:, 0], out[:, 1], out[:, 2] = dots[:, 0, 0], dots[:, 1, 0], dots[:, 2, 0]  # Q, c, t
         out[:, 8], out[:, 10], out[:, 11] = dots[:, 1, 1], dots[:, 2, 1], dots[:, 2, 2]  # d, f, g
-        row_sq = sq.sum(2).to(torch.float64)  # Σ_j Ã_ij², for e and w
+        # Σ_j Ã_ij², for e and w: the diagonal of Ã² (Ã is symmetric), no pass over Ã∘Ã
+        row_sq = square.diagonal(dim1=1, dim2=2).to(torch.float64)
         out[:, 9] = (row_sq**2).sum(1)
     if estimator == "biased" and n >= 3:
         d = centred.diagonal(dim1=1, dim2=2).to(torch.float64)
