@@ -7,8 +7,9 @@ when they were computed, full (L_total, L_total) arrays of the 95 % interval
 null (``p_value``/``null_mean``/``null_q95``, ``q_value``, the Benjamini–Hochberg q-value
 over the comparison's cells, and ``p_method``, what each p-value rests on: ``analytic``,
 ``monte_carlo``, ``bound`` or ``permutation``, see :meth:`analysis.Atlas.p_method`; a result
-stored without it has none, and the field is null), the baselines (``baselines.random_init.cka`` with its spread over
-the draws ``.sd``, exported as ``random_init_sd``; ``baselines.seed_ceiling.cka``; an undefined
+stored without it has none, and the field is null), the baselines
+(``baselines.random_init.cka`` with its spread over the draws ``.sd``, exported as
+``random_init_sd``; ``baselines.seed_ceiling.cka``; an undefined
 block's reason in ``baselines.*.blocks``), each cell's verdicts against them (``verdicts``: the
 arrays of :data:`analysis.inference.verdicts.VERDICT_KEYS`) and CKA with the row layer's
 whole-sample top principal component removed (``cka_without_top_pc``, with ``sensitivity``), all in
@@ -123,9 +124,7 @@ def _words(rows: Any) -> np.ndarray | None:
     """Per-cell words stored as JSON rows (a string or null) as an object array."""
     if rows is None:
         return None
-    return np.array([[v or None for v in row] for row in rows], dtype=object).reshape(
-        len(rows), -1
-    )
+    return np.array([[v or None for v in row] for row in rows], dtype=object).reshape(len(rows), -1)
 
 
 def _mean(values: np.ndarray) -> float | None:
