@@ -58,7 +58,9 @@ skewness (as FactoMineR's ``coeffRV`` does for the RV coefficient, after Kazi-Ao
 fourth cumulant says the fit's tail is wrong, :mod:`analysis.inference.analytic_null` replaces it.
 
 **Cost.** Q and c take O(n²) per layer; t = Σ_ij Ã_ij (Ã²)_ij needs one n×n matrix product per
-layer, O(L·n³), in the Grams' precision: the only term that is not a by-product of the HSIC pass.
+layer, O(L·n³), in the Grams' precision: the only term that is not a by-product of the HSIC pass
+(three quarters of it are computed: Ã² is symmetric, so its bottom-left quarter is the transpose
+of its top-right one).
 It cannot be had from Q and c (it is the one third-order invariant that sees how the Gram's
 eigenvalues are spread), and a batched product of the L Grams is cheap next to forming them.
 The fourth-order d, e, f, g are four more sums over n² entries of Ã, Ã∘Ã and Ã².
@@ -213,7 +215,8 @@ def layer_invariants(
     the kernel's page zeroing every time: about as much as the sums themselves); Ã stays in
     ``work[:, 0]``. The six sums of products of the three come from one batched product of
     the (3, n²) rows of each layer with themselves, which reads each once (six separate dot
-    products read them twelve times and took 3.5 times as long).
+    products read them twelve times and took 3.5 times as long); the row sums of Ã∘Ã are the
+    diagonal of Ã².
     """
     n_layers, n, _ = centred.shape
     out = torch.zeros(n_layers, len(_NAMES), dtype=torch.float64, device=centred.device)
