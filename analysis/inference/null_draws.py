@@ -126,8 +126,8 @@ class KeptCentred:
         U-centred for the unbiased estimator, HKH for the biased one (layers whose features
         were kept are left out: each run of the others is one block)."""
         count, n, _ = centred.shape
-        size = _entry_size(n, self.estimator)
-        squares = centred.detach()
+        index = _flat_triangle(n, self.estimator)
+        rows = centred.detach().reshape(count, n * n)
         start = 0
         while start < count:
             if (batch, first + start) in self.narrow:
@@ -136,14 +136,13 @@ class KeptCentred:
             stop = start + 1
             while stop < count and (batch, first + stop) not in self.narrow:
                 stop += 1
-            if not self._room(4 * (stop - start) * size):
+            if not self._room(4 * (stop - start) * len(index)):
                 return
-            if squares.device.type == "cpu":  # row by row: faster than a gather of the triangle
-                picked = _upper_rows(squares[start:stop].numpy(), self.estimator)
+            if rows.device.type == "cpu":  # NumPy's take: 3 times torch's index_select here
+                picked = rows[start:stop].numpy()[:, index]
             else:
-                where = torch.from_numpy(_flat_triangle(n, self.estimator)).to(squares.device)
-                rows = squares[start:stop].reshape(stop - start, n * n)
-                picked = rows.index_select(1, where).cpu().numpy()
+                where = torch.from_numpy(index).to(rows.device)
+                picked = rows[start:stop].index_select(1, where).cpu().numpy()
             self.grams.append((batch, first + start, picked.astype(np.float32, copy=False)))
             start = stop
 
@@ -172,20 +171,6 @@ def _flat_triangle(n: int, estimator: str) -> np.ndarray:
 
 
 _FLAT: dict[tuple[int, str], np.ndarray] = {}
-
-
-def _upper_rows(squares: np.ndarray, estimator: str) -> np.ndarray:
-    """The numbers :func:`_flat_triangle` indexes, of each of ``squares`` (L, n, n), in float32:
-    copied a row of the triangle at a time (a slice each), which reads only the triangle."""
-    count, n, _ = squares.shape
-    out = np.empty((count, _entry_size(n, estimator)), np.float32)
-    start = 0
-    for i in range(n - 1):
-        out[:, start : start + n - 1 - i] = squares[:, i, i + 1 :]
-        start += n - 1 - i
-    if estimator == "biased":
-        out[:, start:] = np.diagonal(squares, axis1=1, axis2=2)
-    return out
 
 
 def join_kept(states: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -58,9 +58,7 @@ skewness (as FactoMineR's ``coeffRV`` does for the RV coefficient, after Kazi-Ao
 fourth cumulant says the fit's tail is wrong, :mod:`analysis.inference.analytic_null` replaces it.
 
 **Cost.** Q and c take O(n²) per layer; t = Σ_ij Ã_ij (Ã²)_ij needs one n×n matrix product per
-layer, O(L·n³), in the Grams' precision: the only term that is not a by-product of the HSIC pass
-(three quarters of it are computed: Ã² is symmetric, so its bottom-left quarter is the transpose
-of its top-right one).
+layer, O(L·n³), in the Grams' precision: the only term that is not a by-product of the HSIC pass.
 It cannot be had from Q and c (it is the one third-order invariant that sees how the Gram's
 eigenvalues are spread), and a batched product of the L Grams is cheap next to forming them.
 The fourth-order d, e, f, g are four more sums over n² entries of Ã, Ã∘Ã and Ã².
@@ -186,16 +184,6 @@ def u_centre(
     return k
 
 
-def _symmetric_square(a: torch.Tensor, out: torch.Tensor) -> None:
-    """``out = a @ a`` for symmetric matrices ``a`` (L, n, n), in three quarters of the product:
-    the top half of the rows in full, the bottom-right quarter, and the bottom-left quarter as
-    the transpose of the top-right one (Ã² is symmetric)."""
-    h = a.shape[-1] // 2
-    torch.bmm(a[:, :h], a, out=out[:, :h])
-    torch.bmm(a[:, h:], a[:, :, h:], out=out[:, h:, h:])
-    out[:, h:, :h] = out[:, :h, h:].transpose(1, 2)
-
-
 def layer_invariants(
     centred: torch.Tensor,
     estimator: str,
@@ -226,7 +214,7 @@ def layer_invariants(
         a, sq, square = work[:, 0], work[:, 1], work[:, 2]
         u_centre(centred, dtype, a)
         torch.mul(a, a, out=sq)
-        _symmetric_square(a, square)
+        torch.bmm(a, a, out=square)
         rows = work.view(n_layers, 3, n * n)
         dots = torch.bmm(rows, rows.transpose(1, 2)).to(torch.float64)  # (L, 3, 3)
         out[:, 0], out[:, 1], out[:, 2] = dots[:, 0, 0], dots[:, 1, 0], dots[:, 2, 0]  # Q, c, t
