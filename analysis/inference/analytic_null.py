@@ -205,7 +205,7 @@ def finish(
     """
     sums = np.asarray(state["sums"])
     moments = moments_from_sums(sums, hsic)
-    p = moments.p_values(cka_from_hsic(hsic))
+    p, q95 = _fitted(moments, cka_from_hsic(hsic))
     method = np.where(np.isfinite(p), "analytic", "").astype(object)
     draws = np.zeros(p.shape, dtype=np.int64)
     if tests is None:
@@ -228,7 +228,7 @@ def finish(
         p[a, b] = p[b, a] = values
         method[a, b] = method[b, a] = how
         draws[a, b] = draws[b, a] = counts
-    summary = NullSummary(p, moments.mean, moments.quantile(0.95), draws, method)
+    summary = NullSummary(p, moments.mean, q95, draws, method)
     record: dict[str, Any] = {
         "check": f"|excess kurtosis - Pearson III's| > {DEPARTURE}",
         "tests": int(tests.sum()),
@@ -240,6 +240,22 @@ def finish(
         "kept": _kept_note(state),
     }
     return summary, record
+
+
+def _fitted(moments: NullMoments, cka: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fitted Pearson type III's p-value of ``cka`` and its 95 % quantile, per cell: each
+    computed once per pair of layers, on and above the diagonal, and mirrored (the sums and
+    the observed HSIC are symmetric in i, j, so cell (j, i) has the same moments as (i, j))."""
+    upper = np.triu_indices(len(cka))
+    m = moments
+    half = NullMoments(m.mean[upper], m.sd[upper], m.skew[upper], m.departure[upper])
+    out = []
+    for values in (half.p_values(cka[upper]), half.quantile(0.95)):
+        full = np.empty(cka.shape)
+        full[upper] = values
+        full.T[upper] = values
+        out.append(full)
+    return out[0], out[1]
 
 
 def _kept_note(state: dict[str, np.ndarray]) -> str:

@@ -203,7 +203,8 @@ def layer_invariants(
     the kernel's page zeroing every time: about as much as the sums themselves); Ã stays in
     ``work[:, 0]``. The six sums of products of the three come from one batched product of
     the (3, n²) rows of each layer with themselves, which reads each once (six separate dot
-    products read them twelve times and took 3.5 times as long).
+    products read them twelve times and took 3.5 times as long); the row sums of Ã∘Ã are the
+    diagonal of Ã².
     """
     n_layers, n, _ = centred.shape
     out = torch.zeros(n_layers, len(_NAMES), dtype=torch.float64, device=centred.device)
@@ -218,7 +219,8 @@ def layer_invariants(
         dots = torch.bmm(rows, rows.transpose(1, 2)).to(torch.float64)  # (L, 3, 3)
         out[:, 0], out[:, 1], out[:, 2] = dots[:, 0, 0], dots[:, 1, 0], dots[:, 2, 0]  # Q, c, t
         out[:, 8], out[:, 10], out[:, 11] = dots[:, 1, 1], dots[:, 2, 1], dots[:, 2, 2]  # d, f, g
-        row_sq = sq.sum(2).to(torch.float64)  # Σ_j Ã_ij², for e and w
+        # Σ_j Ã_ij², for e and w: the diagonal of Ã² (Ã is symmetric), no pass over Ã∘Ã
+        row_sq = square.diagonal(dim1=1, dim2=2).to(torch.float64)
         out[:, 9] = (row_sq**2).sum(1)
     if estimator == "biased" and n >= 3:
         d = centred.diagonal(dim1=1, dim2=2).to(torch.float64)

@@ -252,6 +252,17 @@ class MatrixOut(BaseModel):
         "distinct layers once); at or above 0.05 the cell is not told apart from shuffled "
         "samples",
     )
+    p_method: list[list[str | None]] | None = Field(
+        default=None,
+        description="What each cell's `p_value` rests on: `analytic` (the Pearson type III "
+        "fitted to the null's exact moments), `monte_carlo` (sequential within-batch "
+        "permutations, where the analytic fit fails its tail check), `bound` (the exact "
+        "moments' tail bound, already below the smallest Monte Carlo p) or `permutation` (the "
+        "brute-force null, `permutations` > 0); null in a cell without a p-value, and the "
+        "whole field null for a comparison stored before methods were recorded "
+        "(docs/analytic-null.md)",
+        examples=[[["analytic", "monte_carlo"]]],
+    )
     null_mean: Cells | None = Field(
         default=None,
         description="Mean CKA under the null (with `null`): 0 for the unbiased estimator, the "

@@ -4,9 +4,12 @@ the model-level summary.
 A finished comparison's ``result`` holds the CKA blocks of every model pair (``matrices``) and,
 when they were computed, full (L_total, L_total) arrays of the 95 % interval
 (``ci_low``/``ci_high``; image-level unless ``config["interval"]`` is ``batches``), the
-null (``p_value``/``null_mean``/``null_q95``, and ``q_value``, the Benjamini–Hochberg q-value
-over the comparison's cells), the baselines (``baselines.random_init.cka`` with its spread over
-the draws ``.sd``, exported as ``random_init_sd``; ``baselines.seed_ceiling.cka``; an undefined
+null (``p_value``/``null_mean``/``null_q95``, ``q_value``, the Benjamini–Hochberg q-value
+over the comparison's cells, and ``p_method``, what each p-value rests on: ``analytic``,
+``monte_carlo``, ``bound`` or ``permutation``, see :meth:`analysis.Atlas.p_method`; a result
+stored without it has none, and the field is null), the baselines
+(``baselines.random_init.cka`` with its spread over the draws ``.sd``, exported as
+``random_init_sd``; ``baselines.seed_ceiling.cka``; an undefined
 block's reason in ``baselines.*.blocks``), each cell's verdicts against them (``verdicts``: the
 arrays of :data:`analysis.inference.verdicts.VERDICT_KEYS`) and CKA with the row layer's
 whole-sample top principal component removed (``cka_without_top_pc``, with ``sensitivity``), all in
@@ -64,6 +67,7 @@ QUANTITIES = (
     "q_value",
     "null_mean",
     "null_q95",
+    "p_method",
     "random_init",
     "random_init_sd",
     "seed_ceiling",
@@ -84,6 +88,8 @@ COLUMNS = (
     *QUANTITIES,
 )
 LABEL_COLUMNS = ("model_a", "layer_a", "model_b", "layer_b")
+# Quantities that are words per cell (object arrays: a string, or None where there is none).
+WORD_QUANTITIES = ("p_method", *(k for k in VERDICT_KEYS if k.endswith("_verdict")))
 # A spreadsheet reads a cell that starts with one of these as a formula (OWASP, CSV injection).
 FORMULA_LEADS = ("=", "+", "-", "@", "\t", "\r")
 
@@ -109,9 +115,16 @@ def _array(rows: Any) -> np.ndarray | None:
 def _jsonable(a: np.ndarray | None) -> list[list[Any]] | None:
     if a is None:
         return None
-    if a.dtype == object:  # verdicts: a string or None
+    if a.dtype == object:  # verdicts, p_method: a string or None
         return [[v if isinstance(v, str) else None for v in row] for row in a]
     return [[float(v) if np.isfinite(v) else None for v in row] for row in a]
+
+
+def _words(rows: Any) -> np.ndarray | None:
+    """Per-cell words stored as JSON rows (a string or null) as an object array."""
+    if rows is None:
+        return None
+    return np.array([[v or None for v in row] for row in rows], dtype=object).reshape(len(rows), -1)
 
 
 def _mean(values: np.ndarray) -> float | None:
@@ -189,6 +202,7 @@ class Cells:
         self.full["q_value"] = (
             stored_q if stored_q is not None else atlas_q_values(self.full["p_value"])
         )
+        self.full["p_method"] = _words(result.get("p_method"))  # None: stored before it was
         baselines = result.get("baselines") or {}
         for key in ("random_init", "seed_ceiling"):
             self.full[key] = _array((baselines.get(key) or {}).get("cka"))
@@ -298,7 +312,7 @@ class Cells:
                 out["cca_degenerate"] += [None] * size if flags is None else flags.ravel().tolist()
                 for key in ("cka", *QUANTITIES):
                     block = self.block(key, a, b) if measure == "cka" else None
-                    empty = None if key.endswith("_verdict") else np.nan
+                    empty = None if key in WORD_QUANTITIES else np.nan
                     values = np.full(size, empty) if block is None else block.ravel()
                     out[key].append(values)
         table: dict[str, Any] = {}

@@ -155,14 +155,15 @@ def get_matrix(
 
     With the CKA cells' company when the comparison computed it: the 95 % interval
     (``ci_low``, ``ci_high``), the null (``p_value``, its Benjamini–Hochberg ``q_value`` over
-    the comparison's cells, ``null_mean``, ``null_q95``), the top-component ``sensitivity``,
+    the comparison's cells, ``p_method``: what each p rests on, ``null_mean``, ``null_q95``),
+    the top-component ``sensitivity``,
     the ``baselines`` and each cell's ``verdicts`` against them; each null when not computed,
     and for any other measure (they are CKA's). ``cca_degenerate`` with the CCA family.
     """
     cmp = _finished(services, comparison_id, load_result=False)
     la = _pick(cmp, a, "a") if a is not None else cmp.members[0].label
     lb = _pick(cmp, b, "b") if b is not None else la
-    key = hashlib.sha256(f"matrix-v5:{cmp.result_sha256}:{la}:{lb}:{measure}".encode()).hexdigest()
+    key = hashlib.sha256(f"matrix-v6:{cmp.result_sha256}:{la}:{lb}:{measure}".encode()).hexdigest()
     headers = _cache_headers(services, f'"{key}"')
     if _not_modified(request, headers["ETag"]):
         return Response(status_code=304, headers=headers)
@@ -188,7 +189,15 @@ def get_matrix(
         "cca_degenerate": None if flags is None else flags.tolist(),
         **{
             k: blocks[k]
-            for k in ("ci_low", "ci_high", "p_value", "q_value", "null_mean", "null_q95")
+            for k in (
+                "ci_low",
+                "ci_high",
+                "p_value",
+                "q_value",
+                "p_method",
+                "null_mean",
+                "null_q95",
+            )
         },
         "sensitivity": blocks["sensitivity"],
         "baselines": baselines or None,
@@ -269,10 +278,11 @@ def get_cells(
     """Every cell as one long table: ``model_a, layer_a, model_b, layer_b, measure, value,
     cca_degenerate`` (one row per cell and measure: ``cka`` and any other the comparison
     computed, its CCA-degenerate flag with the CCA family), then CKA's ``cka, ci_low,
-    ci_high, p_value, q_value, null_mean, null_q95, random_init, random_init_sd, seed_ceiling,
-    sensitivity``, then the verdicts ``learned, learned_low, learned_high, learned_verdict,
-    seed_gap, seed_gap_low, seed_gap_high, seed_verdict`` (empty/NaN where not computed or
-    undefined), one row per cell of each model pair (a, b) with a at or before b."""
+    ci_high, p_value, q_value, null_mean, null_q95, p_method, random_init, random_init_sd,
+    seed_ceiling, sensitivity``, then the verdicts ``learned, learned_low, learned_high,
+    learned_verdict, seed_gap, seed_gap_low, seed_gap_high, seed_verdict`` (empty/NaN where not
+    computed or undefined; ``p_method`` empty too for a comparison stored before it was), one
+    row per cell of each model pair (a, b) with a at or before b."""
     cmp = _finished(services, comparison_id, load_result=False)
 
     def table() -> bytes:
@@ -283,7 +293,7 @@ def get_cells(
         services,
         request,
         cmp,
-        "cells-v4",
+        "cells-v5",
         fmt,
         table,
         media_type=TABLE_MEDIA[fmt],
