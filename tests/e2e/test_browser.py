@@ -176,6 +176,13 @@ def test_calibrated_cell_tooltip_summary_and_profile(
     assert f"CKA {m['values'][i][j]:.4f}" in text
     assert f"95 % interval [{m['ci_low'][i][j]:.4f}, {m['ci_high'][i][j]:.4f}]" in text
     assert f"null mean {m['null_mean'][i][j]:.4f}" in text
+    rests_on = {
+        "analytic": "analytic null",
+        "permutation": "permutations",
+        "monte_carlo": "drawn permutations",
+        "bound": "moment bound",
+    }[m["p_method"][i][j]]
+    assert f"({rests_on}) · q = " in text  # what the p-value rests on, named after it
     spread = m["baselines"]["random_init_sd"][i][j]
     assert f"random init {m['baselines']['random_init'][i][j]:.4f} ± {spread:.4f}" in text
     assert f"seed ceiling undefined: {m['undefined_baselines']['seed_ceiling']}" in text

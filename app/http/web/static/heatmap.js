@@ -48,6 +48,13 @@
   const UNDEFINED = "#bbbbbb"; // the grey of an undefined cell, as in the PNG (analysis/plot.py)
   const CHAR_EM = 0.61; // advance width of a monospace glyph, in em
   const SIGNIFICANCE = 0.05; // at or above this q-value a cell is not told apart from the null
+  // What a cell's p-value rests on (the matrix's p_method; docs/analytic-null.md).
+  const P_METHOD = {
+    analytic: "analytic null",
+    permutation: "permutations",
+    monte_carlo: "drawn permutations",
+    bound: "moment bound",
+  };
   let tooltip = null;
   let gradientCount = 0;
 
@@ -146,11 +153,13 @@
     if (defined(p)) {
       const q = at(matrix.q_value, i, j);
       const mean = at(matrix.null_mean, i, j);
+      const method = at(matrix.p_method, i, j);
       const note = defined(q) && q >= SIGNIFICANCE ? " · not told apart from the null" : "";
       fact(
         tip,
         "tt-p",
-        "p = " + formatP(p) + (defined(q) ? " · q = " + formatP(q) : "") +
+        "p = " + formatP(p) + (P_METHOD[method] ? " (" + P_METHOD[method] + ")" : "") +
+          (defined(q) ? " · q = " + formatP(q) : "") +
           (defined(mean) ? " · null mean " + mean.toFixed(4) : "") + note,
       );
     }
