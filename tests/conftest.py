@@ -10,8 +10,10 @@ import torch
 
 from tests import servers
 
-# Two cores on CI; more threads than cores only adds contention.
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Two cores on CI, shared among the suite's processes (`make pytest` runs pytest-xdist's
+# workers, which set PYTEST_XDIST_WORKER_COUNT): more threads than cores only adds contention.
+_PROCESSES = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(min(2, torch.get_num_threads()) // _PROCESSES, 1))
 # The service's workers size their threads from the environment's OMP_NUM_THREADS where it is
 # set (app.jobs.threads): the apps of this process and the commands it starts use the same
 # count as the references the tests compute here, on any machine.
