@@ -2,11 +2,14 @@
 
 For each markdown file, its ```sh / ```bash / ```console and ```python blocks run in order in
 one fresh temporary folder (the folder a reader works in, with ``docs/examples`` copied in),
-with the worktree's ``.venv/bin`` first on PATH (so ``cka-atlas`` and ``python`` are this
+with the worktree's ``.venv/bin`` on PATH (so ``cka-atlas`` and ``python`` are this
 checkout's), ``CKA_DATA_DIR`` a fresh store, and — when the file talks to
 ``localhost:8000`` — a live ``cka-atlas serve`` on a free port over that same store, the
 examples' ``localhost:8000`` rewritten to it. Shell blocks run under ``bash -euo pipefail``
 (a ``console`` block's ``$ `` prompts are stripped), Python blocks with this interpreter.
+``cka-atlas`` commands and Python blocks run in children forked from one interpreter that has
+already imported the CLI and the libraries (:mod:`tests.preloaded`): the same code, arguments,
+folder and environment as a fresh process, without its seconds of imports.
 
 A block that must not run here (``make run``, ``docker compose``, hour-long studies, a GPU)
 is preceded in the markdown by ``<!-- skip: reason -->``; the test reports each skipped
@@ -20,11 +23,13 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.preloaded import Preloaded
 from tests.servers import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,11 +131,13 @@ class LiveServer:
             self.proc.wait()
 
 
-def _environment(work: Path) -> dict[str, str]:
+def _environment(work: Path, first: Path | None = None) -> dict[str, str]:
+    """The examples' environment; ``first``: a folder put before the venv on PATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKA_")}
-    venv_bin = str(Path(sys.executable).parent)
+    path = [str(first)] if first is not None else []
+    path += [str(Path(sys.executable).parent), env.get("PATH", "")]
     env.update(
-        PATH=f"{venv_bin}{os.pathsep}{env.get('PATH', '')}",
+        PATH=os.pathsep.join(path),
         CKA_DATA_DIR=str(work / "var"),
         CKA_DEVICE="cpu",
         CKA_POLL_S="0.2",
@@ -143,12 +150,27 @@ def _environment(work: Path) -> dict[str, str]:
     return env
 
 
-def _run(block: Block, work: Path, env: dict[str, str], url: str | None) -> None:
+@pytest.fixture(scope="session")
+def preloaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Preloaded]:
+    """One interpreter that has imported the CLI and the libraries, forking a child for each
+    ``cka-atlas`` command and Python block (:mod:`tests.preloaded`): the examples run the same
+    code with the same arguments, folder and environment, without importing torch, timm and
+    torchvision anew dozens of times."""
+    folder = tmp_path_factory.mktemp("preloaded")
+    with Preloaded(folder, _environment(folder)) as server:
+        server.shim("cka-atlas")
+        server.shim("python-preloaded", mode="python")
+        yield server
+
+
+def _run(
+    block: Block, work: Path, env: dict[str, str], url: str | None, python: Path | str
+) -> None:
     code = block.code
     if url is not None:
         code = DOC_URL.sub(url.removeprefix("http://"), code)
     if block.lang in PYTHON:
-        argv = [sys.executable, "-c", code]
+        argv = [str(python), "-c", code]
     else:
         script = _console(code) if block.lang == "console" else code
         argv = ["bash", "-euo", "pipefail", "-c", script]
@@ -186,7 +208,7 @@ def test_block_parser_reads_fences_skips_and_console_prompts() -> None:
 @pytest.mark.timeout(BLOCK_TIMEOUT_S * 2)
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_doc_examples_run_as_written(
-    doc: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    doc: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], preloaded: Preloaded
 ) -> None:
     found = blocks(doc.read_text(encoding="utf-8"))
     runnable = [b for b in found if b.skip is None]
@@ -200,13 +222,13 @@ def test_doc_examples_run_as_written(
     work.mkdir()
     if (ROOT / "docs" / "examples").is_dir():
         shutil.copytree(ROOT / "docs" / "examples", work / "docs" / "examples")
-    env = _environment(work)
+    env = _environment(work, first=preloaded.bin)
     server = None
     if any(DOC_URL.search(b.code) for b in runnable):
         server = LiveServer(work / "var", env, tmp_path / "server.log")
     try:
         for b in runnable:
-            _run(b, work, env, server.url if server else None)
+            _run(b, work, env, server.url if server else None, preloaded.bin / "python-preloaded")
     finally:
         if server is not None:
             server.stop()
