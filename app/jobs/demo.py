@@ -103,15 +103,17 @@ def queue_demo(
     """Find the demo job, or queue it; returns (job id, queued now).
 
     ``zoo_dir``: a folder of zoo checkpoints to register first (those of the recipe alone:
-    ``epochs`` None), unless the demo has succeeded already, so that no checkpoint can serve it
-    any more (a second start then loads no model library). A demo that failed or was cancelled
-    is queued again.
+    ``epochs`` None). A demo that has succeeded is found at once: no checkpoint can serve it
+    any more and its dataset is registered, so a later start loads neither the models nor the
+    data (the server registers the built-in datasets as it starts). A demo that failed or was
+    cancelled is queued again.
     """
-    digits = register_builtin_datasets(services)[0]
-    with services.db.session() as s:
+    with services.db.session(readonly=True) as s:
         found = _latest(s)
-        finished = found is not None and found.status == JobState.SUCCEEDED
-    if zoo_dir is not None and epochs is None and not finished:
+        if found is not None and found.status == JobState.SUCCEEDED:
+            return found.id, False
+    digits = register_builtin_datasets(services)[0]
+    if zoo_dir is not None and epochs is None:
         from models.checkpoint import weights_path
 
         for t in demo_trainings(services, digits, None):
