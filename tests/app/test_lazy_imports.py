@@ -15,6 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fastapi.testclient import TestClient
+from sqlalchemy import select, update
+
+from app.http.main import create_app
+from app.store.db import Database
+from app.store.orm import Dataset
+from app.store.settings import Settings
+
 HEAVY = ("timm", "torchvision", "matplotlib", "models")
 
 # A first start: the store is made and the demo queued; the demo then finishes.
@@ -84,3 +92,23 @@ def test_a_library_error_is_a_problem_once_the_library_is_loaded() -> None:
     assert problem_of(DatasetError("no such dataset")) == (422, "invalid_dataset")
     assert problem_of(ConfigError("no such option")) == (422, ConfigError.code)
     assert problem_of(ValueError("a bug")) is None
+
+
+def test_a_second_start_checks_the_built_in_datasets_beside_the_server(settings: Settings) -> None:
+    """Where the built-in rows exist, their content check (which loads the data) runs in a
+    thread beside the server, and the server's shutdown waits for it."""
+    with TestClient(create_app(settings, start_worker=False)):
+        pass
+    db = Database(settings.resolved_database_url)
+    try:
+        with db.session() as s:
+            (real,) = s.scalars(select(Dataset.sha256).where(Dataset.builtin.is_(True)))
+            # As after a change to the built-in data: the row no longer holds their content.
+            s.execute(update(Dataset).where(Dataset.builtin.is_(True)).values(sha256="0" * 64))
+        with TestClient(create_app(settings, start_worker=False)) as client:
+            assert client.get("/healthz").status_code == 200
+        with db.session(readonly=True) as s:
+            shas = set(s.scalars(select(Dataset.sha256).where(Dataset.builtin.is_(True))))
+    finally:
+        db.dispose()
+    assert shas == {"0" * 64, real}
