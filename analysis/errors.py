@@ -1,8 +1,15 @@
-"""Errors a user can cause: each carries one sentence that says what is wrong."""
+"""Errors a user can cause: each carries one sentence that says what is wrong.
+
+Imports nothing, so the service can name these classes (its schemas, its problem handlers)
+without loading the libraries; :class:`AnalysisError` follows the rule
+:class:`models.errors.InputError` states for :mod:`models`' own errors (a ``ValueError``, a
+stable ``code``, no HTTP status) without deriving from it, since importing :mod:`models` loads
+torch and timm.
+"""
 
 from __future__ import annotations
 
-from models.errors import InputError
+from typing import ClassVar
 
 __all__ = [
     "AnalysisError",
@@ -14,12 +21,14 @@ __all__ = [
 ]
 
 
-class AnalysisError(InputError):
-    """Base of every user-facing error raised by :mod:`analysis`.
+class AnalysisError(ValueError):
+    """Base of every user-facing error raised by :mod:`analysis`: an input it cannot use.
 
-    Its root, :class:`models.errors.InputError`, is the one :mod:`models` (the lower library)
-    defines for its own errors: a stable ``code`` per kind of mistake and no HTTP status.
+    ``code`` is a stable name for the kind of mistake, as for :class:`models.errors.InputError`;
+    a service maps codes (or classes) to its own statuses.
     """
+
+    code: ClassVar[str] = "invalid_input"
 
 
 class DatasetError(AnalysisError):

@@ -4,20 +4,22 @@ Uses matplotlib's object API only (``Figure`` + ``FigureCanvasAgg``), never pypl
 state, safe in threads and servers. Undefined cells are drawn grey. Output is deterministic:
 no timestamps in the file metadata. Names (models, layers) are drawn as typed: before a
 figure is saved :func:`plain_text` turns math text (``$...$``) and TeX off on every text
-artist, so a name like ``$\\undefinedmacro{$`` is a label, not an error.
+artist, so a name like ``$\\undefinedmacro{$`` is a label, not an error. matplotlib is imported
+by the functions that draw, so the constants and :func:`learned_limit` (which a page needs)
+cost no import of it.
 """
 
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib import colormaps, rc_context
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.text import Text
 
 from analysis.atlas import Atlas
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "COLOURS",
@@ -65,6 +67,8 @@ def plain_text(fig: Figure) -> None:
     Per artist rather than through rcParams, which are global: another thread's rc_context
     could switch them back while this figure is drawn.
     """
+    from matplotlib.text import Text
+
     for text in fig.findobj(Text):
         text.set_parse_math(False)
         text.set_usetex(False)
@@ -94,6 +98,10 @@ def render_atlas(
     needs the random-init baseline (a :class:`ValueError` without it). ``measure``: another
     measure the atlas has (:attr:`Atlas.measure_names`), drawn over [0, 1] and named in the
     title and the colour bar."""
+    from matplotlib import colormaps, rc_context
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     if fmt not in ("png", "svg"):
         raise ValueError(f"heatmaps are 'png' or 'svg', not {fmt!r}")
     if colour not in COLOURS:

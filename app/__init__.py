@@ -9,6 +9,12 @@
 errors) and :mod:`app.logs` (structured logs) sit beneath all four and import nothing from
 :mod:`app`. The libraries :mod:`models` and :mod:`analysis` never import :mod:`app`, nor does
 :mod:`migrations` (app hands it the metadata); ``tests/test_layers.py`` enforces all of this.
+
+The server answers within seconds of its start because nothing it does before listening loads
+:mod:`models` (torch's model zoo, timm with torchvision) or matplotlib: the modules it imports
+name the light parts of :mod:`analysis` (whose package loads its public names on first use) and
+import :mod:`models`, timm and matplotlib inside the functions that need them — the first
+training, model page, upload or heatmap. ``tests/app/test_lazy_imports.py`` holds this.
 """
 
 import os

@@ -1,8 +1,9 @@
 """Errors a user can cause: each carries one sentence that says what is wrong.
 
-:class:`InputError` is the root both libraries share: :class:`ModelError` is :mod:`models`' base,
-and :mod:`analysis` (the upper library) derives its own base from the same root, so the meaning
-of ``code`` and the rule that a library knows no HTTP are written here once.
+:class:`InputError` states the rule for a library's errors — a ``ValueError`` with a stable
+``code`` and no HTTP status — and is :class:`ModelError`'s root. :class:`analysis.AnalysisError`
+follows the same rule without deriving from it: :mod:`analysis.errors` imports nothing, so a
+service can name the analysis errors without importing this package (which loads torch and timm).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ __all__ = ["CheckpointError", "ConfigError", "InputError", "ModelError", "Traini
 
 
 class InputError(ValueError):
-    """An input a library cannot use: the root of each library's user-facing errors.
+    """An input a library cannot use: the root of :mod:`models`' user-facing errors.
 
     ``code`` is a stable name for the kind of mistake; the libraries know nothing of HTTP, so
     a service maps codes (or classes) to its own statuses.

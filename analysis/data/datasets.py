@@ -7,6 +7,9 @@ extracted to disk. Reading is bounded by the result: an ``.npz`` is checked from
 and decoded one slice at a time into the final array (:mod:`analysis.data.npz`), an ImageFolder one
 image at a time. :func:`describe_dataset` checks a file the same way without keeping its images
 (what a service registering an upload needs), in memory that does not grow with the dataset.
+Archive safety is :mod:`models.archives`' (imported where an archive is opened: importing
+:mod:`models` loads torch and timm, which a service registering the built-in digits at start-up
+does not need).
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from PIL import Image
 from analysis.data.images import ImageFiles, files_sha256, open_image, peek_image
 from analysis.data.npz import NpzArchive, rows_per_slice
 from analysis.errors import DatasetError, DatasetTooLarge
-from models.archives import ArchiveError, open_zip, read_entry, safe_entries
 
 __all__ = [
     "DIGITS_SPLITS",
@@ -418,6 +420,8 @@ def _folder_files(
 def _zip_members(
     source: str | Path | bytes, name: str, max_bytes: int, max_members: int
 ) -> dict[str, Callable[[], bytes]]:
+    from models.archives import ArchiveError, open_zip, safe_entries
+
     try:
         archive = open_zip(source, name)
         infos = safe_entries(
@@ -439,6 +443,8 @@ class _Reader:
         self.archive, self.info, self.name = archive, info, name
 
     def __call__(self) -> bytes:
+        from models.archives import ArchiveError, read_entry
+
         try:
             return read_entry(self.archive, self.info, self.name)
         except ArchiveError as exc:

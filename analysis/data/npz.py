@@ -26,7 +26,6 @@ from numpy.lib import format as npy
 
 from analysis.data.images import reason
 from analysis.errors import DatasetError
-from models.archives import ArchiveError, safe_entries
 
 __all__ = ["SLICE_BYTES", "NpyHeader", "NpzArchive", "rows_per_slice"]
 
@@ -67,6 +66,8 @@ class NpzArchive:
         self, source: str | Path | bytes, name: str, *, max_bytes: int, max_members: int
     ) -> None:
         self.name = name
+        from models.archives import ArchiveError, safe_entries  # models: torch, timm; on use
+
         handle: str | Path | IO[bytes] = io.BytesIO(source) if isinstance(source, bytes) else source
         try:
             self._zip = zipfile.ZipFile(handle)

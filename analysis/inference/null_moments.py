@@ -71,7 +71,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy import stats
 
 from analysis.estimators.hsic import cka_from_hsic
 
@@ -293,6 +292,8 @@ class NullMoments:
 
         A null without spread (sd 0, e.g. batches of 2) is a point: p is 1 at or below it.
         """
+        from scipy import stats
+
         defined = np.isfinite(observed) & np.isfinite(self.mean) & np.isfinite(self.sd)
         mean, x = np.where(defined, self.mean, 0.0), np.where(defined, observed, 0.0)
         spread = defined & (self.sd > 0)
@@ -302,6 +303,8 @@ class NullMoments:
 
     def quantile(self, level: float) -> np.ndarray:
         """The ``level`` quantile of the fitted null CKA (NaN where undefined)."""
+        from scipy import stats
+
         defined = np.isfinite(self.mean) & np.isfinite(self.sd)
         mean = np.where(defined, self.mean, 0.0)
         spread = defined & (self.sd > 0)

@@ -57,7 +57,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from scipy import stats
 
 from analysis.inference.null_moments import q_values
 
@@ -138,6 +137,8 @@ class Judged:
 
 
 def _z(level: float) -> float:
+    from scipy import stats
+
     return float(stats.norm.ppf(0.5 + level / 2))
 
 
@@ -183,6 +184,8 @@ def learned(
     """``value − floor`` (the untrained twins' mean over ``draws`` draws, ``floor_sd`` their
     standard deviation; None or NaN with one draw) with its Welch–Satterthwaite interval and
     the verdict ``above_untrained | not_above_untrained | undecided`` (see the module doc)."""
+    from scipy import stats
+
     diff = np.asarray(value, float) - np.asarray(floor, float)
     se = _standard_error(ci_low, ci_high, level)
     sd = np.full(diff.shape, np.nan) if floor_sd is None else np.asarray(floor_sd, float)

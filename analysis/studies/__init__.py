@@ -49,14 +49,20 @@ to detect a difference at 80 % power, from a pilot run's summary.json
 (:mod:`analysis.studies.pilot`; ``cka-atlas study plan`` prints it).
 Errors a user can cause are :class:`StudyError` (an :class:`analysis.AnalysisError`) with one
 sentence, or a :class:`models.ConfigError` naming the offending option.
+
+The spec and the plan's types import here; the statistics, the table and the plots (scipy,
+pandas, matplotlib) are loaded on first use (:mod:`analysis._lazy`), and :mod:`models` when a
+plan is expanded, so a service naming ``BUILTIN_STUDIES`` at start-up loads none of them.
 """
 
 from __future__ import annotations
 
-from analysis.studies.pilot import SeedPlan, plan_seeds
+from typing import TYPE_CHECKING
+
+from analysis._lazy import lazy_exports
+
+# `plan` is both this function and its module: imported here, so the function keeps the name.
 from analysis.studies.plan import KEY_VERSION, Entry, StudyPlan, Training, plan, training_key
-from analysis.studies.plots import PLOT_KINDS, render_plot, render_plots
-from analysis.studies.results import TABLE_COLUMNS, StudyResult, summarize
 from analysis.studies.spec import (
     BUILTIN_STUDIES,
     Arm,
@@ -67,7 +73,22 @@ from analysis.studies.spec import (
     builtin_text,
     load_spec,
 )
-from analysis.studies.summary import ModelRecord, diagonal_summary, t_interval
+
+if TYPE_CHECKING:  # the same names, for type checkers; at run time __getattr__ imports them
+    from analysis.studies.pilot import SeedPlan, plan_seeds
+    from analysis.studies.plots import PLOT_KINDS, render_plot, render_plots
+    from analysis.studies.results import TABLE_COLUMNS, StudyResult, summarize
+    from analysis.studies.summary import ModelRecord, diagonal_summary, t_interval
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        ".pilot": ["SeedPlan", "plan_seeds"],
+        ".plots": ["PLOT_KINDS", "render_plot", "render_plots"],
+        ".results": ["TABLE_COLUMNS", "StudyResult", "summarize"],
+        ".summary": ["ModelRecord", "diagonal_summary", "t_interval"],
+    },
+)
 
 __all__ = [
     "BUILTIN_STUDIES",

@@ -6,6 +6,9 @@ resolved recipe). Two spellings of one architecture (a default written out or le
 ``depth`` or ``num_blocks``) give one key, so a re-run, or another study, finds the checkpoint
 it already trained; a different recipe, dataset or option gives another key. Trainings shared
 by several entries (the width study's reference is one of its Mixer points) appear once.
+
+:mod:`models` (with torch and timm) is imported by the functions that expand a spec, not with
+this module: :func:`training_key` and the plan's types are light.
 """
 
 from __future__ import annotations
@@ -20,8 +23,6 @@ from analysis.data.datasets import training_data
 from analysis.errors import AnalysisError
 from analysis.studies.identification import atlas_options
 from analysis.studies.spec import Arm, FixedOmegaGrid, Recipe, StudyError, StudySpec, load_spec
-from models import ConfigError, fixed_omega_grid, structure, validate_config
-from models import recipe as family_recipe
 
 __all__ = ["KEY_VERSION", "Entry", "StudyPlan", "Training", "plan", "training_key"]
 
@@ -117,10 +118,12 @@ def _dataset(name: str) -> tuple[dict[str, Any], tuple[int, int, int], int]:
 
 
 def _recipe(spec: StudySpec, arm: Arm, family: str, quick: bool) -> dict[str, Any]:
+    import models
+
     chosen = arm.recipe.over(spec.recipe)
     if quick:
         chosen = spec.quick.over(chosen)
-    base = family_recipe(family)
+    base = models.recipe(family)
     defaults = Recipe(
         epochs=base.epochs, batch_size=base.batch_size, lr=base.lr, weight_decay=base.weight_decay
     )
@@ -135,12 +138,14 @@ def _label(arm: str, point: dict[str, Any]) -> str:
 
 
 def _points(arm: Arm, reference: dict[str, Any], fixed: dict[str, Any]) -> list[dict[str, Any]]:
+    import models
+
     grid = arm.grid
     if grid is None:
         return [{}]
     if isinstance(grid, FixedOmegaGrid):
         target = reference["omega"] if grid.fixed_omega == "reference" else grid.fixed_omega
-        points = fixed_omega_grid(
+        points = models.fixed_omega_grid(
             arm.arch,
             int(target),
             widths=grid.widths,
@@ -209,10 +214,12 @@ class _Expander:
         return fixed
 
     def entry(self, arm: Arm, role: str, fixed: dict[str, Any], point: dict[str, Any]) -> Entry:
+        import models
+
         try:
-            config = validate_config(arm.arch, {**fixed, **point})
-            info = structure(arm.arch, config)
-        except ConfigError as exc:
+            config = models.validate_config(arm.arch, {**fixed, **point})
+            info = models.structure(arm.arch, config)
+        except models.ConfigError as exc:
             raise StudyError(f"arm '{arm.name}': {exc}") from None
         if (config.get("in_chans"), config.get("img_size"), config.get("img_size")) != self.shape:
             raise StudyError(
@@ -255,6 +262,8 @@ def plan(
     and takes its ``quick_seeds`` where ``seeds`` is not given; ``dataset`` overrides the
     spec's dataset.
     """
+    import models
+
     spec = load_spec(source)
     if seeds is None and quick and spec.quick_seeds is not None:
         seeds = spec.quick_seeds
@@ -269,7 +278,7 @@ def plan(
         fixed = expander._fixed(arm)
         try:
             points = _points(arm, reference.structure, fixed)
-        except ConfigError as exc:
+        except models.ConfigError as exc:
             raise StudyError(f"arm '{arm.name}': {exc}") from None
         entries += [expander.entry(arm, "arm", fixed, point) for point in points]
     names = [e.name for e in entries]

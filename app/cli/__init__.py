@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from app.cli.commands import CommandError
+from app.errors import library_error
 
 __all__ = ["SERVICE_MODULES", "main"]
 
@@ -64,18 +65,14 @@ SERVICE_MODULES = frozenset(
 
 def _one_sentence(exc: BaseException) -> bool:
     """Whether ``exc`` is told as one sentence: a command's own refusal
-    (:class:`app.cli.commands.CommandError`), a missing file, or an input error of the
-    libraries (:class:`models.errors.InputError`, which every ``ModelError`` and
-    ``AnalysisError`` is).
-
-    Looked up in ``sys.modules``: such an error can only come from a loaded library, and a
-    command that needs none (``db``, ``token``, ``study list``, ``--help``) does not import
-    torch for the check.
+    (:class:`app.cli.commands.CommandError`), a missing file, or a user-facing error of the
+    libraries (``ModelError``, ``AnalysisError``: :func:`app.errors.library_error`, which
+    looks them up among the loaded modules, so a command that needs neither library — ``db``,
+    ``token``, ``study list``, ``--help`` — does not import torch for the check).
     """
     if isinstance(exc, CommandError | FileNotFoundError):
         return True
-    errors = sys.modules.get("models.errors")
-    return errors is not None and isinstance(exc, errors.InputError)
+    return library_error(exc) is not None
 
 
 def _needs_service(exc: ModuleNotFoundError) -> bool:

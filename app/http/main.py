@@ -4,11 +4,17 @@ On start-up (lifespan) the schema is checked — an empty database is migrated, 
 one refused — the built-in datasets are registered, and jobs get a worker: the in-process
 thread pool, or, with ``CKA_BROKER_URL``, Celery (the API then only enqueues): both through
 :func:`app.jobs.runtime.running`, the composition root.
+
+Registering a built-in dataset loads it (scikit-learn's digits: seconds of imports) to check
+its content. Where every built-in dataset has its row already (a second start), that check
+runs in a thread beside the server, which answers at once: no request waits for it or reads
+what it does, an error in it is logged, and the server's shutdown waits for it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -33,7 +39,7 @@ from app.http.security import BodyLimitMiddleware, OriginMiddleware
 from app.http.web import install_web
 from app.jobs.compare import code_version
 from app.jobs.runtime import running
-from app.store.datasets import register_builtin_datasets
+from app.store.datasets import builtin_datasets_known, register_builtin_datasets
 from app.store.db import ensure_schema
 from app.store.services import Services
 from app.store.settings import Settings
@@ -58,17 +64,29 @@ def create_app(settings: Settings | None = None, *, start_worker: bool = True) -
     ``start_worker=False``: no in-process worker, queued jobs wait (tests run them by hand).
     """
     settings = settings or Settings()
+    beside: list[threading.Thread] = []
 
     def prepare(services: Services) -> None:
         if ensure_schema(services.db.engine) == "created":
             log.info("created the database schema at %s", services.db.engine.url)
-        register_builtin_datasets(services)
+        if builtin_datasets_known(services):
+            check = threading.Thread(
+                target=_register_builtins, args=(services,), name="builtin-datasets", daemon=True
+            )
+            check.start()
+            beside.append(check)
+        else:
+            register_builtin_datasets(services)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         with running(settings, threads=None if start_worker else 0, prepare=prepare) as services:
             app.state.services = services
-            yield
+            try:
+                yield
+            finally:
+                while beside:
+                    beside.pop().join()
 
     app = FastAPI(
         title="cka-atlas",
@@ -100,6 +118,13 @@ def create_app(settings: Settings | None = None, *, start_worker: bool = True) -
     install_web(app)  # the pages at /, /static
     install_docs(app)  # /docs, /redoc and their assets at /docs/assets
     return app
+
+
+def _register_builtins(services: Services) -> None:
+    try:
+        register_builtin_datasets(services)
+    except Exception:  # the rows exist; a later start checks again
+        log.exception("could not check the built-in datasets")
 
 
 def _version() -> str:

@@ -25,7 +25,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from analysis.options import ERROR_TYPES as OPTION_ERRORS
-from app.errors import LIBRARY_STATUSES, AtlasError, ProblemError, problem_of
+from app.errors import AtlasError, ProblemError, problem_of
 from app.store.artifacts import StoreError
 from app.store.db import is_transient
 
@@ -42,8 +42,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 MEDIA_TYPE = "application/problem+json"
 
-# Every error class whose problem code and status app.errors knows (the libraries' by class).
-CODED_ERRORS: tuple[type[Exception], ...] = (AtlasError, *LIBRARY_STATUSES, StoreError)
+# Every error class whose problem code and status app.errors knows. The libraries' errors are
+# ValueErrors (app.errors.LIBRARY_STATUSES names their classes without importing the libraries):
+# a ValueError that is none of theirs is answered as the unexpected error it is.
+CODED_ERRORS: tuple[type[Exception], ...] = (AtlasError, ValueError, StoreError)
 
 _STATUS_CODES = {
     400: "bad_request",
@@ -156,8 +158,11 @@ def install_problem_handlers(app: FastAPI) -> None:
             exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None)
         )
 
-    async def _coded(_: Request, exc: Exception) -> JSONResponse:
-        status, code = problem_of(exc) or (500, "internal_error")
+    async def _coded(request: Request, exc: Exception) -> JSONResponse:
+        problem = problem_of(exc)
+        if problem is None and isinstance(exc, ValueError):  # not a library's: a bug
+            return await _unexpected(request, exc)
+        status, code = problem or (500, "internal_error")
         return problem_response(status, code, str(exc))
 
     # Our errors and the libraries' carry their code and status (app.errors). They are

@@ -28,7 +28,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 import analysis
-from analysis.engine.compare import Phases, phase_weights
 from analysis.inference.seed_ceiling import CeilingPlan, Identity, needed_siblings, plan_ceiling
 from app.jobs import shards
 from app.jobs.control import JobControl
@@ -89,6 +88,8 @@ def _compare(
     control: JobControl,
     cache: StoreGramCache,
 ) -> None:
+    from analysis.engine.compare import Phases, phase_weights
+
     params = cmp.params
     rows = member_rows(services, cmp)
     shas = {label: row.sha256 for label, row in rows.items()}

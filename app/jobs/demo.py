@@ -12,7 +12,9 @@ its ``detail`` naming the comparison.
 The atlas is calibrated, so its first page shows every cell with its company: intervals, the
 comparison's default null (p- and q-values) and both baselines (random init, seed ceiling).
 Checkpoints already in the zoo folder (``cka-atlas demo`` trains them there) are registered
-with their training keys when the demo is queued, so they are not trained again.
+with their training keys when the demo is queued (and on each start until it has succeeded), so
+they are not trained again. :mod:`models` (torch, timm) is imported by the functions that need
+it, so a start that finds the demo finished serves without loading it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-import models
 from analysis import Cancelled
 from analysis.options import BASELINES
 from app.errors import ProblemError
@@ -41,8 +42,6 @@ from app.jobs.train import register_checkpoint
 from app.store.datasets import register_builtin_datasets
 from app.store.orm import Comparison, Dataset, Job, JobState, utcnow
 from app.store.services import Services
-from models.checkpoint import weights_path
-from models.training import ZOO
 
 __all__ = [
     "DEMO_BATCH_SIZE",
@@ -84,6 +83,9 @@ def atlas_request(model_ids: list[int], dataset_id: int) -> ComparisonIn:
 def demo_trainings(services: Services, ds: Dataset, epochs: int | None) -> list[DemoTraining]:
     """The zoo (:data:`models.training.ZOO`) as trainings on ``ds``: each preset's recipe, or
     ``epochs`` epochs where given (a quick demo)."""
+    import models  # torch and timm: loaded by the first start that needs the zoo
+    from models.training import ZOO
+
     out = []
     for name, arch, seed in ZOO:
         family = models.family_of(arch)
@@ -101,10 +103,19 @@ def queue_demo(
     """Find the demo job, or queue it; returns (job id, queued now).
 
     ``zoo_dir``: a folder of zoo checkpoints to register first (those of the recipe alone:
-    ``epochs`` None). A demo that failed or was cancelled is queued again.
+    ``epochs`` None). A demo that has succeeded is found at once: no checkpoint can serve it
+    any more and its dataset is registered, so a later start loads neither the models nor the
+    data (the server registers the built-in datasets as it starts). A demo that failed or was
+    cancelled is queued again.
     """
+    with services.db.session(readonly=True) as s:
+        found = _latest(s)
+        if found is not None and found.status == JobState.SUCCEEDED:
+            return found.id, False
     digits = register_builtin_datasets(services)[0]
     if zoo_dir is not None and epochs is None:
+        from models.checkpoint import weights_path
+
         for t in demo_trainings(services, digits, None):
             path = weights_path(Path(zoo_dir) / t.name)
             if path.is_file() and path.with_suffix(".json").is_file():
@@ -127,6 +138,12 @@ def queue_demo(
         job_id = job.id
     services.dispatch(job_id)
     return job_id, True
+
+
+def _zoo_size() -> int:
+    from models.training import ZOO  # what a demo queued by an older version did not record
+
+    return len(ZOO)
 
 
 def _latest(session: Session) -> Job | None:
@@ -243,7 +260,7 @@ def demo_status(session: Session) -> dict[str, Any] | None:
     if not job.status.live:
         return {"text": f"demo: {job.status} ({job.error or 'see the Jobs page'})", "href": "/jobs"}
     children = list(session.scalars(select(Job).where(Job.parent_id == job.id).order_by(Job.id)))
-    n = int(detail.get("of") or len(ZOO))
+    n = int(detail.get("of") or _zoo_size())
     done = int(detail.get("trained") or 0)
     current = next((c for c in children if c.status.live), None)
     progress = float(current.progress or 0.0) if current is not None else 0.0

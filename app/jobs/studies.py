@@ -17,7 +17,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-import models
 from analysis import studies
 from analysis.studies.spec import MAX_TRAININGS  # checked by the spec, again after the plan
 from app.errors import ProblemError
@@ -55,6 +54,8 @@ def _option_keys(arm: studies.Arm) -> set[str]:
 
 def _check_arms(spec: studies.StudySpec, field: str) -> None:
     """Arms are presets, without loader options (a spec never makes the server fetch)."""
+    import models
+
     presets = set(models.list_presets())
     for where, arm in [("reference", spec.reference)] + [
         (f"arms.{i}", a) for i, a in enumerate(spec.arms)
@@ -96,6 +97,8 @@ def plan_study(body: StudyIn, *, local: bool = False) -> studies.StudyPlan:
     ``local`` (the CLI on this machine) may name a dataset file; over REST only the built-in
     datasets are accepted.
     """
+    import models
+
     field = "builtin" if body.builtin is not None else "spec"
     try:
         spec = studies.load_spec(body.builtin if body.builtin is not None else body.spec or {})
@@ -131,6 +134,8 @@ def plan_study(body: StudyIn, *, local: bool = False) -> studies.StudyPlan:
 
 def _check_budgets(services: Services, plan: studies.StudyPlan, field: str) -> None:
     """422 when one of the study's trainings would need more memory than a model may."""
+    import models
+
     seen: set[str] = set()
     for t in plan.trainings:
         options = {k: v for k, v in t.config.items() if k != "seed"}

@@ -49,11 +49,10 @@ from app.jobs.queue import LostJob, enqueue, park
 from app.jobs.studies import comparison_body
 from app.jobs.study_grams import store_atlas_grams
 from app.jobs.submit import submit_comparison
-from app.jobs.train import train_and_register
+from app.jobs.train import train, train_and_register
 from app.store import repository
 from app.store.orm import Comparison, Job, JobState, Model, Study, StudyMember
 from app.store.services import Services
-from models.training import train
 
 __all__ = ["models_by_key", "run_study", "run_study_training"]
 

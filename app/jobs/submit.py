@@ -21,7 +21,6 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-import models
 from analysis import AnalysisError
 from analysis.engine.layers import LayerReader, check_feature, resolve_layers
 from analysis.options import CompareOptions, OptionsError
@@ -35,7 +34,6 @@ from app.store.checkpoints import refuse_loader_options
 from app.store.datasets import dataset_key
 from app.store.orm import Comparison, ComparisonModel, Dataset, JobState, Model, Training
 from app.store.services import Services
-from models.schema import ALIASES
 
 __all__ = [
     "check_config",
@@ -56,6 +54,8 @@ MAX_TOTAL_LAYERS = 1024
 
 
 def _skeleton_key(arch: str, config: dict[str, Any]) -> str:
+    import models
+
     return json.dumps([arch, models.shape_config(config)], sort_keys=True, default=str)
 
 
@@ -63,6 +63,8 @@ def _skeleton_key(arch: str, config: dict[str, Any]) -> str:
 def skeleton(arch: str, config: dict[str, Any]) -> Any:
     """A weightless instance of an architecture (meta device), for layer names and shapes;
     one per shape (:func:`models.shape_config`), whatever the seed."""
+    import models
+
     shapes = models.shape_config(config)
     try:
         with torch.device("meta"):
@@ -91,6 +93,8 @@ def check_model_budget(
     per process by ``models.check_budget``, under :func:`models.shape_config`) serve all its
     seeds.
     """
+    import models
+
     try:
         models.check_budget(
             arch,
@@ -377,6 +381,9 @@ def check_config(arch: str, config: dict[str, Any], field: str = "config") -> di
     The problem's ``field`` is ``config.KEY`` for the option the sentence names (an unknown
     key, a wrong type, a value out of range), ``arch`` for an unknown architecture.
     """
+    import models
+    from models.schema import ALIASES
+
     refuse_loader_options(config, field)
     try:
         return models.validate_config(arch, config)
@@ -397,6 +404,8 @@ def training_identity(
     """The training key of this request, as a study would compute it for the same training
     (:func:`analysis.studies.training_key`), so that a study reuses the model; None for a
     timm architecture or options that do not fit the dataset's images."""
+    import models
+
     if body.arch not in models.list_presets():
         return None
     data = services.datasets.get(f"builtin:{ds.spec}:train" if ds.builtin else dataset_key(ds))
@@ -432,6 +441,8 @@ def submit_training(
 ) -> int:
     """Queue a training; ``requester`` holds its job, ``parent_id`` and ``dispatch`` as for
     :func:`submit_comparison` (the demo's trainings are its children)."""
+    import models
+
     with services.db.session(readonly=True) as s:
         ds = s.get(Dataset, body.dataset_id)
     if ds is None:

@@ -1,11 +1,15 @@
-"""Training jobs: train an architecture on a registered dataset and register the model."""
+"""Training jobs: train an architecture on a registered dataset and register the model.
+
+The library's :func:`train` is imported by the first training, not with this module: it loads
+torch's models and timm, which the server does not need until a job trains.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
@@ -19,10 +23,19 @@ from app.store.datasets import dataset_key
 from app.store.orm import Dataset, Job, Model, Training
 from app.store.services import Services
 from app.store.values import clean_name
-from models.errors import TrainingCancelled
-from models.training import train
 
-__all__ = ["SERVICE_SOURCES", "register_checkpoint", "run_training", "train_and_register"]
+__all__ = ["SERVICE_SOURCES", "register_checkpoint", "run_training", "train", "train_and_register"]
+
+if TYPE_CHECKING:
+    from models.training import train
+else:
+
+    def train(*args: Any, **kwargs: Any) -> Path:
+        """:func:`models.training.train`, imported on the first call (a test replaces it)."""
+        from models.training import train as library_train
+
+        return library_train(*args, **kwargs)
+
 
 # Model sources whose checkpoints the service wrote itself (trainings, studies, the demo zoo).
 SERVICE_SOURCES = frozenset({"training", "study", "zoo"})
@@ -157,6 +170,8 @@ def train_and_register(
     checkpoint records it. It stops between steps once the job is cancelled, shut down or out
     of time (:class:`analysis.Cancelled` naming ``what``); nothing is registered then.
     """
+    from models.errors import TrainingCancelled
+
     with services.store.scratch() as tmp:
         try:
             with services.store.writing():  # a full or read-only store fails with a sentence

@@ -6,6 +6,8 @@ of the weights file. An upload is checked by the library before it is stored: a 
 header that is sane (never a pickle: models.check_safetensors), a sidecar that fits the one
 sidecar schema (models.validate_metadata), and weights that load strictly into the model the
 sidecar describes. A model row holds the library's description (models.describe).
+:mod:`models` and timm are imported by the functions that use them, so the server starts
+without loading them.
 """
 
 from __future__ import annotations
@@ -16,14 +18,10 @@ import zipfile
 from pathlib import Path, PurePath
 from typing import Any
 
-import timm
-
-import models
 from analysis.engine.layers import default_layers
 from app.errors import ProblemError
 from app.store.artifacts import ArtifactStore
 from app.store.values import clean_name
-from models import ConfigError, ModelError
 
 __all__ = [
     "LOADER_OPTIONS",
@@ -91,6 +89,8 @@ def shown(name: str | None, fallback: str) -> str:
 def check_safetensors(path: Path, name: str | None = None) -> None:
     """The library's header check (models.check_safetensors) as a 422 on the weights, naming
     the file as the user sent it (``name``); a zipped model folder is pointed to ``hub``."""
+    import models
+
     what = shown(name, "the weights")
     if zipfile.is_zipfile(path):
         with contextlib.suppress(OSError, zipfile.BadZipFile), zipfile.ZipFile(path) as archive:
@@ -108,6 +108,8 @@ def check_safetensors(path: Path, name: str | None = None) -> None:
 def describe_model(model: Any) -> dict[str, Any]:
     """The columns of a model row: the library's description (models.describe) as it is, with
     S and C in the ``tokens`` and ``channels`` columns, and the default layers."""
+    import models
+
     info = models.describe(model)
     structure = info["structure"]
     return {
@@ -174,6 +176,8 @@ def store_checkpoint(
     ``weights_name`` and ``sidecar_name``: the files as the user sent them, which refusals
     name (never the server's paths).
     """
+    import models
+
     check_safetensors(weights, weights_name)
     side = "the sidecar" + (f" {shown(sidecar_name, '')}" if _file_name(sidecar_name) else "")
     if sidecar.stat().st_size > MAX_SIDECAR_BYTES:
@@ -231,6 +235,10 @@ def timm_checkpoint(
 ) -> tuple[str, int, Any]:
     """Load weights as a plain state dict of timm model ``name``; store them with a sidecar.
     ``weights_name``: the weights' file as the user sent it."""
+    import timm
+
+    import models
+
     check_safetensors(weights, weights_name)
     refuse_loader_options(config, "config")
     if not timm.is_model(name):  # presets are registered with timm by ``import models``
@@ -256,6 +264,7 @@ def hub_checkpoint(
     ``model.safetensors`` must fit strictly, and its data config becomes the pipeline.
     ``name``: the archive's file name as the user sent it, which refusals name.
     """
+    from models import ModelError
     from models.hub import import_hub
 
     label = _file_name(name) or "the uploaded folder"
@@ -283,6 +292,10 @@ def pretrained_checkpoint(
     store: ArtifactStore, name: str, config: dict[str, Any], directory: Path | None
 ) -> tuple[str, int, Any]:
     """timm model ``name`` with published weights from the operator's directory (offline)."""
+    import timm
+
+    import models
+    from models import ModelError
     from models.pretrained import create_pretrained
 
     options = {k: v for k, v in config.items() if k != "pretrained"}
@@ -316,6 +329,8 @@ def _load_upload(
     Messages name the file as the user sent it (``name``; else "the uploaded weights"),
     never the server's scratch path.
     """
+    from models import ConfigError, ModelError
+
     try:
         result: tuple[Any, dict[str, Any]] = load()
     except ModelError as exc:
@@ -334,5 +349,7 @@ def _load_upload(
 
 
 def load_checkpoint(store: ArtifactStore, sha: str) -> tuple[Any, dict[str, Any]]:
+    import models
+
     model, meta = models.load(store.path(sha, ".safetensors"))
     return model, dict(meta)

@@ -18,6 +18,7 @@ from app.store.values import clean_name
 __all__ = [
     "BUILTIN_DATASETS",
     "builtin_dataset",
+    "builtin_datasets_known",
     "dataset_key",
     "register_builtin_datasets",
     "register_dataset_file",
@@ -64,6 +65,15 @@ def register_builtin_datasets(services: Services) -> list[Dataset]:
         row = _row(data, name=name, builtin=True, spec=spec, split=split, size_bytes=0)
         out.append(_insert(services, row)[0])
     return out
+
+
+def builtin_datasets_known(services: Services) -> bool:
+    """Whether every built-in dataset has a row already, as on a store's second start (without
+    loading them: :func:`register_builtin_datasets` loads each, to check its content)."""
+    with services.db.session(readonly=True) as s:
+        return all(
+            repository.has_builtin_dataset(s, spec, split) for _, spec, split in BUILTIN_DATASETS
+        )
 
 
 def builtin_dataset(services: Services, spec: str) -> Dataset:

@@ -93,6 +93,14 @@ def dataset_by_sha(session: Session, sha: str) -> Dataset | None:
     return session.scalar(select(Dataset).where(Dataset.sha256 == sha))
 
 
+def has_builtin_dataset(session: Session, spec: str, split: str) -> bool:
+    """Whether built-in dataset ``spec``'s ``split`` has a row (of any content)."""
+    query = select(Dataset.id).where(
+        Dataset.builtin.is_(True), Dataset.spec == spec, Dataset.split == split
+    )
+    return session.scalar(query.limit(1)) is not None
+
+
 def models_by_ids(session: Session, ids: Sequence[int]) -> dict[int, Model]:
     return {m.id: m for m in session.scalars(select(Model).where(Model.id.in_(list(ids))))}
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Annotated, Any
 
-import timm
 from fastapi import Query
 
-import models
 from analysis.engine.layers import default_layers
 from app.http.api.deps import Paging, api_router, not_found
 from app.http.schemas import NO_NUL, ArchitectureOut, Page
@@ -25,6 +23,10 @@ TIMM_PATTERNS = ("mixer_*", "gmlp_*", "resmlp_*")
 
 @cache
 def _names() -> tuple[tuple[str, str], ...]:
+    import timm
+
+    import models
+
     presets = [(n, "preset") for n in models.list_presets()]
     timm_names = sorted({n for p in TIMM_PATTERNS for n in timm.list_models(p)})
     return tuple(presets + [(n, "timm") for n in timm_names if n not in dict(presets)])
@@ -32,6 +34,8 @@ def _names() -> tuple[tuple[str, str], ...]:
 
 @cache
 def _describe(name: str, family: str) -> dict[str, Any]:
+    import models
+
     out: dict[str, Any] = {"name": name, "family": family}
     try:
         net = skeleton(name, {})

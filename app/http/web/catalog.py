@@ -11,7 +11,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
-import models
 from analysis.data.images import thumbnail
 from analysis.data.sources import image_files
 from app.http.api.views import comparison_view
@@ -36,6 +35,8 @@ def _metric(sidecar: dict[str, Any], split: str, key: str) -> Any:
 
 @cache
 def _preset_defaults(arch: str) -> dict[str, Any]:
+    import models
+
     try:
         return models.validate_config(arch, {})
     except models.ModelError:  # not a preset of ours (a timm name): no defaults to diff from

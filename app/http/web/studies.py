@@ -11,7 +11,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-import models
 from analysis.studies import BUILTIN_STUDIES
 from app.http.api.rows import each
 from app.http.api.studies import study_view
@@ -60,6 +59,8 @@ def study_page(request: Request, auth: Auth, study_id: int) -> Response:
 
 def option_fields(arch: str) -> list[dict[str, Any]]:
     """The form fields of a preset's options (key, type, default, range, description)."""
+    import models
+
     try:
         return models.option_schema(arch)
     except models.ConfigError:
@@ -68,6 +69,8 @@ def option_fields(arch: str) -> list[dict[str, Any]]:
 
 @router.get("/trainings/new")
 def new_training_page(request: Request, auth: Auth) -> Response:
+    import models
+
     presets = list(models.list_presets())
     with services_of(request).db.session(readonly=True) as s:
         datasets, _ = repository.list_datasets(s, limit=500, offset=0)
