@@ -52,13 +52,23 @@ sys.exit(int(answer or b"1"))
 
 def _preload() -> None:
     """Import what the commands and the examples import: the CLI with every command's module,
-    the libraries, and the service stack."""
+    the service stack, and the libraries' public names (which load on first use)."""
+    import importlib
+
     from app.cli import build_parser
 
     build_parser()  # imports every app.cli command module
-    import analysis  # noqa: F401
-    import app.http.main  # noqa: F401
-    import models  # noqa: F401
+    for package in ("analysis", "analysis.studies", "models", "app.http.main"):
+        module = importlib.import_module(package)
+        for name in getattr(module, "__all__", ()):
+            getattr(module, name)
+    for module in (
+        "matplotlib.figure",
+        "matplotlib.backends.backend_agg",
+        "scipy.stats",
+        "sklearn.datasets",
+    ):
+        importlib.import_module(module)
 
 
 def _child(request: dict[str, Any], fds: list[int]) -> int:

@@ -138,6 +138,9 @@ def test_cli_refuses_bad_calibration(
     assert str(exc.value).startswith("error: --baselines:")
 
 
+# Intervals, verdicts and exports computed from the stored atlas: the p_method and export rows
+# are checked on both databases in test_p_method.py and test_baselines.py; this one runs on one.
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_baselines_interval_and_exports(
     client: TestClient,
     settings: Settings,

@@ -39,6 +39,10 @@ def _expected_pipeline(name: str) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
 
 
+# Two 224×224 timm networks through their own pipelines: the subject is the models and the
+# photos, not the database (uploads and comparisons run on both in test_model_uploads.py and
+# test_comparisons.py), so one database, the laptop's.
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_hub_folders_compared_on_mixed_photos_through_rest(
     client: TestClient, tmp_path: Path
 ) -> None:

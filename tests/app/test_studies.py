@@ -167,6 +167,10 @@ def test_study_requests_are_checked_before_queuing(idle_client: TestClient) -> N
     assert idle_client.get("/v1/studies").json()["total"] == 0
 
 
+# The built-in study end to end (16 trainings, a 16-model atlas) on PostgreSQL, the GPU host's
+# database; the same study through the CLI runs on SQLite below, and each step's rows on both in
+# the smaller tests of this file.
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_builtin_study_through_rest_then_reused(client: TestClient, trainer: FakeTrainer) -> None:
     r = client.post("/v1/studies", json={"builtin": "sparsity", "seeds": 2, "quick": True})
     assert r.status_code == 202, r.text
@@ -314,6 +318,8 @@ def _diagonal_mean(atlas: Any, a: str, b: str) -> float:
     return float(np.mean(np.diagonal(atlas.matrix(a, b))))
 
 
+# SQLite, the laptop's database; PostgreSQL runs the same study through REST above.
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_cli_study_run_writes_summary_and_reuses(
     db_url: str,
     tmp_path: Path,
@@ -501,6 +507,8 @@ def test_sigterm_stops_the_server_while_a_study_trains_and_requeues_the_training
         db.dispose()
 
 
+# Two summaries compared, not the database's rows (shards run on both in test_shards.py).
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_study_atlas_is_sharded_as_configured_with_the_same_summary(
     settings: Settings, tmp_path: Path, trainer: FakeTrainer
 ) -> None:
