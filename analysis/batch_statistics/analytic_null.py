@@ -45,7 +45,8 @@ class AnalyticNullSums:
     def update(self, batch: Batch) -> None:
         assert batch.rows is not None
         b = batch.size
-        self.null.add(batch.rows[0].view(-1, b, b), batch=batch.index)
+        centred, row_sums = batch.rows
+        self.null.add(centred.view(-1, b, b), batch=batch.index, row_sums=row_sums)
 
     def state(self) -> State:
         return self.null.state()

@@ -308,8 +308,8 @@ class StreamingRun:
                 continue
             stored = cache.get(key)
             if stored is not None and stored.shape == (len(self.selected[m]), b, b):
-                rows = centred_rows(torch.from_numpy(stored).to(self.dev), self.estimator)
-                analytic.keep(rows[0].view(-1, b, b), i, self.slices[m].start)
+                kf, kr = centred_rows(torch.from_numpy(stored).to(self.dev), self.estimator)
+                analytic.keep(kf.view(-1, b, b), i, self.slices[m].start, kr)
 
     def _batch(self, i: int, x: torch.Tensor) -> np.ndarray:
         """The HSIC matrix of a batch without the store: one product over the stacked Grams."""
@@ -399,11 +399,13 @@ class StreamingRun:
             for m in self.names:
                 first = self.slices[m].start
                 if m not in invariants:
-                    invariants[m] = self.analytic.invariants(rows[m][0].view(-1, b, b), i, first)
+                    mf, mr = rows[m]
+                    invariants[m] = self.analytic.invariants(mf.view(-1, b, b), i, first, mr)
                     if cache is not None and m in ikeys:
                         cache.put(ikeys[m], invariants[m])
                 elif m in rows:
-                    self.analytic.keep(rows[m][0].view(-1, b, b), i, first)
+                    mf, mr = rows[m]
+                    self.analytic.keep(mf.view(-1, b, b), i, first, mr)
                 elif self.analytic.kept is not None:
                     self.unkept.append((i, b, m, gkeys[m]))
             stacked_inv = np.concatenate([invariants[m] for m in self.names])

@@ -91,13 +91,17 @@ class AnalyticNull:
         return work
 
     def invariants(
-        self, centred: torch.Tensor, batch: int | None = None, first: int = 0
+        self,
+        centred: torch.Tensor,
+        batch: int | None = None,
+        first: int = 0,
+        row_sums: torch.Tensor | None = None,
     ) -> np.ndarray:
-        """:func:`layer_invariants` (L, 12) of one batch's double-centred Grams (L, n, n); when
-        keeping, and given the batch's index in the plan, the Grams are kept as the run's
-        layers ``first``, ``first + 1``, …"""
+        """:func:`layer_invariants` (L, 12) of one batch's double-centred Grams (L, n, n) (and
+        their row sums (L, n) where the caller has them); when keeping, and given the batch's
+        index in the plan, the Grams are kept as the run's layers ``first``, ``first + 1``, …"""
         work = self._buffers(centred)
-        inv = layer_invariants(centred, self.estimator, self.dtype, work).cpu().numpy()
+        inv = layer_invariants(centred, self.estimator, self.dtype, work, row_sums).cpu().numpy()
         if self.kept is not None and batch is not None:  # work[:, 0]: the U-centred copy
             self.kept.add(batch, first, work[:, 0] if self.estimator == "unbiased" else centred)
         return inv
@@ -108,18 +112,30 @@ class AnalyticNull:
         if self.kept is not None:
             self.kept.add_features(batch, layer, features)
 
-    def keep(self, centred: torch.Tensor, batch: int, first: int = 0) -> None:
+    def keep(
+        self,
+        centred: torch.Tensor,
+        batch: int,
+        first: int = 0,
+        row_sums: torch.Tensor | None = None,
+    ) -> None:
         """Keep one batch's Grams (as :meth:`invariants` does) whose invariants came from
         elsewhere (the Gram store)."""
         if self.kept is None:
             return
         if self.estimator == "unbiased":
-            centred = u_centre(centred, self.dtype, self._buffers(centred)[:, 0])
+            centred = u_centre(centred, self.dtype, self._buffers(centred)[:, 0], row_sums)
         self.kept.add(batch, first, centred)
 
-    def add(self, centred: torch.Tensor, batch: int | None = None) -> None:
-        """One batch, given its double-centred Grams (L, n, n) (see :func:`layer_invariants`)."""
-        self.add_invariants(self.invariants(centred, batch), centred.shape[-1])
+    def add(
+        self,
+        centred: torch.Tensor,
+        batch: int | None = None,
+        row_sums: torch.Tensor | None = None,
+    ) -> None:
+        """One batch, given its double-centred Grams (L, n, n) (see :func:`layer_invariants`)
+        and, where the caller has them, their row sums (L, n)."""
+        self.add_invariants(self.invariants(centred, batch, 0, row_sums), centred.shape[-1])
 
     def add_invariants(self, inv: np.ndarray, n: int) -> None:
         """One batch of ``n`` samples, given every layer's invariants (L, 12), in layer order."""

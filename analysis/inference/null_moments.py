@@ -162,7 +162,10 @@ def _fourth_table(n: int) -> np.ndarray:
 
 
 def u_centre(
-    g: torch.Tensor, dtype: torch.dtype | None = None, out: torch.Tensor | None = None
+    g: torch.Tensor,
+    dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+    row_sums: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """U-centred copies of Grams ``g`` (L, n, n): zero diagonal, every row summing to 0.
 
@@ -170,13 +173,16 @@ def u_centre(
     s the total of K with its diagonal zeroed (Székely & Rizzo 2014); written as
     ``K_ij - u_i - u_j`` with ``u = r/(n-2) - s/(2(n-1)(n-2))``, two passes in place. Any centring
     of K gives the same Ã. The copy, and the row sums, are in ``dtype`` (default: ``g``'s), or
-    in ``out`` (a buffer of g's shape, reused). Needs n ≥ 3.
+    in ``out`` (a buffer of g's shape, reused). ``row_sums`` (L, n): g's row sums, diagonal
+    included, where the caller has them (the engine's :func:`analysis.estimators.hsic.
+    centred_rows` does): then r is taken from them in their precision instead of a pass over
+    the copy. Needs n ≥ 3.
     """
     n = g.shape[-1]
     k = g.to(dtype or g.dtype, copy=True) if out is None else out.copy_(g)
     k.diagonal(dim1=-2, dim2=-1).zero_()
-    r = k.sum(-1)
-    u = r / (n - 2) - (r.sum(-1, keepdim=True) / (2 * (n - 1) * (n - 2)))
+    r = k.sum(-1) if row_sums is None else row_sums - g.diagonal(dim1=-2, dim2=-1)
+    u = (r / (n - 2) - (r.sum(-1, keepdim=True) / (2 * (n - 1) * (n - 2)))).to(k.dtype)
     k -= u[..., :, None]
     k -= u[..., None, :]
     k.diagonal(dim1=-2, dim2=-1).zero_()
@@ -188,6 +194,7 @@ def layer_invariants(
     estimator: str,
     dtype: torch.dtype = torch.float64,
     work: torch.Tensor | None = None,
+    row_sums: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The per-layer numbers of one batch (float64, (L, 12), columns as :data:`_NAMES`).
 
@@ -200,10 +207,11 @@ def layer_invariants(
     noise they replace, and no float64 copy of the stack). ``work``: a buffer (L, 3, n, n) in
     ``dtype`` for Ã, Ã∘Ã and Ã², reused from batch to batch (fresh ones of a few MB each cost
     the kernel's page zeroing every time: about as much as the sums themselves); Ã stays in
-    ``work[:, 0]``. The six sums of products of the three come from one batched product of
-    the (3, n²) rows of each layer with themselves, which reads each once (six separate dot
-    products read them twelve times and took 3.5 times as long); the row sums of Ã∘Ã are the
-    diagonal of Ã².
+    ``work[:, 0]``. The sums of products of the three come from one batched product of the
+    (2, n²) rows of Ã∘Ã and Ã² with the (3, n²) rows of all three, which reads each once (six
+    separate dot products read them twelve times and took 3.5 times as long); the row sums of
+    Ã∘Ã are the diagonal of Ã² (Ã is symmetric), so Q = tr Ã² needs no product of its own.
+    ``row_sums``: the Grams' row sums where the caller has them (see :func:`u_centre`).
     """
     n_layers, n, _ = centred.shape
     out = torch.zeros(n_layers, len(_NAMES), dtype=torch.float64, device=centred.device)
@@ -211,15 +219,17 @@ def layer_invariants(
         if work is None:
             work = torch.empty(n_layers, 3, n, n, dtype=dtype, device=centred.device)
         a, sq, square = work[:, 0], work[:, 1], work[:, 2]
-        u_centre(centred, dtype, a)
+        u_centre(centred, dtype, a, row_sums)
         torch.mul(a, a, out=sq)
         torch.bmm(a, a, out=square)
         rows = work.view(n_layers, 3, n * n)
-        dots = torch.bmm(rows, rows.transpose(1, 2)).to(torch.float64)  # (L, 3, 3)
-        out[:, 0], out[:, 1], out[:, 2] = dots[:, 0, 0], dots[:, 1, 0], dots[:, 2, 0]  # Q, c, t
-        out[:, 8], out[:, 10], out[:, 11] = dots[:, 1, 1], dots[:, 2, 1], dots[:, 2, 2]  # d, f, g
-        # Σ_j Ã_ij², for e and w: the diagonal of Ã² (Ã is symmetric), no pass over Ã∘Ã
+        # rows 1, 2 (Ã∘Ã, Ã²) against rows 0, 1, 2 (Ã, Ã∘Ã, Ã²): (L, 2, 3)
+        dots = torch.bmm(rows[:, 1:], rows.transpose(1, 2)).to(torch.float64)
+        out[:, 1], out[:, 2] = dots[:, 0, 0], dots[:, 1, 0]  # c, t
+        out[:, 8], out[:, 10], out[:, 11] = dots[:, 0, 1], dots[:, 1, 1], dots[:, 1, 2]  # d, f, g
+        # Σ_j Ã_ij², for Q, e and w: the diagonal of Ã² (Ã is symmetric), no pass over Ã∘Ã
         row_sq = square.diagonal(dim1=1, dim2=2).to(torch.float64)
+        out[:, 0] = row_sq.sum(1)
         out[:, 9] = (row_sq**2).sum(1)
     if estimator == "biased" and n >= 3:
         d = centred.diagonal(dim1=1, dim2=2).to(torch.float64)
