@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from analysis import errors
 from analysis._lazy import lazy_exports
 
 if TYPE_CHECKING:  # the same names, for type checkers; at run time __getattr__ imports them
@@ -69,14 +70,7 @@ __getattr__, __dir__ = lazy_exports(
         ".engine.compare": ["add_baselines", "cka_from_features", "compare"],
         ".engine.gram_cache": ["DirectoryGramCache", "GramCache"],
         ".engine.layers": ["default_layers", "resolve_layers"],
-        ".errors": [
-            "AnalysisError",
-            "Cancelled",
-            "DatasetError",
-            "DatasetTooLarge",
-            "EstimatorError",
-            "LayerError",
-        ],
+        ".errors": errors.__all__,  # a module that imports nothing
         ".inference.baselines": ["random_init_twin"],
         ".inference.significance": ["CKATest", "cka_test"],
         ".options": ["CompareOptions", "OptionsError", "option_specs"],
