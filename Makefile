@@ -51,9 +51,11 @@ typecheck: $(STAMP)
 # tests and takes over another's when it runs out): much of the suite waits on servers,
 # workers and subprocesses, so two processes on two cores finish it sooner than one.
 # PYTEST_WORKERS=0: one process.
+# The 25 slowest tests are listed at the end: where the suite's time goes (it should stay
+# within 15 minutes on a 2-core machine).
 PYTEST_WORKERS ?= 2
 pytest: $(STAMP)
-	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist worksteal \
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=25 \
 		--cov=models --cov=analysis --cov=app --cov-report=term:skip-covered \
 		--cov-fail-under=$(COVERAGE_FLOOR)
 
