@@ -65,9 +65,9 @@ class NpzArchive:
     def __init__(
         self, source: str | Path | bytes, name: str, *, max_bytes: int, max_members: int
     ) -> None:
-        self.name = name
         from models.archives import ArchiveError, safe_entries  # models: torch, timm; on use
 
+        self.name = name
         handle: str | Path | IO[bytes] = io.BytesIO(source) if isinstance(source, bytes) else source
         try:
             self._zip = zipfile.ZipFile(handle)
