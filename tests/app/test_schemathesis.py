@@ -53,6 +53,11 @@ CONFIG = {
         "stateful": {"enabled": False},
     },
     "headers": {"Authorization": f"Bearer {TOKEN}"},
+    # The checks are about what comes back, not how soon: schemathesis' default 10 s read
+    # timeout failed the run under load on `POST /v1/studies {"builtin": "width"}`, whose plan
+    # builds each grid candidate on the meta device (about 3 s idle, more when it first
+    # imports timm and scikit-learn).
+    "request-timeout": 120,
 }
 
 # Hypothesis caches what it learns from the source (constants, Unicode tables) in
