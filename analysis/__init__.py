@@ -16,6 +16,26 @@ The names below are loaded on first use (:mod:`analysis._lazy`): ``import analys
 light submodules a service names at start-up (:mod:`analysis.options`, :mod:`analysis.errors`)
 import neither :mod:`models` (with timm) nor matplotlib; ``analysis.compare`` and the rest
 import their modules when first read.
+
+Inside, the parts stand in one order, each importing only those before it (imports inside
+functions and under ``TYPE_CHECKING`` included; ``tests/test_layers.py`` holds it):
+
+1. :mod:`analysis.errors` and :mod:`analysis._lazy` (import nothing of the library);
+2. :mod:`analysis.estimators`: kernels, HSIC, CKA, spectra, the one loop over batches;
+3. :mod:`analysis.measures`: the whole-sample measures beside CKA;
+4. :mod:`analysis.data`: datasets, archives, input pipelines, batch sources;
+5. :mod:`analysis.layers`: which layers of a network to read, and reading them;
+6. :mod:`analysis.options`: every option of a comparison;
+7. :mod:`analysis.inference`: nulls, intervals, q-values and verdicts, as math;
+8. :mod:`analysis.atlas`: the result;
+9. :mod:`analysis.batch_statistics`: what a run accumulates per batch;
+10. :mod:`analysis.engine`: the work of each batch, the Gram store;
+11. :mod:`analysis.shards`: a run over a range of batches, and their combine;
+12. :mod:`analysis.comparison`: the plan and its run, the baselines;
+13. :mod:`analysis.plot`: heatmaps;
+14. :mod:`analysis.studies`: studies of many trainings and one atlas;
+
+and this package's face, above them all.
 """
 
 from __future__ import annotations
@@ -27,6 +47,24 @@ from analysis._lazy import lazy_exports
 
 if TYPE_CHECKING:  # the same names, for type checkers; at run time __getattr__ imports them
     from analysis.atlas import Atlas
+    from analysis.comparison.baselines import random_init_twin
+    from analysis.comparison.plan import (
+        ComparisonPlan,
+        Member,
+        Networks,
+        members_of,
+        plan_comparison,
+    )
+    from analysis.comparison.run import (
+        GivenNetworks,
+        Hooks,
+        add_baselines,
+        compare,
+        compare_partial,
+        run_comparison,
+        run_shard,
+    )
+    from analysis.comparison.seed_ceiling import Identity
     from analysis.data.datasets import (
         DatasetInfo,
         ImageDataset,
@@ -34,9 +72,9 @@ if TYPE_CHECKING:  # the same names, for type checkers; at run time __getattr__ 
         load_dataset,
         training_data,
     )
-    from analysis.engine.compare import add_baselines, cka_from_features, compare
+    from analysis.engine.features import cka_from_features
     from analysis.engine.gram_cache import DirectoryGramCache, GramCache
-    from analysis.engine.layers import default_layers, resolve_layers
+    from analysis.engine.streaming import RunSettings
     from analysis.errors import (
         AnalysisError,
         Cancelled,
@@ -45,21 +83,40 @@ if TYPE_CHECKING:  # the same names, for type checkers; at run time __getattr__ 
         EstimatorError,
         LayerError,
     )
-    from analysis.inference.baselines import random_init_twin
     from analysis.inference.significance import CKATest, cka_test
-    from analysis.options import CompareOptions, OptionsError, option_specs
-    from analysis.shards.shard import (
-        Partial,
-        batch_count,
-        combine,
-        compare_partial,
-        shard_ranges,
+    from analysis.layers import (
+        FEATURE_POLICIES,
+        FeaturePolicy,
+        LayerReader,
+        check_feature,
+        default_layers,
+        resolve_layers,
     )
+    from analysis.options import CompareOptions, OptionsError, option_specs
+    from analysis.shards.shard import Partial, batch_count, combine, shard_ranges
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         ".atlas": ["Atlas"],
+        ".comparison.baselines": ["random_init_twin"],
+        ".comparison.plan": [
+            "ComparisonPlan",
+            "Member",
+            "Networks",
+            "members_of",
+            "plan_comparison",
+        ],
+        ".comparison.run": [
+            "GivenNetworks",
+            "Hooks",
+            "add_baselines",
+            "compare",
+            "compare_partial",
+            "run_comparison",
+            "run_shard",
+        ],
+        ".comparison.seed_ceiling": ["Identity"],
         ".data.datasets": [
             "DatasetInfo",
             "ImageDataset",
@@ -67,35 +124,53 @@ __getattr__, __dir__ = lazy_exports(
             "load_dataset",
             "training_data",
         ],
-        ".engine.compare": ["add_baselines", "cka_from_features", "compare"],
+        ".engine.features": ["cka_from_features"],
         ".engine.gram_cache": ["DirectoryGramCache", "GramCache"],
-        ".engine.layers": ["default_layers", "resolve_layers"],
+        ".engine.streaming": ["RunSettings"],
         ".errors": errors.__all__,  # a module that imports nothing
-        ".inference.baselines": ["random_init_twin"],
         ".inference.significance": ["CKATest", "cka_test"],
+        ".layers": [
+            "FEATURE_POLICIES",
+            "FeaturePolicy",
+            "LayerReader",
+            "check_feature",
+            "default_layers",
+            "resolve_layers",
+        ],
         ".options": ["CompareOptions", "OptionsError", "option_specs"],
-        ".shards.shard": ["Partial", "batch_count", "combine", "compare_partial", "shard_ranges"],
+        ".shards.shard": ["Partial", "batch_count", "combine", "shard_ranges"],
     },
 )
 
 __all__ = [
+    "FEATURE_POLICIES",
     "AnalysisError",
     "Atlas",
     "CKATest",
     "Cancelled",
     "CompareOptions",
+    "ComparisonPlan",
     "DatasetError",
     "DatasetInfo",
     "DatasetTooLarge",
     "DirectoryGramCache",
     "EstimatorError",
+    "FeaturePolicy",
+    "GivenNetworks",
     "GramCache",
+    "Hooks",
+    "Identity",
     "ImageDataset",
     "LayerError",
+    "LayerReader",
+    "Member",
+    "Networks",
     "OptionsError",
     "Partial",
+    "RunSettings",
     "add_baselines",
     "batch_count",
+    "check_feature",
     "cka_from_features",
     "cka_test",
     "combine",
@@ -104,9 +179,13 @@ __all__ = [
     "default_layers",
     "describe_dataset",
     "load_dataset",
+    "members_of",
     "option_specs",
+    "plan_comparison",
     "random_init_twin",
     "resolve_layers",
+    "run_comparison",
+    "run_shard",
     "shard_ranges",
     "training_data",
 ]

@@ -35,8 +35,8 @@ Present only when computed (so an atlas without them serialises as before):
     (L_total, L_total) with a null: Benjamini–Hochberg over the atlas's cells
     (:func:`analysis.inference.verdicts.atlas_q_values`); derived, for readers.
 ``baselines``
-    with ``baselines=...`` (:mod:`analysis.inference.baselines`,
-    :mod:`analysis.inference.seed_ceiling`): per baseline its full matrices (``random_init``:
+    with ``baselines=...`` (:mod:`analysis.comparison.baselines`,
+    :mod:`analysis.comparison.seed_ceiling`): per baseline its full matrices (``random_init``:
     ``cka`` the mean over the draws, ``sd``, ``min``, ``max``, ``draws``, ``seeds``;
     ``seed_ceiling``: ``cka`` and, with intervals, ``ci_low``/``ci_high``) and per block what
     stood in, or the ``reason`` it is undefined.
@@ -217,7 +217,7 @@ class Atlas:
 
     def undefined_baselines(self, a: str, b: str | None = None) -> dict[str, str]:
         """Per baseline undefined for the block (a, b), why (no baseline compares a model with
-        itself; see :func:`analysis.inference.baselines.choose`)."""
+        itself; see :func:`analysis.comparison.baselines.choose`)."""
         b = a if b is None else b
         self._check(a, b)
         out = {}

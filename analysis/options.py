@@ -54,10 +54,10 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from analysis.engine.layers import FeaturePolicy
 from analysis.errors import EstimatorError
 from analysis.estimators.hsic import MIN_SAMPLES, Estimator
 from analysis.estimators.kernels import Kernel, parse_kernel
+from analysis.layers import FeaturePolicy
 from analysis.measures import DEFAULT_K, MEASURES, MeasureName, budget_bytes, estimate_bytes
 from analysis.measures.budget import BUDGET_ENV, gib
 

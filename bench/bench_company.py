@@ -9,8 +9,8 @@ both; and, of the runs with both, the whole-sample step alone (every layer's top
 then what it carries in each batch: :func:`analysis.estimators.spectrum.whole_sample_sensitivity`),
 which wall times on a noisy machine blur. Then, on the atlas with
 sensitivity, how many cells the ``top_pc`` flag marks (a single direction carries more than
-half of the cell's CKA, :mod:`analysis.inference.flags`) against the former rule (CKA moves by more
-than 0.1 when one side's top component is removed).
+half of the cell's CKA, :mod:`analysis.batch_statistics.flags`) against the former rule (CKA
+moves by more than 0.1 when one side's top component is removed).
 
 With ``--timm N`` the workload is instead one where the forward passes dominate, as they do
 for real models: the shard benchmark's two random-init 224-pixel timm models

@@ -18,7 +18,7 @@ zip of ``--images`` random photos of mixed sizes.
    ``--company`` tensors in batches of 32 (``bench_company.py --timm``'s setting), and the
    whole-sample step alone. Then the deflated CKA of that run against the CPU's, with the
    features kept on the GPU, moved to the host once they outgrow the room allowed
-   (``analysis.engine.kept.KEEP_SHARE``), and kept on the host from the start.
+   (``analysis.batch_statistics.kept.KEEP_SHARE``), and kept on the host from the start.
 
     python bench/bench_gpu.py                  # on a machine with CUDA
 """
@@ -39,7 +39,7 @@ from torch import nn
 from workloads import TIMM_PAIR, imported_pair, photos_zip, time_whole_sample_step
 
 import analysis
-import analysis.engine.kept
+import analysis.batch_statistics.kept
 
 CUDA = "cuda:0"
 
@@ -126,20 +126,20 @@ def main() -> None:
         cpu = deflated(analysis.compare(nets, data, device="cpu", **sens))
         print(f"\ndeflated CKA against the CPU's ({cpu.size} values):")
         shares = {
-            "kept on the GPU": analysis.engine.kept.KEEP_SHARE,
+            "kept on the GPU": analysis.batch_statistics.kept.KEEP_SHARE,
             "moved to the host during the run (1 % of free memory allowed)": 0.01,
             "kept on the host": 0.0,
         }
         moves: list[int] = []
-        to_host = analysis.engine.kept.KeptFeatures._to_host
+        to_host = analysis.batch_statistics.kept.KeptFeatures._to_host
 
-        def counted(kept: analysis.engine.kept.KeptFeatures) -> None:
+        def counted(kept: analysis.batch_statistics.kept.KeptFeatures) -> None:
             moves.append(sum(b is not None for b in kept.buffers))
             to_host(kept)
 
-        analysis.engine.kept.KeptFeatures._to_host = counted  # type: ignore[method-assign]
+        analysis.batch_statistics.kept.KeptFeatures._to_host = counted  # type: ignore[method-assign]
         for where, share in shares.items():
-            analysis.engine.kept.KEEP_SHARE = share
+            analysis.batch_statistics.kept.KEEP_SHARE = share
             moves.clear()
             gpu = deflated(analysis.compare(nets, data, device=CUDA, **sens))
             moved = f"{moves[0]} layers' buffers moved" if moves else "nothing moved"

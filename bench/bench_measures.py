@@ -24,7 +24,7 @@ import torch
 from workloads import demo_models  # bench/workloads.py, beside this script
 
 import analysis
-from analysis.engine.layers import LayerReader
+from analysis.layers import LayerReader
 from analysis.measures import WHOLE_SAMPLE, estimate_bytes
 
 MIB = 2**20

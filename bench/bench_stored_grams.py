@@ -23,8 +23,7 @@ import numpy as np
 import torch
 
 import models
-from analysis import ImageDataset
-from analysis.engine.compare import compare
+from analysis import ImageDataset, compare
 from analysis.engine.gram_cache import DirectoryGramCache
 
 FIVE = ("mixer", "sw_mlp", "rp_mixer", "gmlp", "mlp")

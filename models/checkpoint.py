@@ -402,7 +402,7 @@ def load(
         pipeline = data_config(model)
     model.atlas_preprocessing = pipeline  # type: ignore[assignment]
     # What makes two checkpoints seed siblings besides the architecture
-    # (analysis.inference.seed_ceiling).
+    # (analysis.comparison.seed_ceiling).
     model.atlas_checkpoint = {  # type: ignore[assignment]
         "sha256": digest,
         "dataset": meta.get("dataset"),

@@ -8,7 +8,9 @@ import still couples two modules. Importing ``a.b.c`` runs the ``__init__`` of `
 - the top-level packages: ``models`` ← ``analysis`` ← ``app`` → ``migrations`` (an arrow from
   importer to imported points right to left here: app imports the three, analysis imports
   models, models and migrations import none of the others);
-- the layers of ``app``: cli → http → jobs → store → {errors, logs}, never upward or sideways.
+- the layers of ``app``: cli → http → jobs → store → {errors, logs}, never upward or sideways;
+- the parts of ``analysis``, in the order its ``__init__`` docstring gives (each imports only
+  the parts before it; the package's own ``__init__``, its public face, stands above them all).
 
 The checker is run on a deliberately cyclic pair of throwaway packages too, which it must reject.
 """
@@ -16,6 +18,7 @@ The checker is run on a deliberately cyclic pair of throwaway packages too, whic
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -41,6 +44,28 @@ APP_RANKS = {
     "app.logs": 0,
     "app": -1,
 }
+
+
+# analysis's parts, lowest first (analysis/__init__.py's docstring); a part may import only
+# parts of a lower rank, or its own modules. ``analysis`` itself is the face, above every part:
+# importing ``analysis.x.y`` runs it first, which is no import of it (``_part`` skips it).
+ANALYSIS_ORDER = (
+    ("analysis.errors", "analysis._lazy"),
+    ("analysis.estimators",),
+    ("analysis.measures",),
+    ("analysis.data",),
+    ("analysis.layers",),
+    ("analysis.options",),
+    ("analysis.inference",),
+    ("analysis.atlas",),
+    ("analysis.batch_statistics",),
+    ("analysis.engine",),
+    ("analysis.shards",),
+    ("analysis.comparison",),
+    ("analysis.plot",),
+    ("analysis.studies",),
+)
+ANALYSIS_RANKS = {part: rank for rank, parts in enumerate(ANALYSIS_ORDER) for part in parts}
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -137,6 +162,13 @@ def _app_layer(module: str) -> str | None:
     return module if module == "app" else ".".join(module.split(".")[:2])
 
 
+def _part(module: str) -> str | None:
+    """The part of ``analysis`` a module belongs to (None: outside it, or the face itself)."""
+    if _top(module) != "analysis" or module == "analysis":
+        return None
+    return ".".join(module.split(".")[:2])
+
+
 GRAPH = import_graph(ROOT, PACKAGES)
 TOP = collapse(GRAPH, _top)
 LAYERS = collapse(GRAPH, _app_layer)
@@ -166,6 +198,43 @@ def test_app_layers_point_down() -> None:
     }
     assert not bad, "\n".join(_offenders(_app_layer, bad))
     assert find_cycle(LAYERS) is None
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of ``graph`` from a part of ``analysis`` to a part at or above its rank."""
+    return sorted(
+        f"{m} imports {t}"
+        for m, targets in graph.items()
+        if (a := _part(m)) is not None
+        for t in targets
+        if (b := _part(t)) is not None and a != b and ANALYSIS_RANKS[b] >= ANALYSIS_RANKS[a]
+    )
+
+
+def test_analysis_parts_point_down() -> None:
+    """Each part imports only the parts beneath it, in functions and for type checkers too."""
+    parts = {p for m in GRAPH if (p := _part(m)) is not None}
+    assert parts == set(ANALYSIS_RANKS), (
+        f"parts not in the order: {sorted(parts - set(ANALYSIS_RANKS))}; "
+        f"in the order but gone: {sorted(set(ANALYSIS_RANKS) - parts)}"
+    )
+    assert not _upward(GRAPH), "\n".join(_upward(GRAPH))
+
+
+def test_an_upward_import_inside_analysis_is_found() -> None:
+    """The check above would fail on the cycle this release removed: the baselines calling
+    back into the run that computes them, through an import inside a function."""
+    graph = {**GRAPH, "analysis.inference.verdicts": {"analysis.comparison.run"}}
+    assert _upward(graph) == ["analysis.inference.verdicts imports analysis.comparison.run"]
+
+
+def test_the_order_is_the_documented_one() -> None:
+    """analysis/__init__.py's docstring lists the parts in this order."""
+    import analysis
+
+    numbered = re.findall(r"^\d+\. (.*)$", analysis.__doc__ or "", re.MULTILINE)
+    listed = [tuple(re.findall(r":mod:`(analysis[\w.]*)`", line)) for line in numbered]
+    assert listed == list(ANALYSIS_ORDER)
 
 
 def test_the_checker_sees_imports() -> None:

@@ -6,8 +6,9 @@ its state as named arrays, how the states of two ranges of batches join, how it 
 bootstrap's terms, the image-level interval's moments, the permutation null drawn, the analytic
 null, the layer spectra, the sensitivity's features, the whole-sample measures
 (:mod:`analysis.measures`) — and their registry (:mod:`.registry`), which the engine, the shards,
-their files and the combine read generically. Each statistic wraps the math that lives in
-:mod:`analysis.inference` or :mod:`analysis.estimators` or :mod:`analysis.measures`; this package
-may import those, :mod:`analysis.engine.kept`, the atlas, the options and the errors, never
-:mod:`analysis.engine.streaming` or :mod:`analysis.shards` (they import it).
+their files and the combine read generically; the features a run keeps for them
+(:mod:`.kept`) and the warnings about an atlas's cells (:mod:`.flags`). Each statistic wraps
+the math that lives in :mod:`analysis.inference`, :mod:`analysis.estimators` or
+:mod:`analysis.measures`; this package may import those, the atlas, the options and the
+errors, never :mod:`analysis.engine` or :mod:`analysis.shards` (they import it).
 """

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from analysis.atlas import Atlas
-from analysis.batch_statistics.protocol import Batch, Diagnose, Needs, Setup, State
+from analysis.batch_statistics.protocol import Batch, Diagnose, Needs, Setup, State, Tick
 from analysis.inference.analytic_null import AnalyticNull, finish, join_states, tail_warning
 from analysis.inference.null_draws import KEEP_BYTES, kept_bytes
 from analysis.options import CompareOptions
@@ -56,9 +56,11 @@ class AnalyticNullSums:
         return join_states(states)
 
     @classmethod
-    def finish(cls, atlas: Atlas, state: State, batches: int) -> Diagnose | None:
+    def finish(cls, atlas: Atlas, state: State, batches: int, tick: Tick) -> Diagnose | None:
         config = atlas.config
-        atlas.null, tail = finish(state, atlas.hsic, config["estimator"], config["seed"], batches)
+        atlas.null, tail = finish(
+            state, atlas.hsic, config["estimator"], config["seed"], batches, tick=tick
+        )
 
         def diagnose(done: Atlas) -> dict[str, Any]:
             out: dict[str, Any] = {"null": tail}

@@ -18,6 +18,7 @@ from analysis.batch_statistics.protocol import (
     Needs,
     Setup,
     State,
+    Tick,
     concatenate_states,
 )
 from analysis.inference.bootstrap import bootstrap_intervals
@@ -56,7 +57,7 @@ class BootstrapTerms:
         return concatenate_states(states)
 
     @classmethod
-    def finish(cls, atlas: Atlas, state: State, batches: int) -> Diagnose | None:
+    def finish(cls, atlas: Atlas, state: State, batches: int, tick: Tick) -> Diagnose | None:
         config = atlas.config
         CompareOptions.build(interval="batches").check_batches(batches)
         if len(state["hsic"]):

@@ -10,7 +10,15 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from analysis.atlas import Atlas
-from analysis.batch_statistics.protocol import Batch, Diagnose, Needs, Setup, State, sum_states
+from analysis.batch_statistics.protocol import (
+    Batch,
+    Diagnose,
+    Needs,
+    Setup,
+    State,
+    Tick,
+    sum_states,
+)
 from analysis.inference.image_intervals import ImageMoments, image_intervals
 from analysis.options import CompareOptions
 
@@ -47,6 +55,6 @@ class ImageIntervalMoments:
         return sum_states(states, "image moments")
 
     @classmethod
-    def finish(cls, atlas: Atlas, state: State, batches: int) -> Diagnose | None:
+    def finish(cls, atlas: Atlas, state: State, batches: int, tick: Tick) -> Diagnose | None:
         atlas.ci_low, atlas.ci_high = image_intervals(atlas.hsic, state)
         return None

@@ -3,10 +3,10 @@
 The engine hands each layer's features of every kept batch to the :attr:`~FeatureStatistic.kept`
 of such a statistic as it reads them (or reads them back from the Gram store), so
 :meth:`FeatureStatistic.update` has nothing left to do; where several are wanted (the
-sensitivity and the measures) they share one :class:`~analysis.engine.kept.KeptFeatures`. A
-CUDA run keeps them on the GPU where there is room; the state holds them as they are
-(``layer.<k>``: (n, d), and the samples of each kept batch, ``sizes``), a shard's file as numpy
-arrays.
+sensitivity and the measures) they share one
+:class:`~analysis.batch_statistics.kept.KeptFeatures`. A CUDA run keeps them on the GPU where
+there is room; the state holds them as they are (``layer.<k>``: (n, d), and the samples of
+each kept batch, ``sizes``), a shard's file as numpy arrays.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from analysis.batch_statistics.kept import KeptFeatures
 from analysis.batch_statistics.protocol import Batch, Needs, Setup, State
-from analysis.engine.kept import KeptFeatures
 
 __all__ = ["FeatureStatistic", "kept_layers"]
 

@@ -3,7 +3,7 @@
 Kept with permutations or the sensitivity (:mod:`analysis.estimators.spectrum`); finished into
 ``layer_effective_dim`` and ``layer_top_share`` (with the sensitivity, the whole sample's share
 replaces the batches' average: :mod:`analysis.batch_statistics.sensitivity`), and the
-calibration warnings (:mod:`analysis.inference.flags`).
+calibration warnings (:mod:`analysis.batch_statistics.flags`).
 """
 
 from __future__ import annotations
@@ -12,17 +12,18 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from analysis.atlas import Atlas
+from analysis.batch_statistics.flags import calibration_flags
 from analysis.batch_statistics.protocol import (
     Batch,
     Diagnose,
     Needs,
     Setup,
     State,
+    Tick,
     counted,
     sum_states,
 )
 from analysis.estimators.spectrum import SpectrumAccumulator
-from analysis.inference.flags import calibration_flags
 from analysis.options import CompareOptions
 
 __all__ = ["LayerSpectra"]
@@ -59,7 +60,7 @@ class LayerSpectra:
         return sum_states(states, "spectra")
 
     @classmethod
-    def finish(cls, atlas: Atlas, state: State, batches: int) -> Diagnose | None:
+    def finish(cls, atlas: Atlas, state: State, batches: int, tick: Tick) -> Diagnose | None:
         count = max(counted(state), 1)
         atlas.layer_effective_dim = state["pr"] / count
         if not atlas.config["sensitivity"]:

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from analysis.atlas import Atlas
 from analysis.batch_statistics.kept_features import FeatureStatistic, kept_layers
-from analysis.batch_statistics.protocol import Diagnose, Setup, State
+from analysis.batch_statistics.protocol import Diagnose, Setup, State, Tick
 from analysis.measures import DEFAULT_K, measure_matrices
 from analysis.measures.report import degenerate_warning, measures_diagnostics
 from analysis.options import CompareOptions
@@ -37,11 +37,11 @@ class WholeSampleMeasures(FeatureStatistic):
         return cls(setup)
 
     @classmethod
-    def finish(cls, atlas: Atlas, state: State, batches: int) -> Diagnose | None:
+    def finish(cls, atlas: Atlas, state: State, batches: int, tick: Tick) -> Diagnose | None:
         config = atlas.config
         wanted = [m for m in config.get("measures") or () if m != "cka"]
         found = measure_matrices(
-            kept_layers(state), wanted, k=int(config.get("knn_k") or DEFAULT_K)
+            kept_layers(state), wanted, k=int(config.get("knn_k") or DEFAULT_K), tick=tick
         )
         atlas.measures, atlas.cca_flags = found.values, found.degenerate
         owners = [(m, layer) for m in atlas.models for layer in atlas.layers[m]]

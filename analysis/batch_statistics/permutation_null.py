@@ -10,7 +10,15 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from analysis.atlas import Atlas
-from analysis.batch_statistics.protocol import Batch, Diagnose, Needs, Setup, State, sum_states
+from analysis.batch_statistics.protocol import (
+    Batch,
+    Diagnose,
+    Needs,
+    Setup,
+    State,
+    Tick,
+    sum_states,
+)
 from analysis.inference.permutation_null import PermutationNull, summarise_null
 from analysis.options import CompareOptions
 
@@ -49,7 +57,7 @@ class DrawnNull:
         return sum_states(states, "permutation nulls")
 
     @classmethod
-    def finish(cls, atlas: Atlas, state: State, batches: int) -> Diagnose | None:
+    def finish(cls, atlas: Atlas, state: State, batches: int, tick: Tick) -> Diagnose | None:
         sizes = [len(atlas.layers[m]) for m in atlas.models]
         atlas.null, _ = summarise_null(state["sums"], atlas.hsic, sizes)
         return None

@@ -30,6 +30,7 @@ __all__ = [
     "Needs",
     "Setup",
     "State",
+    "Tick",
     "concatenate_states",
     "counted",
     "sum_states",
@@ -44,6 +45,9 @@ State = dict[str, Any]
 Needs = Literal["hsic", "rows", "grams", "features"]
 # Run after the atlas's diagnostics are made: what a statistic adds to them.
 Diagnose = Callable[[Atlas], dict[str, Any]]
+# A long finish's progress, (done, total) of its steps; it raises analysis.Cancelled when the
+# comparison is stopped, so a finish that calls it between steps can be stopped there.
+Tick = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -103,10 +107,11 @@ class BatchStatistic(Protocol):
         ...
 
     @classmethod
-    def finish(cls, atlas: Atlas, state: State, batches: int) -> Diagnose | None:
+    def finish(cls, atlas: Atlas, state: State, batches: int, tick: Tick) -> Diagnose | None:
         """Write the whole plan's ``state`` into ``atlas`` (its models, layers, HSIC, ``n`` and
         ``config`` are set; ``batches``: how many the plan kept); what it adds to the
-        diagnostics once they are made, if anything."""
+        diagnostics once they are made, if anything. A finish that takes long calls ``tick``
+        between its steps (progress; it raises when the comparison is stopped)."""
         ...
 
 

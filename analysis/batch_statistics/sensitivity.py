@@ -14,7 +14,7 @@ import numpy as np
 
 from analysis.atlas import Atlas
 from analysis.batch_statistics.kept_features import FeatureStatistic, kept_layers
-from analysis.batch_statistics.protocol import Diagnose, Setup, State
+from analysis.batch_statistics.protocol import Diagnose, Setup, State, Tick
 from analysis.estimators.hsic import cka_from_hsic
 from analysis.estimators.spectrum import whole_sample_sensitivity
 from analysis.options import CompareOptions
@@ -36,7 +36,7 @@ class SensitivityFeatures(FeatureStatistic):
         return cls(setup)
 
     @classmethod
-    def finish(cls, atlas: Atlas, state: State, batches: int) -> Diagnose | None:
+    def finish(cls, atlas: Atlas, state: State, batches: int, tick: Tick) -> Diagnose | None:
         features = kept_layers(state)
         sizes = [int(n) for n in np.asarray(state["sizes"])]
         config, hsic = atlas.config, atlas.hsic

@@ -1,7 +1,7 @@
 """The work of each batch behind :func:`analysis.compare`: Grams, HSIC terms, the Gram store.
 
 The loop itself (small batches dropped, terms summed) is
-:func:`analysis.engine.batches.sum_batches`; every input of a run goes through the
+:func:`analysis.estimators.batches.sum_batches`; every input of a run goes through the
 :class:`StreamingRun` constructor.
 
 Without the Gram store, every model runs once per batch, every selected layer becomes a raw
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -37,10 +37,9 @@ from analysis.batch_statistics.kept_features import FeatureStatistic
 from analysis.batch_statistics.protocol import Batch, BatchStatistic, Setup
 from analysis.batch_statistics.registry import start_wanted
 from analysis.data.sources import BatchSource
-from analysis.engine.batches import BatchSums, sum_batches
 from analysis.engine.gram_cache import GramCache, gram_key
-from analysis.engine.layers import LayerReader, resolve_layers
 from analysis.errors import Cancelled, EstimatorError
+from analysis.estimators.batches import BatchSums, sum_batches
 from analysis.estimators.hsic import (
     MIN_SAMPLES,
     centred_rows,
@@ -52,6 +51,7 @@ from analysis.estimators.hsic import (
 from analysis.estimators.kernels import Kernel, gram
 from analysis.inference.analytic_null import AnalyticNull, layers_to_keep
 from analysis.inference.null_moments import INVARIANTS
+from analysis.layers import LayerReader, resolve_layers
 from analysis.options import CompareOptions
 
 __all__ = ["RunSettings", "StreamingRun", "diagnostics", "full_hsic", "selected_layers"]
@@ -79,6 +79,13 @@ class RunSettings:
     def torch_device(self) -> torch.device:
         """The device the models run on."""
         return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    @classmethod
+    def split(cls, kwargs: Mapping[str, Any]) -> tuple[RunSettings, dict[str, Any]]:
+        """The settings named in ``kwargs`` (keyword arguments of a call), and the rest."""
+        names = {f.name for f in fields(cls)}
+        mine = {k: v for k, v in kwargs.items() if k in names}
+        return cls(**mine), {k: v for k, v in kwargs.items() if k not in names}
 
 
 def selected_layers(

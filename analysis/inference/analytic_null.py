@@ -19,7 +19,7 @@ which.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -208,6 +208,8 @@ def finish(
     seed: int,
     batches: int,
     tests: np.ndarray | None = None,
+    *,
+    tick: Callable[[int, int], None] | None = None,
 ) -> tuple[NullSummary, dict[str, Any]]:
     """Every cell's p-value, null mean and 95 % quantile from a run's :meth:`AnalyticNull.state`
     and summed HSIC, with what each p rests on, and a record of the tail check.
@@ -217,7 +219,8 @@ def finish(
     fitted p, the moment bound where it is below 1/(MAX_DRAWS + 1), else a sequential Monte
     Carlo p from the kept Grams (``batches``: how many the run kept; a layer kept over fewer
     has none), else keeps the fitted p, counted as ``without_draws``. The mirror cell (j, i)
-    carries the same. ``seed`` seeds the draws.
+    carries the same. ``seed`` seeds the draws; ``tick(done, total)`` runs after each cell's
+    draws (it may raise to stop them).
     """
     sums = np.asarray(state["sums"])
     moments = moments_from_sums(sums, hsic)
@@ -235,7 +238,7 @@ def finish(
         own = {k[5:]: v for k, v in state.items() if k.startswith("kept.")}
         kept = complete_layers(own, estimator, batches, set(cells[~huge].reshape(-1).tolist()))
     drawn = ~huge & np.array([a in kept and b in kept for a, b in cells.tolist()], dtype=bool)
-    mc_p, mc_draws = monte_carlo_p(kept, cells[drawn], d[drawn], estimator, seed)
+    mc_p, mc_draws = monte_carlo_p(kept, cells[drawn], d[drawn], estimator, seed, tick=tick)
     for sel, values, how, counts in (
         (huge, bound[huge], "bound", 0),
         (drawn, mc_p, "monte_carlo", mc_draws),

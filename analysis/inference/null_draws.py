@@ -40,7 +40,7 @@ h/p draws (p ≥ h/N), at most N.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -300,12 +300,14 @@ def monte_carlo_p(
     denominators: np.ndarray,
     estimator: str,
     seed: int,
+    *,
+    tick: Callable[[int, int], None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Besag & Clifford's sequential p-value and the draws it took, for each of ``cells``
     ((k, 2) layer pairs (i, j), both in ``kept``: :func:`complete_layers`); layer j's samples
     are shuffled within each batch. ``denominators`` (k,): sqrt(HSIC_ii · HSIC_jj), so that
     statistics compare in CKA units, where :data:`analysis.inference.permutation_null.TIE_TOLERANCE`
-    applies.
+    applies. ``tick(done, total)`` runs after each cell (it may raise to stop the draws).
     """
     p = np.empty(len(cells))
     draws = np.zeros(len(cells), dtype=np.int64)
@@ -330,6 +332,8 @@ def monte_carlo_p(
             size *= 2
         draws[c] = done
         p[c] = EXCEEDANCES / done if exceed == EXCEEDANCES else (exceed + 1) / (done + 1)
+        if tick is not None:
+            tick(c + 1, len(cells))
     return p, draws
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from analysis.engine.batches import sum_batches
 from analysis.errors import EstimatorError
+from analysis.estimators.batches import sum_batches
 from analysis.estimators.hsic import (
     MIN_SAMPLES,
     centred_rows,

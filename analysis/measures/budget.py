@@ -1,7 +1,7 @@
 """How much memory the whole-sample measures take, and how much they may.
 
 They need every image's features of every selected layer at once (kept as the run computes
-them, :mod:`analysis.engine.kept`), then each layer's factorisation
+them, :mod:`analysis.batch_statistics.kept`), then each layer's factorisation
 (:mod:`analysis.measures.factor`), held for all its pairs. :func:`estimate_bytes` adds those up
 before the run keeps anything;
 :meth:`analysis.CompareOptions.check_memory` refuses a run whose estimate passes

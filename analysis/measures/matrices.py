@@ -9,7 +9,7 @@ computed and mirrored.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -40,12 +40,21 @@ class MeasureMatrices:
 
 
 def measure_matrices(
-    features: Sequence[torch.Tensor], measures: Sequence[str], *, k: int = 10
+    features: Sequence[torch.Tensor],
+    measures: Sequence[str],
+    *,
+    k: int = 10,
+    tick: Callable[[int, int], None] | None = None,
 ) -> MeasureMatrices:
     """The ``measures`` (names other than ``cka``) between every pair of ``features`` (each
-    (n, d_i) over the same n samples, in the same order)."""
+    (n, d_i) over the same n samples, in the same order). ``tick(done, total)`` runs after each
+    layer's factorisation and each pair of layers (it may raise to stop the work there)."""
     with flushed_denormals():
-        return _matrices(features, [m for m in measures if m != "cka"], k)
+        return _matrices(features, [m for m in measures if m != "cka"], k, tick or _no_tick)
+
+
+def _no_tick(done: int, total: int) -> None:
+    """Progress that nobody reads."""
 
 
 @contextmanager
@@ -60,12 +69,33 @@ def flushed_denormals() -> Iterator[None]:
         torch.set_flush_denormal(False)
 
 
-def _matrices(features: Sequence[torch.Tensor], wanted: list[str], k: int) -> MeasureMatrices:
+def _matrices(
+    features: Sequence[torch.Tensor], wanted: list[str], k: int, tick: Callable[[int, int], None]
+) -> MeasureMatrices:
     size = len(features)
-    values = {m: np.full((size, size), np.nan) for m in wanted}
     factored = set(wanted) - {"mutual_knn"}
-    factors = [factorise(f, loadings="pwcca" in factored) for f in features] if factored else None
-    knn = [neighbours(f, k) for f in features] if "mutual_knn" in wanted else None
+    # the steps: each layer factorised, each given its neighbours, each pair of layers
+    per_layer = bool(factored) + ("mutual_knn" in wanted)
+    steps, done = per_layer * size + size * (size + 1) // 2, 0
+
+    def step() -> None:
+        nonlocal done
+        done += 1
+        tick(done, steps)
+
+    values = {m: np.full((size, size), np.nan) for m in wanted}
+    factors = None
+    if factored:
+        factors = []
+        for f in features:
+            factors.append(factorise(f, loadings="pwcca" in factored))
+            step()
+    knn = None
+    if "mutual_knn" in wanted:
+        knn = []
+        for f in features:
+            knn.append(neighbours(f, k))
+            step()
     flags = np.zeros((size, size), dtype=bool) if factored & CCA_FAMILY else None
     per_pair = set(factored)
     if factors is not None and use_projectors(len(features[0]), size, factored & PROJECTED):
@@ -88,5 +118,6 @@ def _matrices(features: Sequence[torch.Tensor], wanted: list[str], k: int) -> Me
                 cell["mutual_knn"] = mutual_knn(knn[i], knn[j])
             for name, value in cell.items():
                 values[name][i, j] = values[name][j, i] = value
+            step()
     ranks = None if factors is None else [f.rank for f in factors]
     return MeasureMatrices(values, flags, ranks)

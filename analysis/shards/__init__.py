@@ -1,8 +1,7 @@
-"""Shards: one comparison split into ranges of batches, each run anywhere, combined into the atlas.
+"""Shards: one comparison's run split into ranges of batches, each run anywhere, combined.
 
-Owns a shard's record and computing it (:mod:`.shard`: ``Partial``, ``compare_partial``,
-``combine``, ``shard_ranges``) and its safetensors file (:mod:`.file`). May import
-:mod:`analysis.engine` (the run of a range), :mod:`analysis.inference` (finishing the nulls and
-intervals), :mod:`analysis.estimators`, :mod:`analysis.data`, the atlas, the options and the
-errors.
+Owns running a range of batches (:mod:`.shard`: ``run_partial``, ``Partial``, ``combine``,
+``shard_ranges``, ``batch_count``) and a partial's safetensors file (:mod:`.file`). A whole run
+is the combine of one range. Below :mod:`analysis.comparison` (which plans the ranges); may
+import :mod:`analysis.engine` and everything beneath it.
 """

@@ -7,7 +7,7 @@ its global index, see :mod:`analysis.inference.permutation_null`), the bootstrap
 terms and the sensitivity's features join end to end in batch order, and the analytic null's
 kept Grams by their global batch index (:mod:`analysis.inference.analytic_null`). So a
 :class:`Partial` holds those sums and states for the batches [start, stop) of the plan,
-:func:`compare_partial` computes one (reading only its own batches; the Gram store is keyed
+:func:`run_partial` computes one (reading only its own batches; the Gram store is keyed
 by the global batch index, so stored Grams are shared with unsplit runs), and
 :func:`combine` adds up partials that tile the plan and finishes exactly as
 :func:`analysis.compare` does, which is ``combine`` of one partial over the whole plan. Sums
@@ -19,30 +19,28 @@ A partial is one safetensors file (:meth:`Partial.save`, :mod:`analysis.shards.f
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from analysis.atlas import Atlas
-from analysis.batch_statistics.protocol import BatchStatistic, sum_states
+from analysis.batch_statistics.protocol import BatchStatistic, Tick, sum_states
 from analysis.batch_statistics.registry import STATISTICS, statistic
 from analysis.data.preprocessing import model_input
 from analysis.data.sources import DataLike, batch_source, image_files, load_data
-from analysis.engine.batches import NO_BATCH
-from analysis.engine.gram_cache import GramCache
 from analysis.engine.streaming import RunSettings, StreamingRun, diagnostics
 from analysis.errors import AnalysisError, EstimatorError
+from analysis.estimators.batches import NO_BATCH
 from analysis.options import CompareOptions, OptionsError
 from analysis.shards.file import Partial
 
 __all__ = [
     "Partial",
     "batch_count",
+    "batch_total",
     "combine",
-    "compare_partial",
     "run_partial",
     "shard_ranges",
 ]
@@ -51,13 +49,18 @@ __all__ = [
 def batch_count(data: DataLike, batch_size: int) -> int:
     """Batches in the plan of ``data`` (an array or tensor, ImageDataset, image folder, dataset
     spec, or a DataLoader with a length); nothing is decoded or run."""
-    if batch_size < 1:
-        raise AnalysisError(f"batch_size must be at least 1, not {batch_size}")
-    data = load_data(data)
-    total = batch_source(data, batch_size, None, files=image_files(data) is not None).total
+    total = batch_total(data, batch_size)
     if total is None:
         raise AnalysisError("an iterable of unknown length has no batch count")
     return total
+
+
+def batch_total(data: DataLike, batch_size: int) -> int | None:
+    """:func:`batch_count`, or None for an iterable of unknown length."""
+    if batch_size < 1:
+        raise AnalysisError(f"batch_size must be at least 1, not {batch_size}")
+    data = load_data(data)
+    return batch_source(data, batch_size, None, files=image_files(data) is not None).total
 
 
 def shard_ranges(total_batches: int, shards: int) -> list[range]:
@@ -72,30 +75,6 @@ def shard_ranges(total_batches: int, shards: int) -> list[range]:
         ranges.append(range(start, stop))
         start = stop
     return ranges
-
-
-def compare_partial(
-    models: Mapping[str, nn.Module],
-    data: DataLike,
-    options: CompareOptions | None = None,
-    *,
-    batches: range,
-    device: str | torch.device | None = None,
-    progress: bool = False,
-    gram_cache: GramCache | None = None,
-    model_keys: Mapping[str, str] | None = None,
-    on_batch: Callable[[int, int], bool | None] | None = None,
-    dataset_key: str | None = None,
-    **shortcuts: Any,
-) -> Partial:
-    """:func:`analysis.compare` over the batches with indices in ``batches`` only.
-
-    Arguments as for ``compare``; ``on_batch(done, total)`` counts within the range. The range
-    must lie within the plan (:func:`batch_count`); ``mode="full"`` is exact over all samples
-    at once, so it is refused (:class:`analysis.OptionsError`) unless the range is the whole plan.
-    """
-    settings = RunSettings(device, progress, gram_cache, model_keys, on_batch, dataset_key)
-    return run_partial(models, data, CompareOptions.build(options, **shortcuts), batches, settings)
 
 
 def _window(batches: range, total: int | None, mode: str) -> range:
@@ -125,9 +104,10 @@ def run_partial(
     batches: range | None,
     settings: RunSettings,
 ) -> Partial:
-    """The one entry point of a comparison: ``opts`` over the batches in ``batches`` of the plan
+    """The one entry point of a run: ``opts`` over the batches in ``batches`` of the plan
     (None: the whole plan, also of an iterable of unknown length), run as ``settings`` say.
-    :func:`analysis.compare` is :func:`combine` of the whole plan's partial."""
+    A comparison's run step is :func:`combine` of the whole plan's partial, or of its shards'
+    (:mod:`analysis.comparison.run`)."""
     names = list(models)
     if not names:
         raise AnalysisError("no models to compare")
@@ -257,11 +237,13 @@ def _merge_counters(parts: list[Partial]) -> dict[str, Any]:
     }
 
 
-def combine(partials: Sequence[Partial]) -> Atlas:
+def combine(partials: Sequence[Partial], *, tick: Tick | None = None) -> Atlas:
     """The :class:`Atlas` that :func:`analysis.compare` gives for the whole plan, from partials
     (in any order) that tile it exactly once with equal models, layers and config; anything
     else is an :class:`AnalysisError` that names the problem. Only the device may differ
-    (shards run on several GPUs): ``config["device"]`` lists each one once, in batch order."""
+    (shards run on several GPUs): ``config["device"]`` lists each one once, in batch order.
+    ``tick(done, total)``: the progress of a long finish (the whole-sample measures, by pairs
+    of layers), which may raise :class:`analysis.Cancelled` to stop it."""
     parts = sorted(partials, key=lambda p: (p.start, p.stop))
     if not parts:
         raise AnalysisError("no partials to combine")
@@ -277,13 +259,17 @@ def combine(partials: Sequence[Partial]) -> Atlas:
     diagnose = []
     for cls in _statistics(parts):  # in the registry's order
         state = cls.join([p.statistics[cls.key] for p in parts])
-        more = cls.finish(atlas, state, counters["batches"])
+        more = cls.finish(atlas, state, counters["batches"], tick or _no_tick)
         if more is not None:
             diagnose.append(more)
     atlas.diagnostics = diagnostics(atlas, counters, config)
     for more in diagnose:
         atlas.diagnostics |= more(atlas)
     return atlas
+
+
+def _no_tick(done: int, total: int) -> None:
+    """A finish's progress that nobody reads."""
 
 
 def _statistics(parts: list[Partial]) -> list[type[BatchStatistic]]:

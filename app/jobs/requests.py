@@ -25,8 +25,8 @@ from pydantic import (
     model_validator,
 )
 
-from analysis.engine.layers import FeaturePolicy as Feature
 from analysis.estimators.hsic import Estimator
+from analysis.layers import FeaturePolicy as Feature
 from analysis.options import BASELINES, MAX_PERMUTATIONS, Baseline, CompareOptions, Mode
 from analysis.studies.spec import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_LR, MAX_SEED
 from app.store.values import NO_NUL, Id, Text

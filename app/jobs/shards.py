@@ -1,17 +1,20 @@
 """Sharded comparisons: one comparison split by ranges of batches over several jobs.
 
 The minibatch estimator sums per-batch HSIC terms, so a comparison splits exactly: shard k
-runs every model over its range of batches (:func:`analysis.compare_partial`) and writes the
+runs every model over its range of batches (:func:`analysis.run_shard`, the plan's run step over
+that range) and writes the
 summed terms — the per-batch ones too when a bootstrap needs them, the permutation null's sums,
 the spectra — to ``tmp/shards-<comparison>/<k>.safetensors`` in the shared store; the
 comparison job combines them (:func:`analysis.combine`) into the atlas an unsharded run gives.
 
 The life of a sharded comparison:
 
-1. Its job is claimed like any other. :func:`plan` finds more than one range (the request's
-   ``shards``, or more than ``CKA_SHARD_BATCHES`` batches), :func:`gather` adds one queued
-   ``shard`` job per range (once; each records its range), parks the comparison job
-   (:func:`app.jobs.queue.park`) and dispatches the shards. No worker waits for them.
+1. Its job is claimed like any other. Its plan (:func:`analysis.plan_comparison`, from
+   :func:`app.jobs.inputs.comparison_plan`) has more than one range of batches (the request's
+   ``shards``, or more than ``CKA_SHARD_BATCHES`` batches), so the plan's run step calls
+   :func:`gather`, which adds one queued ``shard`` job per range (once; each records its range),
+   parks the comparison job (:func:`app.jobs.queue.park`) and dispatches the shards. No worker
+   waits for them.
 2. Any free worker claims a shard (Celery: every worker on the queue; the embedded worker: the
    same pool, one after another), runs it, writes its file and, in the transaction that marks
    it succeeded, its detail: worker, host, batches, seconds, attempts.
@@ -25,7 +28,6 @@ elsewhere; it rewrites the same file (atomically), so the comparison still gets 
 
 from __future__ import annotations
 
-import math
 import shutil
 import socket
 import time
@@ -37,30 +39,16 @@ from sqlalchemy import select
 import analysis
 from app.errors import ProblemError
 from app.jobs.control import JobControl
-from app.jobs.inputs import load_comparison, member_rows, stored_options
+from app.jobs.inputs import StoreNetworks, comparison_plan, load_comparison
 from app.jobs.parking import Parked, progress_plan
 from app.jobs.queue import LostJob, enqueue, park
-from app.jobs.requests import MAX_SHARDS
 from app.store import gc
 from app.store.artifacts import StoreGramCache
 from app.store.datasets import dataset_key
 from app.store.orm import Job, JobState
 from app.store.services import Services
 
-__all__ = ["discard", "gather", "plan", "run_shard", "shard_dir"]
-
-
-def plan(services: Services, params: dict[str, Any], data: Any) -> list[range]:
-    """The batch ranges of a comparison's shards; empty when it runs in one piece."""
-    if params["mode"] != "minibatch":
-        return []
-    total = analysis.batch_count(data, params["batch_size"])
-    wanted = int(params.get("shards") or 1)
-    per = services.settings.shard_batches
-    if per and total > per:
-        wanted = max(wanted, math.ceil(total / per))
-    ranges = analysis.shard_ranges(total, min(wanted, MAX_SHARDS))
-    return ranges if len(ranges) > 1 else []
+__all__ = ["discard", "gather", "run_shard", "shard_dir"]
 
 
 def shard_dir(services: Services, comparison_id: int) -> Path:
@@ -77,20 +65,21 @@ def gather(
     job: Job,
     control: JobControl,
     comparison_id: int,
-    ranges: list[range],
+    plan: analysis.ComparisonPlan,
     share: float = 1.0,
 ) -> tuple[list[analysis.Partial], list[dict[str, Any]]] | None:
     """Every shard's terms and details once all have succeeded; else start them and park.
 
-    None: the comparison has no shards and ``ranges`` (its :func:`plan`) asks for none, so it
-    runs in one piece. Creates the shard jobs on the first call; later calls use the shards
-    that exist, whatever the plan says now. ``share``: the part of the comparison's progress
-    that its shards make (its baselines, after them, the rest). Raises when a shard failed or
-    was cancelled (the comparison ends the same way), :class:`app.jobs.parking.Parked` after
-    parking.
+    None: the comparison has no shards and its plan asks for none, so it runs in one piece.
+    Creates one shard job per range of ``plan.shards`` on the first call; later calls use the
+    shards that exist, whatever the plan says now. ``share``: the part of the comparison's
+    progress that its shards make (the rest, after them, its baselines and finish). Raises
+    when a shard failed or was cancelled (the comparison ends the same way),
+    :class:`app.jobs.parking.Parked` after parking.
     """
     with services.db.session() as s:
         children = list(s.scalars(select(Job).where(Job.parent_id == job.id)))
+        ranges = plan.shards
         if not children and not ranges:
             return None
         if not children:
@@ -99,8 +88,8 @@ def gather(
                 shard.detail = {"batches": [r.start, r.stop], "of": len(ranges)}
             parent = s.get(Job, job.id)
             if parent is not None:  # the shards' progress fills ``share`` of the parent's
-                plan = progress_plan(len(ranges) / share, 0.0)
-                parent.detail = {**(parent.detail or {}), **plan}
+                parts = progress_plan(len(ranges) / share, 0.0)
+                parent.detail = {**(parent.detail or {}), **parts}
             s.flush()
             children = list(s.scalars(select(Job).where(Job.parent_id == job.id)))
         found = sorted(
@@ -132,26 +121,18 @@ def run_shard(services: Services, job: Job, control: JobControl) -> None:
         raise LostJob(f"job {job.id} is not a shard of a comparison")
     start, stop = job.detail["batches"]
     cmp, ds = load_comparison(services, job.parent_id)
-    params = cmp.params
-    rows = member_rows(services, cmp)
-    shas = {label: row.sha256 for label, row in rows.items()}
     data = services.datasets.get(dataset_key(ds))
     cache = StoreGramCache(services.store)
     began = time.perf_counter()
-    with (
-        gc.refs_kept(services.db, services.store, cmp.id, cache.touched),
-        services.models.lease(list(shas.values())) as loaded,
-    ):
-        part = analysis.compare_partial(
-            {label: loaded[sha] for label, sha in shas.items()},
-            data,
-            stored_options(params),
-            batches=range(start, stop),
-            gram_cache=cache,
-            model_keys=shas,
-            on_batch=control.on_batch,
+    with gc.refs_kept(services.db, services.store, cmp.id, cache.touched):
+        plan, _ = comparison_plan(services, cmp, data)
+        hooks = analysis.Hooks(
+            StoreNetworks(services),
             device=services.device,
+            gram_cache=cache,
+            on_batch=control.on_batch,
         )
+        part = analysis.run_shard(plan, data, hooks, range(start, stop))
     path = _file(services, cmp.id, job.shard)
     with services.store.writing():
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 Most of a study's atlas is running every model over the study's dataset and forming its
 per-batch Grams, and that depends on one model alone. So the training job that made a model,
 on whichever worker ran it, runs that model once over the atlas's batches with the atlas's
-options (:func:`app.jobs.compare.run_engine` on the one-model comparison
+options (:func:`analysis.compare` without baselines on the one-model comparison
 :func:`app.jobs.studies.atlas_body` gives): its Grams, the analytic null's numbers and its
 block with itself go to the store's Gram cache under the keys the atlas asks for, since a key
 is made of the model, the dataset, the batch plan and the options, never of the other models
@@ -24,8 +24,8 @@ from typing import Any
 
 import analysis
 from app.errors import ProblemError
-from app.jobs.compare import run_engine
 from app.jobs.control import JobControl
+from app.jobs.inputs import stored_options
 from app.jobs.studies import atlas_body
 from app.jobs.submit import validate_comparison
 from app.store.artifacts import StoreGramCache
@@ -62,10 +62,18 @@ def store_atlas_grams(
     def go_on(done: int, total: int) -> bool:  # stops as the training would; its progress stays
         return not (control.should_stop or control.shutdown.is_set())
 
+    options = analysis.CompareOptions.build(stored_options(params), baselines=())
     try:
         with services.models.lease([sha]) as loaded:
-            nets = {label: loaded[sha]}
-            atlas = run_engine(services, params, nets, {label: sha}, data, cache, go_on)
+            atlas = analysis.compare(
+                {label: loaded[sha]},
+                data,
+                options,
+                gram_cache=cache,
+                model_keys={label: sha},
+                on_batch=go_on,
+                device=services.device,
+            )
     except analysis.Cancelled:
         if control.should_stop:  # cancelled, lost or out of time: the training stops too
             raise

@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from analysis import AnalysisError
-from analysis.engine.layers import LayerReader, check_feature, resolve_layers
+from analysis.layers import LayerReader, check_feature, resolve_layers
 from analysis.options import CompareOptions, OptionsError
 from analysis.studies import training_key
 from app.errors import ProblemError

@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path, PurePath
 from typing import Any
 
-from analysis.engine.layers import default_layers
+from analysis.layers import default_layers
 from app.errors import ProblemError
 from app.store.artifacts import ArtifactStore
 from app.store.values import clean_name

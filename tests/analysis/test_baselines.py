@@ -11,14 +11,9 @@ import hashlib
 import numpy as np
 import torch
 
+import analysis
 import models
-from analysis.inference.baselines import (
-    Candidates,
-    StandIn,
-    choose,
-    random_init_baseline,
-    twin_seed,
-)
+from analysis.comparison.baselines import Candidates, StandIn, choose, twin_seed
 
 
 def _net(identity: str) -> StandIn:
@@ -50,9 +45,11 @@ def test_twin_seeds_differ_per_model_draw_and_copy() -> None:
 def test_a_models_block_with_itself_pairs_two_twins() -> None:
     net = models.create("mixer_digits", seed=0, depth=1)
     x = torch.randn(24, 1, 8, 8, generator=torch.Generator().manual_seed(0))
-    out = random_init_baseline(
-        {"m": net}, x, layers={"m": ["stem", "norm"]}, batch_size=8, device="cpu"
+    atlas = analysis.compare(
+        {"m": net}, x, layers=["stem", "norm"], batch_size=8, baselines="random_init", device="cpu"
     )
+    assert atlas.baselines is not None
+    out = atlas.baselines["random_init"]
     assert out["draws"] == 3 and len(set(out["seeds"]["m"])) == 3
     (block,) = out["blocks"]
     for pair in block["stand_ins"]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from analysis.engine.kept import KeptFeatures
+from analysis.batch_statistics.kept import KeptFeatures
 
 
 def _batches(sizes: list[int], shape: tuple[int, ...], seed: int) -> list[torch.Tensor]:

@@ -7,8 +7,8 @@ import timm
 import torch
 
 import analysis
-from analysis.engine.layers import LayerReader, default_layers
 from analysis.errors import LayerError
+from analysis.layers import LayerReader, default_layers
 
 
 def _vit() -> torch.nn.Module:

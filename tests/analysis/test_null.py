@@ -21,10 +21,10 @@ from scipy import stats
 
 import models
 from analysis.data.datasets import load_digits
-from analysis.engine.layers import LayerReader
 from analysis.estimators.hsic import centred_rows
 from analysis.inference.analytic_null import AnalyticNull
 from analysis.inference.null_moments import batch_moments, layer_invariants, q_values
+from analysis.layers import LayerReader
 
 PERMUTATIONS = 20_000
 

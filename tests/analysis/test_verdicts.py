@@ -218,10 +218,12 @@ def test_progress_counts_every_phase(
 ) -> None:
     _, _, _, calls = judged
     batches = N // BATCH
-    # phases: 2 models; 2 draws of 2 twins of each; 3 stand-ins (the sibling, s0, g)
+    # phases: 2 models; 2 draws of 2 twins of each; 3 stand-ins (the sibling, s0, g); every
+    # batch of each, then the last unit once the result is complete
     weights = [2, DRAWS * 2 * 2, 3]
-    assert len(calls) == batches * (1 + DRAWS + 1)
+    assert len(calls) == batches * (1 + DRAWS + 1) + 1
     fractions = [done / total for done, total in calls]
     assert fractions == sorted(fractions)
     assert fractions[batches - 1] == pytest.approx(weights[0] / sum(weights))
     assert fractions[-1] == 1.0 and max(fractions[:-1]) < 1.0
+    assert calls[-2][0] == calls[-1][0] - 1  # the last batch counted all but the last unit

@@ -54,7 +54,7 @@ def _cka(nets: dict[str, Any], data: Any, a: str, b: str) -> np.ndarray:
 
 
 def twin_seed(key: str, draw: int, copy: int = 0) -> int:
-    """The documented seed of a random-init twin (analysis.inference.baselines), written out
+    """The documented seed of a random-init twin (analysis.comparison.baselines), written out
     here."""
     digest = hashlib.sha256(f"random_init|0|{key}|{draw}|{copy}".encode()).hexdigest()
     return int(digest[:8], 16) % 2**31

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import Query
 
-from analysis.engine.layers import default_layers
+from analysis.layers import default_layers
 from app.http.api.deps import Paging, api_router, not_found
 from app.http.schemas import NO_NUL, ArchitectureOut, Page
 from app.http.security import READ

@@ -8,13 +8,15 @@ shows what another seed of one of them gives against the other. Where both model
 a sibling, the one earlier in the comparison's order is replaced, so the block of (b, a) is the
 transpose of that of (a, b). A sibling that is the other side of the block is never taken (for
 two seeds of one architecture it would be that model against itself, see
-:func:`analysis.inference.baselines.choose`): the next sibling is (a third seed), and with none the
+:func:`analysis.comparison.baselines.choose`): the next sibling is (a third seed), and with none the
 block is undefined, its reason in ``blocks`` ("no sibling other than the compared model"); so are
 the blocks of pairs where neither model has a sibling.
 
-Where the siblings come from is the caller's: :func:`analysis.compare` takes them among the
-models it was given (and its ``siblings``, candidates that are not compared), the service among
-every checkpoint in its store. Either way :func:`plan_seed_ceiling` chooses, and
+Where the siblings come from is the caller's (:class:`analysis.comparison.run.Networks`):
+:func:`analysis.compare` takes them among the models it was given (and its ``siblings``,
+candidates that are not compared), the service among every checkpoint in its store. Either way
+:func:`plan_seed_ceiling` chooses, when the comparison is planned
+(:func:`analysis.comparison.plan.plan_comparison`), and
 :func:`seed_ceiling_baseline` runs the chosen stand-ins through the comparison's own options
 (with its intervals, so that a verdict can weigh the ceiling's noise too) and stores a full
 (L_total, L_total) matrix in the atlas's layer order, with ``blocks`` listing per block (a at or
@@ -29,10 +31,12 @@ from typing import Any
 
 from torch import nn
 
-from analysis.inference.baselines import (
+from analysis.comparison.baselines import (
     Block,
     Candidates,
+    OnBatch,
     Pair,
+    RunAtlas,
     StandIn,
     choose,
     matrix_json,
@@ -211,27 +215,27 @@ def seed_ceiling_baseline(
     layers: Mapping[str, Sequence[str]],
     chosen: Mapping[Block, Pair | str],
     pool: Mapping[str, nn.Module],
-    data: Any,
-    options: CompareOptions | None = None,
-    **plumbing: Any,
+    options: CompareOptions,
+    *,
+    run: RunAtlas,
+    on_batch: OnBatch | None = None,
 ) -> dict[str, Any]:
     """The seed ceiling (see the module doc) as a full matrix over ``nets``' layers, with its
     95 % interval (``ci_low``/``ci_high``) when ``options`` ask for intervals.
 
     ``chosen``: :func:`plan_seed_ceiling`; ``pool``: loaded checkpoints by key (a member may be
-    taken from ``nets`` instead); ``plumbing`` goes to :func:`analysis.compare` (device,
-    gram_cache, progress, on_batch).
+    taken from ``nets`` instead); ``run``: how the stand-ins run
+    (:data:`analysis.comparison.baselines.RunAtlas`), reporting to ``on_batch``.
     """
-    opts = CompareOptions.build(options)
     sizes = {label: len(layers[label]) for label in nets}
 
     def resolve(s: StandIn) -> nn.Module:
         return pool[s.identity] if s.identity in pool else nets[s.label]
 
-    run = substituted_cka(sizes, chosen, resolve, data, opts, intervals=True, **plumbing)
-    out = {"cka": matrix_json(run.cka), "blocks": run.blocks}
-    if run.ci_low is not None and run.ci_high is not None:
-        out |= {"ci_low": matrix_json(run.ci_low), "ci_high": matrix_json(run.ci_high)}
+    found = substituted_cka(sizes, chosen, resolve, options, run, intervals=True, on_batch=on_batch)
+    out = {"cka": matrix_json(found.cka), "blocks": found.blocks}
+    if found.ci_low is not None and found.ci_high is not None:
+        out |= {"ci_low": matrix_json(found.ci_low), "ci_high": matrix_json(found.ci_high)}
     return out
 
 

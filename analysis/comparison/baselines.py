@@ -6,9 +6,10 @@ baseline obeys one rule, held by :func:`choose`: **the two stand-ins of a block 
 network** (equal :attr:`StandIn.identity`), so no baseline cell compares a model's layer with
 that same model's layer. A baseline lists, per block, the stand-in pairs it accepts in order of
 preference; :func:`choose` takes the first pair of two networks, and where there is none the
-block is undefined, with the reason. :func:`substituted_cka` runs the chosen stand-ins through
-:func:`analysis.compare` once, under the comparison's own options, and fills a full
-(L_total, L_total) matrix in the atlas's layer order (NaN where undefined).
+block is undefined, with the reason. :func:`substituted_cka` runs the chosen stand-ins once,
+under the comparison's own options, through the run function it is given (the comparison's
+own pipeline, :mod:`analysis.comparison.run`), and fills a full (L_total, L_total) matrix in
+the atlas's layer order (NaN where undefined).
 
 ``random_init`` (:func:`random_init_baseline`): every model replaced by an untrained twin of its
 architecture and options (:func:`random_init_twin`). Draw ``d`` of a model takes its weights
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from analysis.atlas import Atlas
 from analysis.errors import AnalysisError
 from analysis.options import CompareOptions
 
@@ -40,6 +42,7 @@ __all__ = [
     "TWINS_PER_MODEL",
     "Block",
     "Candidates",
+    "RunAtlas",
     "StandIn",
     "Substituted",
     "choose",
@@ -58,6 +61,12 @@ _SHARED = ("kernel", "estimator", "mode", "batch_size", "feature", "dtype")
 _INTERVALS = ("interval", "resamples", "seed")
 # Each random-init draw runs two twins of every model: one per side of its block with itself.
 TWINS_PER_MODEL = 2
+# How a baseline runs its stand-ins: their atlas under these options, their Gram-store keys (or
+# None), and the run's on_batch(done, total) progress callback (or None).
+OnBatch = Callable[[int, int], bool | None]
+RunAtlas = Callable[
+    [Mapping[str, nn.Module], CompareOptions, Mapping[str, str] | None, OnBatch | None], Atlas
+]
 
 
 def random_init_twin(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -158,20 +167,18 @@ def substituted_cka(
     sizes: Mapping[str, int],
     chosen: Mapping[Block, Pair | str],
     resolve: Callable[[StandIn], nn.Module],
-    data: Any,
     options: CompareOptions,
+    run: RunAtlas,
     *,
     intervals: bool = False,
-    **plumbing: Any,
+    on_batch: OnBatch | None = None,
 ) -> Substituted:
     """The chosen stand-ins' CKA in the comparison's layer order, and per block what stood in.
 
     ``sizes``: layers per model, in the comparison's order; ``resolve`` gives a stand-in's
-    network; ``intervals``: also their 95 % intervals, as ``options`` ask for them; ``plumbing``
-    goes to :func:`analysis.compare` (device, gram_cache, progress, on_batch).
+    network; ``run`` runs them (see :data:`RunAtlas`), reporting to ``on_batch``;
+    ``intervals``: also their 95 % intervals, as ``options`` ask for them.
     """
-    from analysis.engine.compare import compare
-
     starts = dict(zip(sizes, np.cumsum([0, *sizes.values()]).tolist(), strict=False))
     total = sum(sizes.values())
     full = np.full((total, total), np.nan)
@@ -190,13 +197,7 @@ def substituted_cka(
             layers={lb: s.layers for lb, s in stand_ins.items()},
         )
         keys = {lb: s.cache_key for lb, s in stand_ins.items() if s.cache_key}
-        atlas = compare(
-            {lb: resolve(s) for lb, s in stand_ins.items()},
-            data,
-            own,
-            model_keys=keys or None,
-            **plumbing,
-        )
+        atlas = run({lb: resolve(s) for lb, s in stand_ins.items()}, own, keys or None, on_batch)
     for (a, b), pick in chosen.items():
         if isinstance(pick, str):
             described.append({"a": a, "b": b, "reason": pick})
@@ -235,25 +236,23 @@ def _twin(label: str, net: nn.Module, layers: Sequence[str], seed: int) -> Stand
 
 def random_init_baseline(
     nets: Mapping[str, nn.Module],
-    data: Any,
-    options: CompareOptions | None = None,
+    options: CompareOptions,
     *,
     layers: Mapping[str, Sequence[str]],
+    run: RunAtlas,
     model_keys: Mapping[str, str] | None = None,
-    device: str | torch.device | None = None,
-    progress: bool = False,
-    on_draw: Callable[[int], Callable[[int, int], bool | None] | None] | None = None,
-    **shortcuts: Any,
+    on_draw: Callable[[int], OnBatch | None] | None = None,
 ) -> dict[str, Any]:
     """The random-init baseline of ``nets`` (see the module doc), as JSON.
 
-    ``layers``: the resolved layer names of each model (the atlas's ``layers``); ``options``
-    and ``shortcuts`` as for :func:`analysis.compare` (``random_init_draws`` among them).
-    ``on_draw(d)`` gives the ``on_batch`` callback of draw ``d`` (progress, cancellation).
+    ``layers``: the resolved layer names of each model (the atlas's ``layers``); ``options``:
+    the comparison's (``random_init_draws`` among them); ``run``: how stand-ins run
+    (:data:`RunAtlas`). ``on_draw(d)`` gives the ``on_batch`` callback of draw ``d`` (progress,
+    cancellation).
     Returns ``cka`` (the mean over draws), ``sd``, ``min``, ``max`` (full matrices, None
     where undefined), ``draws``, the per-model ``seeds`` and per block what stood in.
     """
-    opts = CompareOptions.build(options, **shortcuts)
+    opts = options
     order = list(nets)
     sizes = {m: len(layers[m]) for m in order}
     keys = {m: (model_keys or {}).get(m, m) for m in order}
@@ -278,18 +277,16 @@ def random_init_baseline(
             )
             for a, b in blocks
         }
-        run = substituted_cka(
+        drawn = substituted_cka(
             sizes,
             choose(candidates),
             resolve,
-            data,
             opts,
-            device=device,
-            progress=progress,
+            run,
             on_batch=None if on_draw is None else on_draw(d),
         )
-        runs.append(run.cka)
-        for item in run.blocks:
+        runs.append(drawn.cka)
+        for item in drawn.blocks:
             slot = merged[item["a"], item["b"]]
             if "reason" in item:  # undefined in one draw: undefined
                 slot["reason"] = item["reason"]
