@@ -17,6 +17,7 @@ from PIL import Image
 from app.http.main import create_app
 from app.http.security import COOKIE_NAME
 from app.http.web.catalog import sample_indices
+from app.http.web.templating import code_spans, fold
 from tests.helpers import digits_id, make_settings, register, upload, wait
 
 TOKEN = "page-token"
@@ -326,3 +327,12 @@ def test_state_names_come_from_the_enum_never_retyped(idle_client: TestClient) -
     files += list(root.glob("api/*.py"))
     retyped = {f.name: literal.findall(f.read_text()) for f in files}
     assert {name: hits for name, hits in retyped.items() if hits} == {}
+
+
+def test_long_texts_fold_at_a_space_outside_code_spans() -> None:
+    assert fold("short enough") == {"short": "short enough", "full": "short enough"}
+    text = "word " * 20 + "`rbf:T (T, a positive number)` " + "tail " * 20
+    short = fold(text, at=160)["short"]
+    assert short == "word " * 19 + "word …"  # not "… `rbf:T (T, …": the span is whole or out
+    assert len(fold("a" * 300)["short"]) == 300  # nowhere to cut: shown whole
+    assert str(code_spans("`x` <b> `y")) == "<code>x</code> &lt;b&gt; `y"

@@ -25,9 +25,6 @@ from app.store.orm import JOB_STATES, Comparison, Dataset, JobState, Model
 
 __all__ = ["atlas_payload", "diagnostics_view", "glance", "router"]
 
-# A warning longer than this is folded: its first words shown, the rest on a click.
-FOLD_AT = 160
-
 router = APIRouter(include_in_schema=False)
 KERNEL_CHOICES = ("linear", "rbf")
 
@@ -222,7 +219,7 @@ def glance(summary: list[list[dict[str, Any]]]) -> dict[str, Any]:
 
 def diagnostics_view(diagnostics: dict[str, Any] | None) -> dict[str, Any]:
     """The diagnostics card's items grouped: undefined baselines once per baseline and reason
-    (naming their blocks), warnings with the long ones folded."""
+    (naming their blocks), and the warnings (the page folds the long ones)."""
     d = diagnostics or {}
     grouped: dict[tuple[str, str], list[str]] = {}
     for u in d.get("undefined_baselines") or ():
@@ -233,17 +230,12 @@ def diagnostics_view(diagnostics: dict[str, Any] | None) -> dict[str, Any]:
         item = u if isinstance(u, dict) else {"model": "", "layer": str(u), "reason": ""}
         where = f"{item.get('layer')} of {item.get('model')}".strip()
         layers.setdefault(str(item.get("reason") or "undefined"), []).append(where)
-    warnings = []
-    for w in d.get("warnings") or ():
-        text = str(w)
-        cut = text.rfind(" ", 0, FOLD_AT - 40) if len(text) > FOLD_AT else -1
-        warnings.append({"short": text[:cut] + " …" if cut > 0 else text, "full": text})
     return {
         "undefined_baselines": [
             {"baseline": b, "reason": r, "blocks": blocks} for (b, r), blocks in grouped.items()
         ],
         "undefined_layers": [{"reason": r, "layers": names} for r, names in layers.items()],
-        "warnings": warnings,
+        "warnings": [str(w) for w in d.get("warnings") or ()],
     }
 
 
