@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
+from analysis.options import option_specs
 from app.http.main import create_app
 from app.http.security import COOKIE_NAME
 from app.http.web.catalog import sample_indices
@@ -215,8 +216,14 @@ def test_new_comparison_form(client: TestClient, zoo: dict[str, Path]) -> None:
     boxes = dict(re.findall(r'name="model_ids" value="(\d+)"\s*(checked)?', page))
     assert boxes == {str(mixer): "", str(gmlp): "checked"}
     assert f'<option value="{digits_id(client)}">digits' in page
-    for name in ("kernel", "estimator", "batch_size", "layers", "dataset_id"):
-        assert f'name="{name}"' in page
+    assert 'name="dataset_id"' in page
+    # One control per option of CompareOptions, in their order; the deprecated one left out.
+    offered = re.findall(r'data-option="(\w+)" data-kind="(\w+)"', page)
+    specs = option_specs()
+    assert offered == [(n, s.kind) for n, s in specs.items() if not s.deprecated]
+    assert specs["bootstrap"].deprecated and 'name="bootstrap"' not in page
+    # Descriptions read with their code spans as code, never as raw backticks.
+    assert "`" not in page and "<code>mutual_knn</code>" in page
     assert 'id="login-notice"' not in page  # no tokens: writes open
 
 

@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from analysis.inference.verdicts import MARKS, WORDS
+from analysis.options import OptionSpec, option_specs
 from analysis.plot import MEASURE_TITLES, learned_limit
 from app.http.api.options import option_filter, option_suggestions
 from app.http.api.views import comparison_view
@@ -113,20 +114,13 @@ def new_comparison_page(request: Request, auth: Auth) -> Response:
     )
 
 
-def form_options() -> dict[str, dict[str, Any]]:
-    """Each comparison option as the form draws it: choices, bounds, default, description,
-    read from the REST schema, which takes them from :class:`analysis.CompareOptions`."""
-    props = ComparisonIn.model_json_schema()["properties"]
-    out: dict[str, dict[str, Any]] = {}
-    for name, prop in props.items():
-        out[name] = {
-            "choices": prop.get("enum", []),
-            "default": prop.get("default"),
-            "minimum": prop.get("minimum"),
-            "maximum": prop.get("maximum"),
-            "description": prop.get("description", ""),
-        }
-    return out
+def form_options() -> list[OptionSpec]:
+    """The options the new-comparison form draws, in their order: each its kind, default,
+    description, choices, bounds and pattern as ``POST /v1/comparisons`` takes them (the
+    library's :class:`analysis.CompareOptions` with the service's caps), so an option added
+    there is on the form without a change here or in the template. A deprecated option
+    (``bootstrap``) stays off the form: still read, but others say it now."""
+    return [spec for spec in option_specs(ComparisonIn).values() if not spec.deprecated]
 
 
 def atlas_payload(result: dict[str, Any]) -> dict[str, Any]:
