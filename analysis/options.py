@@ -537,9 +537,9 @@ class OptionSpec:
     ``kind``: ``choice`` (one of ``choices``), ``choices`` (any of ``choices``, a list; a
     comma-separated string is read too), ``int`` (within ``minimum``..``maximum`` where given;
     a bound that depends on another option is in the description), ``text`` (a string checked
-    by the option's validator; ``examples`` shows valid ones), ``flag`` (a boolean) or
-    ``layers`` (see :data:`Layers`). ``deprecated``: still read, superseded (its description
-    says by what).
+    by the option's validator; ``examples`` shows valid ones, ``pattern``, where given, is a
+    regular expression every valid one matches), ``flag`` (a boolean) or ``layers`` (see
+    :data:`Layers`). ``deprecated``: still read, superseded (its description says by what).
     """
 
     name: str
@@ -550,14 +550,18 @@ class OptionSpec:
     minimum: int | None = None
     maximum: int | None = None
     examples: tuple[Any, ...] = ()
+    pattern: str | None = None
     deprecated: bool = False
 
 
-def option_specs() -> dict[str, OptionSpec]:
-    """Every option of :class:`CompareOptions`, in field order, read from its JSON Schema."""
-    props: dict[str, dict[str, Any]] = CompareOptions.model_json_schema()["properties"]
+def option_specs(options: type[CompareOptions] = CompareOptions) -> dict[str, OptionSpec]:
+    """Every option of :class:`CompareOptions`, in field order, read from the JSON Schema of
+    ``options``: CompareOptions itself, or a subclass that narrows its bounds (a service's
+    request, whose other fields are not options and are left out)."""
+    props: dict[str, dict[str, Any]] = options.model_json_schema()["properties"]
     specs = {}
-    for name, prop in props.items():
+    for name in CompareOptions.model_fields:
+        prop = props[name]
         # an optional value (``int | None``): its non-null member says what it is
         members = [p for p in prop.get("anyOf", ()) if p.get("type") != "null"]
         typed = members[0] if len(members) == 1 else prop
@@ -585,6 +589,7 @@ def option_specs() -> dict[str, OptionSpec]:
             minimum=typed.get("minimum"),
             maximum=typed.get("maximum"),
             examples=tuple(prop.get("examples", ())),
+            pattern=typed.get("pattern"),
             deprecated=bool(prop.get("deprecated")),
         )
     return specs

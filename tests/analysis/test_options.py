@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 from timm.models.mlp_mixer import MlpMixer
 
 from analysis import CompareOptions, EstimatorError, OptionsError, compare, option_specs
@@ -159,6 +160,24 @@ def test_option_specs_describe_what_is_accepted() -> None:
             assert getattr(CompareOptions(**{name: choice}, **count), name) == want
     for example in specs["kernel"].examples:
         CompareOptions(kernel=example)
+        assert re.fullmatch(specs["kernel"].pattern or "", example)
+    assert not re.fullmatch(specs["kernel"].pattern or "", "cosine")
+    assert {name for name, spec in specs.items() if spec.pattern} == {"kernel"}
+
+
+class Capped(CompareOptions):
+    """A service's request: its own bounds on an option, and fields that are not options."""
+
+    batch_size: int = Field(default=256, ge=2, le=64)
+    model_ids: list[int] = Field(default_factory=list)
+
+
+def test_option_specs_read_a_subclass_bounds_and_only_the_options() -> None:
+    capped = option_specs(Capped)
+    assert list(capped) == list(CompareOptions.model_fields)
+    assert (capped["batch_size"].minimum, capped["batch_size"].maximum) == (2, 64)
+    assert option_specs()["batch_size"].maximum is None
+    assert capped["knn_k"] == option_specs()["knn_k"]
 
 
 def test_options_and_shortcuts_run_the_same(images: torch.Tensor) -> None:

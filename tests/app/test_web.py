@@ -14,9 +14,11 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
+from analysis.options import option_specs
 from app.http.main import create_app
 from app.http.security import COOKIE_NAME
 from app.http.web.catalog import sample_indices
+from app.http.web.templating import code_spans, fold
 from tests.helpers import digits_id, make_settings, register, upload, wait
 
 TOKEN = "page-token"
@@ -214,8 +216,14 @@ def test_new_comparison_form(client: TestClient, zoo: dict[str, Path]) -> None:
     boxes = dict(re.findall(r'name="model_ids" value="(\d+)"\s*(checked)?', page))
     assert boxes == {str(mixer): "", str(gmlp): "checked"}
     assert f'<option value="{digits_id(client)}">digits' in page
-    for name in ("kernel", "estimator", "batch_size", "layers", "dataset_id"):
-        assert f'name="{name}"' in page
+    assert 'name="dataset_id"' in page
+    # One control per option of CompareOptions, in their order; the deprecated one left out.
+    offered = re.findall(r'data-option="(\w+)" data-kind="(\w+)"', page)
+    specs = option_specs()
+    assert offered == [(n, s.kind) for n, s in specs.items() if not s.deprecated]
+    assert specs["bootstrap"].deprecated and 'name="bootstrap"' not in page
+    # Descriptions read with their code spans as code, never as raw backticks.
+    assert "`" not in page and "<code>mutual_knn</code>" in page
     assert 'id="login-notice"' not in page  # no tokens: writes open
 
 
@@ -326,3 +334,12 @@ def test_state_names_come_from_the_enum_never_retyped(idle_client: TestClient) -
     files += list(root.glob("api/*.py"))
     retyped = {f.name: literal.findall(f.read_text()) for f in files}
     assert {name: hits for name, hits in retyped.items() if hits} == {}
+
+
+def test_long_texts_fold_at_a_space_outside_code_spans() -> None:
+    assert fold("short enough") == {"short": "short enough", "full": "short enough"}
+    text = "word " * 20 + "`rbf:T (T, a positive number)` " + "tail " * 20
+    short = fold(text, at=160)["short"]
+    assert short == "word " * 19 + "word …"  # not "… `rbf:T (T, …": the span is whole or out
+    assert len(fold("a" * 300)["short"]) == 300  # nowhere to cut: shown whole
+    assert str(code_spans("`x` <b> `y")) == "<code>x</code> &lt;b&gt; `y"

@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from analysis.inference.verdicts import MARKS, WORDS
+from analysis.options import OptionSpec, option_specs
 from analysis.plot import MEASURE_TITLES, learned_limit
 from app.http.api.options import option_filter, option_suggestions
 from app.http.api.views import comparison_view
@@ -24,9 +25,6 @@ from app.store.cells import QUANTITIES, VERDICT_LEGEND, Cells, verdict_marks
 from app.store.orm import JOB_STATES, Comparison, Dataset, JobState, Model
 
 __all__ = ["atlas_payload", "diagnostics_view", "glance", "router"]
-
-# A warning longer than this is folded: its first words shown, the rest on a click.
-FOLD_AT = 160
 
 router = APIRouter(include_in_schema=False)
 KERNEL_CHOICES = ("linear", "rbf")
@@ -116,20 +114,13 @@ def new_comparison_page(request: Request, auth: Auth) -> Response:
     )
 
 
-def form_options() -> dict[str, dict[str, Any]]:
-    """Each comparison option as the form draws it: choices, bounds, default, description,
-    read from the REST schema, which takes them from :class:`analysis.CompareOptions`."""
-    props = ComparisonIn.model_json_schema()["properties"]
-    out: dict[str, dict[str, Any]] = {}
-    for name, prop in props.items():
-        out[name] = {
-            "choices": prop.get("enum", []),
-            "default": prop.get("default"),
-            "minimum": prop.get("minimum"),
-            "maximum": prop.get("maximum"),
-            "description": prop.get("description", ""),
-        }
-    return out
+def form_options() -> list[OptionSpec]:
+    """The options the new-comparison form draws, in their order: each its kind, default,
+    description, choices, bounds and pattern as ``POST /v1/comparisons`` takes them (the
+    library's :class:`analysis.CompareOptions` with the service's caps), so an option added
+    there is on the form without a change here or in the template. A deprecated option
+    (``bootstrap``) stays off the form: still read, but others say it now."""
+    return [spec for spec in option_specs(ComparisonIn).values() if not spec.deprecated]
 
 
 def atlas_payload(result: dict[str, Any]) -> dict[str, Any]:
@@ -222,7 +213,7 @@ def glance(summary: list[list[dict[str, Any]]]) -> dict[str, Any]:
 
 def diagnostics_view(diagnostics: dict[str, Any] | None) -> dict[str, Any]:
     """The diagnostics card's items grouped: undefined baselines once per baseline and reason
-    (naming their blocks), warnings with the long ones folded."""
+    (naming their blocks), and the warnings (the page folds the long ones)."""
     d = diagnostics or {}
     grouped: dict[tuple[str, str], list[str]] = {}
     for u in d.get("undefined_baselines") or ():
@@ -233,17 +224,12 @@ def diagnostics_view(diagnostics: dict[str, Any] | None) -> dict[str, Any]:
         item = u if isinstance(u, dict) else {"model": "", "layer": str(u), "reason": ""}
         where = f"{item.get('layer')} of {item.get('model')}".strip()
         layers.setdefault(str(item.get("reason") or "undefined"), []).append(where)
-    warnings = []
-    for w in d.get("warnings") or ():
-        text = str(w)
-        cut = text.rfind(" ", 0, FOLD_AT - 40) if len(text) > FOLD_AT else -1
-        warnings.append({"short": text[:cut] + " …" if cut > 0 else text, "full": text})
     return {
         "undefined_baselines": [
             {"baseline": b, "reason": r, "blocks": blocks} for (b, r), blocks in grouped.items()
         ],
         "undefined_layers": [{"reason": r, "layers": names} for r, names in layers.items()],
-        "warnings": warnings,
+        "warnings": [str(w) for w in d.get("warnings") or ()],
     }
 
 

@@ -9,20 +9,24 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup, escape
 
 from app.store.orm import JobState
 
-__all__ = ["STATIC_DIR", "TEMPLATE_DIR", "templates"]
+__all__ = ["FOLD_AT", "STATIC_DIR", "TEMPLATE_DIR", "code_spans", "fold", "templates"]
 
 HERE = Path(__file__).parent
 TEMPLATE_DIR = HERE / "templates"
 STATIC_DIR = HERE / "static"
+# A text longer than this is folded: its first words shown, the rest on a click.
+FOLD_AT = 160
 
 
 @cache
@@ -91,6 +95,22 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
+def fold(text: str, at: int = FOLD_AT) -> dict[str, str]:
+    """``full``: the text; ``short``: its first words, cut at a space outside any code span
+    and ending in " …", when it is longer than ``at`` characters (else the text itself)."""
+    cut = text.rfind(" ", 0, at - 40) if len(text) > at else -1
+    if cut > 0 and text.count("`", 0, cut) % 2:  # inside a code span: cut before it
+        cut = text.rfind(" ", 0, text.rfind("`", 0, cut))
+    return {"short": text[:cut] + " …" if cut > 0 else text, "full": text}
+
+
+def code_spans(text: str) -> Markup:
+    """``text`` escaped, with its Markdown code spans (a name between backticks) as ``<code>``
+    elements: how the options' descriptions, written for the docs and the CLI too, read on a
+    page. A backtick without its pair (a folded text's cut) stays as it is."""
+    return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(text))))
+
+
 def _option_value(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
@@ -136,6 +156,8 @@ def _make() -> Jinja2Templates:
     env.filters["bytes"] = fmt_bytes
     env.filters["when"] = fmt_time
     env.filters["duration"] = fmt_duration
+    env.filters["fold"] = fold
+    env.filters["code_spans"] = code_spans
     env.globals["option_chips"] = option_chips
     return t
 

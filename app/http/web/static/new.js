@@ -1,5 +1,7 @@
 /* The new-comparison form: build the JSON body, POST it to /v1/comparisons, follow it.
  *
+ * No option is named here: new.html marks each option's control with its name and kind
+ * (data-option, data-kind, drawn from analysis.CompareOptions), and the body takes every one.
  * Errors come back as problem+json with the offending `field`; each is shown under its
  * input. The API token travels in the HttpOnly login cookie (see api.js). */
 (function () {
@@ -19,29 +21,42 @@
     return items.length === 1 ? items[0] : items;
   }
 
+  /* One option's value as the API takes it, read by the kind new.html drew its control for:
+   * a list of the ticked choices, a boolean, a number, the parsed layers, or the text.
+   * A blank number or text is left out (undefined), so the option keeps its default. */
+  const readers = {
+    choices: function (field, name) {
+      return Array.from(field.querySelectorAll('input[name="' + name + '"]:checked')).map(function (i) { return i.value; });
+    },
+    flag: function (field, name) { return control(field, name).checked; },
+    int: function (field, name) {
+      const input = control(field, name);
+      if (input.validity.badInput) throw { field: name, message: name + " is a whole number." };
+      return input.value.trim() === "" ? undefined : Number(input.value);
+    },
+    layers: function (field, name) { return parseLayers(control(field, name).value); },
+    choice: function (field, name) { return control(field, name).value; },
+    text: function (field, name) { return control(field, name).value.trim() || undefined; },
+  };
+
+  function control(field, name) {
+    return field.querySelector('[name="' + name + '"]');
+  }
+
+  /* The request body: the models and dataset, then every option the form draws. */
   function body() {
     const data = new FormData(form);
-    return {
-      model_ids: data.getAll("model_ids").map(function (v) { return parseInt(v, 10); }),
+    const payload = {
+      model_ids: data.getAll("model_ids").map(function (v) { return parseInt(String(v), 10); }),
       dataset_id: parseInt(String(data.get("dataset_id")), 10),
-      layers: parseLayers(String(data.get("layers") || "")),
-      kernel: String(data.get("kernel")),
-      estimator: String(data.get("estimator")),
-      mode: String(data.get("mode")),
-      batch_size: parseInt(String(data.get("batch_size")), 10),
-      feature: String(data.get("feature")),
-      interval: String(data.get("interval")),
-      resamples: data.get("resamples") ? parseInt(String(data.get("resamples")), 10) : undefined,
-      dtype: String(data.get("dtype")),
-      seed: data.get("seed") ? parseInt(String(data.get("seed")), 10) : undefined,
-      permutations: parseInt(String(data.get("permutations") || "0"), 10) || 0,
-      null: String(data.get("null")),
-      sensitivity: data.get("sensitivity") !== null,
-      baselines: data.getAll("baselines").map(String),
-      // blank: left out, so the server's default applies
-      random_init_draws: data.get("random_init_draws") ? parseInt(String(data.get("random_init_draws")), 10) : undefined,
       force: data.get("force") !== null,
     };
+    form.querySelectorAll("[data-option]").forEach(function (field) {
+      const name = field.dataset.option;
+      const read = readers[field.dataset.kind] || readers.text;
+      payload[name] = read(field, name);
+    });
+    return payload;
   }
 
   function clearErrors() {
@@ -63,7 +78,14 @@
   form.addEventListener("submit", async function (event) {
     event.preventDefault();
     clearErrors();
-    const payload = body();
+    let payload;
+    try {
+      payload = body();
+    } catch (wrong) {
+      fieldError(wrong.field, wrong.message);
+      formError.textContent = "Please fix the fields marked above.";
+      return;
+    }
     if (!payload.model_ids.length) {
       fieldError("model_ids", "Choose at least one model.");
       return;
