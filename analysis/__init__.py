@@ -25,11 +25,12 @@ functions and under ``TYPE_CHECKING`` included; ``tests/test_layers.py`` holds i
 3. :mod:`analysis.measures`: the whole-sample measures beside CKA;
 4. :mod:`analysis.data`: datasets, archives, input pipelines, batch sources;
 5. :mod:`analysis.layers`: which layers of a network to read, and reading them;
-6. :mod:`analysis.options`: every option of a comparison;
-7. :mod:`analysis.inference`: nulls, intervals, q-values and verdicts, as math;
-8. :mod:`analysis.atlas`: the result;
-9. :mod:`analysis.batch_statistics`: what a run accumulates per batch;
-10. :mod:`analysis.engine`: the work of each batch, the Gram store;
+6. :mod:`analysis.inference`: nulls, intervals, q-values and verdicts, as math;
+7. :mod:`analysis.batch_statistics`: what a run accumulates per batch, each statistic declaring
+   its outputs and options;
+8. :mod:`analysis.options`: every option of a comparison (the statistics' among them);
+9. :mod:`analysis.atlas`: the result (the statistics' outputs as they declare them);
+10. :mod:`analysis.engine`: the work of each batch, the Gram store, CKA of given features;
 11. :mod:`analysis.shards`: a run over a range of batches, and their combine;
 12. :mod:`analysis.comparison`: the plan and its run, the baselines;
 13. :mod:`analysis.plot`: heatmaps;
@@ -74,6 +75,7 @@ if TYPE_CHECKING:  # the same names, for type checkers; at run time __getattr__ 
     )
     from analysis.engine.features import cka_from_features
     from analysis.engine.gram_cache import DirectoryGramCache, GramCache
+    from analysis.engine.significance import CKATest, cka_test
     from analysis.engine.streaming import RunSettings
     from analysis.errors import (
         AnalysisError,
@@ -82,8 +84,8 @@ if TYPE_CHECKING:  # the same names, for type checkers; at run time __getattr__ 
         DatasetTooLarge,
         EstimatorError,
         LayerError,
+        OptionsError,
     )
-    from analysis.inference.significance import CKATest, cka_test
     from analysis.layers import (
         FEATURE_POLICIES,
         FeaturePolicy,
@@ -92,7 +94,7 @@ if TYPE_CHECKING:  # the same names, for type checkers; at run time __getattr__ 
         default_layers,
         resolve_layers,
     )
-    from analysis.options import CompareOptions, OptionsError, option_specs
+    from analysis.options import CompareOptions, option_specs
     from analysis.shards.shard import Partial, batch_count, combine, shard_ranges
 
 __getattr__, __dir__ = lazy_exports(
@@ -128,7 +130,7 @@ __getattr__, __dir__ = lazy_exports(
         ".engine.gram_cache": ["DirectoryGramCache", "GramCache"],
         ".engine.streaming": ["RunSettings"],
         ".errors": errors.__all__,  # a module that imports nothing
-        ".inference.significance": ["CKATest", "cka_test"],
+        ".engine.significance": ["CKATest", "cka_test"],
         ".layers": [
             "FEATURE_POLICIES",
             "FeaturePolicy",
@@ -137,7 +139,7 @@ __getattr__, __dir__ = lazy_exports(
             "default_layers",
             "resolve_layers",
         ],
-        ".options": ["CompareOptions", "OptionsError", "option_specs"],
+        ".options": ["CompareOptions", "option_specs"],
         ".shards.shard": ["Partial", "batch_count", "combine", "shard_ranges"],
     },
 )

@@ -14,7 +14,10 @@ included. ``to_dict`` gives plain JSON (``None`` where a value is undefined or n
 ``self_hsic``
     per model, the diagonal of ``hsic`` for its layers.
 
-Present only when computed (so an atlas without them serialises as before):
+What the batch statistics add is kept in :attr:`Atlas.values` by the names their modules
+declare (:class:`analysis.batch_statistics.protocol.Output`, gathered in
+:data:`analysis.batch_statistics.registry.OUTPUTS`), and written and read by those declarations;
+today they are these, present only when computed (so an atlas without them serialises as before):
 
 ``p_value``, ``null_mean``, ``null_q95``
     (L_total, L_total) permutation-null summaries (the analytic null by default, see
@@ -60,6 +63,8 @@ from typing import Any
 
 import numpy as np
 
+from analysis.batch_statistics import registry
+from analysis.batch_statistics.protocol import Output, OutputKind
 from analysis.estimators.hsic import cka_from_hsic
 from analysis.inference.permutation_null import NullSummary
 from analysis.inference.verdicts import (
@@ -95,16 +100,10 @@ class Atlas:
     n: int
     config: dict[str, Any] = field(default_factory=dict)
     diagnostics: dict[str, Any] = field(default_factory=dict)
-    ci_low: np.ndarray | None = None
-    ci_high: np.ndarray | None = None
-    null: NullSummary | None = None
-    layer_effective_dim: np.ndarray | None = None
-    layer_top_share: np.ndarray | None = None
-    cka_drop: np.ndarray | None = None
+    # what the batch statistics add, by their declared outputs' names
+    # (analysis.batch_statistics.registry.OUTPUTS; a grouped one as "<name>/<member>")
+    values: dict[str, np.ndarray] = field(default_factory=dict)
     baselines: dict[str, Any] | None = None
-    # whole-sample measures other than CKA (analysis.measures): full (L_total, L_total) each
-    measures: dict[str, np.ndarray] | None = None
-    cca_flags: np.ndarray | None = None  # (L_total, L_total) bool: CCA degenerate there
 
     def __post_init__(self) -> None:
         self.hsic = np.asarray(self.hsic, dtype=np.float64)
@@ -119,6 +118,49 @@ class Atlas:
         # per margin and the baselines and intervals they were computed from (which a caller,
         # add_baselines say, may set after construction)
         self._verdicts: dict[float, tuple[Any, Any, dict[str, np.ndarray]]] = {}
+
+    # The statistics' outputs under the names the rest of the library reads them by.
+    @property
+    def ci_low(self) -> np.ndarray | None:
+        """(L_total, L_total) lower ends of the cells' 95 % intervals, None without them."""
+        return self.values.get("ci_low")
+
+    @property
+    def ci_high(self) -> np.ndarray | None:
+        """(L_total, L_total) upper ends of the cells' 95 % intervals, None without them."""
+        return self.values.get("ci_high")
+
+    @property
+    def null(self) -> NullSummary | None:
+        """The cells' null summary (p-values, null means and quantiles), None without one."""
+        v = self.values
+        if not {"p_value", "null_mean", "null_q95"} <= set(v):
+            return None
+        return NullSummary(
+            v["p_value"], v["null_mean"], v["null_q95"], v.get("p_draws"), v.get("p_method")
+        )
+
+    @property
+    def layer_effective_dim(self) -> np.ndarray | None:
+        return self.values.get("effective_dim")
+
+    @property
+    def layer_top_share(self) -> np.ndarray | None:
+        return self.values.get("top_pc_share")
+
+    @property
+    def cka_drop(self) -> np.ndarray | None:
+        return self.values.get("cka_without_top_pc")
+
+    @property
+    def measures(self) -> dict[str, np.ndarray] | None:
+        """Per whole-sample measure beside CKA, its (L_total, L_total) matrix; None without."""
+        return _group(self.values, "measures")
+
+    @property
+    def cca_flags(self) -> np.ndarray | None:
+        """(L_total, L_total) booleans: CCA degenerate there; None without a CCA measure."""
+        return self.values.get("cca_degenerate")
 
     def _check(self, *names: str) -> None:
         for name in names:
@@ -315,23 +357,14 @@ class Atlas:
         return [(a, b) for i, a in enumerate(self.models) for b in self.models[i:]]
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data; :meth:`from_dict` restores an equal atlas."""
+        """Plain JSON-able data; :meth:`from_dict` restores an equal atlas. The statistics'
+        outputs are written as their declarations say (:class:`Output`)."""
         matrices = []
         for a, b in self.pairs():
-            ci = self.interval(a, b)
-            entry = {
-                "a": a,
-                "b": b,
-                "cka": _to_json(self.matrix(a, b)),
-                "ci_low": None if ci is None else _to_json(ci[0]),
-                "ci_high": None if ci is None else _to_json(ci[1]),
-            }
-            for key, full in self._null_parts().items():
-                entry[key] = _to_json(self._block(full, a, b))
-            if self.null is not None and self.null.p_method is not None:
-                entry["p_method"] = _labels(self._block(self.null.p_method, a, b))
-            for name, full in (self.measures or {}).items():
-                entry[name] = _to_json(self._block(full, a, b))
+            entry: dict[str, Any] = {"a": a, "b": b, "cka": _to_json(self.matrix(a, b))}
+            for output in registry.OUTPUTS:
+                if output.blocks:
+                    entry |= self._output_json(output, a, b)
             matrices.append(entry)
         out = {
             "format": FORMAT,
@@ -340,47 +373,42 @@ class Atlas:
             "n": int(self.n),
             "config": self.config,
             "hsic": _to_json(self.hsic),
-            "ci_low": None if self.ci_low is None else _to_json(self.ci_low),
-            "ci_high": None if self.ci_high is None else _to_json(self.ci_high),
             "self_hsic": {m: _to_json(self.self_hsic(m)[None])[0] for m in self.models},
             "matrices": matrices,
             "diagnostics": self.diagnostics,
         }
-        out |= {key: _to_json(full) for key, full in self._null_parts().items()}
-        if self.null is not None and self.null.p_method is not None:
-            out["p_method"] = _labels(self.null.p_method)
-        for key, per_layer in (
-            ("effective_dim", self.layer_effective_dim),
-            ("top_pc_share", self.layer_top_share),
-        ):
-            if per_layer is not None:
-                out[key] = {m: _to_json(per_layer[self._offsets[m]][None])[0] for m in self.models}
-        if self.cka_drop is not None:
-            out["cka_without_top_pc"] = _to_json(self.cka_drop)
+        for output in registry.OUTPUTS:
+            if output.grouped:
+                if (group := _group(self.values, output.name)) is not None:
+                    out[output.name] = {k: self._encode(output, v) for k, v in group.items()}
+            elif (value := self.values.get(output.name)) is not None:
+                out[output.name] = self._encode(output, value)
+            elif output.always:
+                out[output.name] = None
         q = self._q_full()
         if q is not None:
             out["q_value"] = _to_json(q)
-        if self.measures is not None:
-            out["measures"] = {name: _to_json(full) for name, full in self.measures.items()}
-        if self.cca_flags is not None:
-            out["cca_degenerate"] = [[bool(v) for v in row] for row in self.cca_flags]
         if self.baselines is not None:
             out["baselines"] = self.baselines
             if verdicts := self._verdicts_full():
                 out["verdicts"] = verdicts_json(verdicts, margin=MARGIN, level=LEVEL)
         return out
 
-    def _null_parts(self) -> dict[str, np.ndarray]:
-        if self.null is None:
-            return {}
-        parts = {
-            "p_value": self.null.p_value,
-            "null_mean": self.null.null_mean,
-            "null_q95": self.null.null_q95,
-        }
-        if self.null.p_draws is not None:
-            parts["p_draws"] = np.asarray(self.null.p_draws, dtype=np.float64)
-        return parts
+    def _output_json(self, output: Output, a: str, b: str) -> dict[str, Any]:
+        """``output``'s block of the pair (a, b) as JSON, under its name (a grouped output:
+        each member's under the member's name)."""
+        if output.grouped:
+            group = _group(self.values, output.name) or {}
+            return {k: _encode(output.kind, self._block(v, a, b)) for k, v in group.items()}
+        value = self.values.get(output.name)
+        if value is None:
+            return {output.name: None} if output.always else {}
+        return {output.name: _encode(output.kind, self._block(value, a, b))}
+
+    def _encode(self, output: Output, value: np.ndarray) -> Any:
+        if output.kind == "layers":  # per model, its layers' values
+            return {m: _encode("layers", value[self._offsets[m]]) for m in self.models}
+        return _encode(output.kind, value)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Atlas:
@@ -389,20 +417,21 @@ class Atlas:
             raise ValueError(f"not a {FORMAT} atlas (format {data.get('format')!r})")
         hsic = _from_json(data["hsic"])
         assert hsic is not None
-        parts = [_from_json(data.get(k)) for k in ("p_value", "null_mean", "null_q95")]
-        null = None
-        if parts[0] is not None and parts[1] is not None and parts[2] is not None:
-            draws = _from_json(data.get("p_draws"))
-            labels = data.get("p_method")
-            null = NullSummary(
-                parts[0],
-                parts[1],
-                parts[2],
-                None if draws is None else np.nan_to_num(draws).astype(np.int64),
-                None
-                if labels is None
-                else np.array([[v or "" for v in row] for row in labels], object),
-            )
+        values: dict[str, np.ndarray] = {}
+        for output in registry.OUTPUTS:
+            found = data.get(output.name)
+            if found is None:
+                continue
+            if output.grouped:
+                for k, rows in found.items():
+                    if rows is not None:
+                        values[f"{output.name}/{k}"] = _decode(output.kind, rows)
+            elif output.kind == "layers":
+                values[output.name] = _decode(
+                    "layers", [v for m in data["models"] for v in found[m]]
+                )
+            else:
+                values[output.name] = _decode(output.kind, found)
         return cls(
             models=list(data["models"]),
             layers={m: list(v) for m, v in data["layers"].items()},
@@ -410,32 +439,37 @@ class Atlas:
             n=int(data["n"]),
             config=dict(data["config"]),
             diagnostics=dict(data["diagnostics"]),
-            ci_low=_from_json(data.get("ci_low")),
-            ci_high=_from_json(data.get("ci_high")),
-            null=null,
-            layer_effective_dim=_per_layer_from_json(data, "effective_dim"),
-            layer_top_share=_per_layer_from_json(data, "top_pc_share"),
-            cka_drop=_from_json(data.get("cka_without_top_pc")),
+            values=values,
             baselines=data.get("baselines"),
-            measures=_measures_from_json(data.get("measures")),
-            cca_flags=None
-            if data.get("cca_degenerate") is None
-            else np.array(data["cca_degenerate"], dtype=bool),
         )
 
 
-def _measures_from_json(data: dict[str, Any] | None) -> dict[str, np.ndarray] | None:
-    if data is None:
-        return None
-    return {name: full for name, rows in data.items() if (full := _from_json(rows)) is not None}
+def _group(values: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray] | None:
+    """The members of the grouped output ``name`` (values ``"<name>/<member>"``), or None."""
+    prefix = f"{name}/"
+    found = {k[len(prefix) :]: v for k, v in values.items() if k.startswith(prefix)}
+    return found or None
 
 
-def _labels(a: np.ndarray) -> list[list[str | None]]:
-    return [[str(v) if v else None for v in row] for row in a]
+def _encode(kind: OutputKind, value: np.ndarray) -> Any:
+    """An output's array as JSON (:data:`analysis.batch_statistics.protocol.OutputKind`)."""
+    if kind == "labels":
+        return [[str(v) if v else None for v in row] for row in value]
+    if kind == "flags":
+        return [[bool(v) for v in row] for row in value]
+    if kind == "layers":
+        return [float(v) if np.isfinite(v) else None for v in value]
+    return _to_json(np.asarray(value, dtype=np.float64))  # cells and counts
 
 
-def _per_layer_from_json(data: dict[str, Any], key: str) -> np.ndarray | None:
-    if data.get(key) is None:
-        return None
-    values = [v for m in data["models"] for v in data[key][m]]
-    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+def _decode(kind: OutputKind, rows: Any) -> np.ndarray:
+    """:func:`_encode`'s inverse."""
+    if kind == "labels":
+        return np.array([[v or "" for v in row] for row in rows], object)
+    if kind == "flags":
+        return np.array(rows, dtype=bool)
+    if kind == "layers":
+        return np.array([np.nan if v is None else v for v in rows], dtype=np.float64)
+    full = _from_json(rows)
+    assert full is not None
+    return np.nan_to_num(full).astype(np.int64) if kind == "counts" else full

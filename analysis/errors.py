@@ -9,7 +9,10 @@ torch and timm.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 __all__ = [
     "AnalysisError",
@@ -18,6 +21,7 @@ __all__ = [
     "DatasetTooLarge",
     "EstimatorError",
     "LayerError",
+    "OptionsError",
 ]
 
 
@@ -54,6 +58,34 @@ class EstimatorError(AnalysisError):
     """An estimator, kernel or batch plan that cannot give a defined CKA."""
 
     code = "invalid_estimator"
+
+
+class OptionsError(EstimatorError):
+    """Options that cannot run; the message is one sentence that starts with the field name.
+
+    ``field``: the option (dotted for a nested one); ``kind``: the error's type, one of
+    :data:`analysis.options.ERROR_TYPES` or pydantic's own.
+    """
+
+    def __init__(self, field: str, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.kind = kind
+
+    @classmethod
+    def from_validation(cls, exc: ValidationError) -> OptionsError:
+        """The first error of ``exc`` as one sentence; how many others there were, if any.
+
+        The options' own checks (:mod:`analysis.options`) carry their sentence whole, as the
+        error's ``reason``; pydantic's own wording ("Input should be ...") gets the value."""
+        errors = exc.errors(include_url=False)
+        first = errors[0]
+        field = ".".join(str(part) for part in first["loc"]) or "options"
+        reason = first["msg"]
+        if "reason" not in (first.get("ctx") or {}):
+            reason = f"{reason[:1].lower()}{reason[1:]}, not {first['input']!r}"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return cls(field, first["type"], f"{field}: {reason}{more}")
 
 
 class Cancelled(Exception):

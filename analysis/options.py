@@ -35,6 +35,7 @@ instead, one sentence that starts with the field's name.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args
 
@@ -52,11 +53,15 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
-from analysis.errors import EstimatorError
+from analysis.batch_statistics.protocol import Switch
+from analysis.batch_statistics.registry import SWITCHES
+from analysis.errors import AnalysisError, EstimatorError, OptionsError
 from analysis.estimators.hsic import MIN_SAMPLES, Estimator
 from analysis.estimators.kernels import Kernel, parse_kernel
+from analysis.inference.bootstrap import MIN_BOOTSTRAP_BATCHES, check_bootstrap_batches
 from analysis.layers import FeaturePolicy
 from analysis.measures import DEFAULT_K, MEASURES, MeasureName, budget_bytes, estimate_bytes
 from analysis.measures.budget import BUDGET_ENV, gib
@@ -80,6 +85,7 @@ __all__ = [
     "NullKind",
     "OptionSpec",
     "OptionsError",
+    "add_switches",
     "option_specs",
 ]
 
@@ -90,8 +96,6 @@ MODES: tuple[Mode, ...] = get_args(Mode)
 IntervalUnit = Literal["none", "images", "batches"]
 Baseline = Literal["random_init", "seed_ceiling"]
 BASELINES: tuple[Baseline, ...] = get_args(Baseline)
-# Fewer batches than this give a batch bootstrap too few distinct resamples to mean anything.
-MIN_BOOTSTRAP_BATCHES = 20
 Dtype = Literal["fp32", "bf16", "fp16"]
 DTYPES: tuple[Dtype, ...] = get_args(Dtype)
 _DTYPE_NAMES: dict[str, Dtype] = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16"}
@@ -170,27 +174,6 @@ LayerIndex = Annotated[int, Strict()]
 Selection = str | LayerIndex | tuple[str | LayerIndex, ...]
 Layers = Annotated[Selection | dict[str, Selection | None] | None, WrapValidator(_layers)]
 Baselines = tuple[Baseline, ...]
-
-
-class OptionsError(EstimatorError):
-    """Options that cannot run; the message is one sentence that starts with the field name."""
-
-    def __init__(self, field: str, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.kind = kind
-
-    @classmethod
-    def from_validation(cls, exc: ValidationError) -> OptionsError:
-        """The first error of ``exc`` as one sentence; how many others there were, if any."""
-        errors = exc.errors(include_url=False)
-        first = errors[0]
-        field = ".".join(str(part) for part in first["loc"]) or "options"
-        reason = first["msg"]
-        if first["type"] not in ERROR_TYPES:  # pydantic's own wording: "Input should be ..."
-            reason = f"{reason[:1].lower()}{reason[1:]}, not {first['input']!r}"
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        return cls(field, first["type"], f"{field}: {reason}{more}")
 
 
 class CompareOptions(BaseModel):
@@ -489,14 +472,8 @@ class CompareOptions(BaseModel):
     def check_batches(self, batches: int) -> None:
         """Raise :class:`OptionsError` if the batch bootstrap is asked for over ``batches``
         batches, fewer than :data:`MIN_BOOTSTRAP_BATCHES`."""
-        if self.interval == "batches" and batches < MIN_BOOTSTRAP_BATCHES:
-            raise OptionsError(
-                "interval",
-                "too_few_batches",
-                f"interval: a bootstrap over {batches} batches has too few distinct resamples "
-                f"for its percentiles to mean anything (it needs at least "
-                f"{MIN_BOOTSTRAP_BATCHES}); use interval='images', or smaller batches",
-            )
+        if self.interval == "batches":
+            check_bootstrap_batches(batches)
 
     @property
     def whole_sample(self) -> tuple[str, ...]:
@@ -528,6 +505,30 @@ class CompareOptions(BaseModel):
     def autocast(self) -> torch.dtype | None:
         """The autocast dtype of the forward pass; None for plain fp32."""
         return _AUTOCAST.get(self.dtype)
+
+
+def add_switches(model: type[CompareOptions], switches: Sequence[Switch]) -> None:
+    """Add the options the batch statistics bring (:class:`Switch`, each declared in its
+    statistic's module) to ``model``'s fields, after its own: validated like them, and so in its
+    JSON Schema, :func:`option_specs`, a service's request body, command line and form."""
+    fields = model.__pydantic_fields__
+    for switch in switches:
+        if switch.name in fields:
+            raise AnalysisError(f"the option {switch.name!r} is declared twice")
+        fields[switch.name] = FieldInfo.from_annotated_attribute(
+            switch.annotation,
+            Field(
+                default=switch.default,
+                description=switch.description,
+                ge=switch.minimum,
+                le=switch.maximum,
+            ),
+        )
+    if switches:
+        model.model_rebuild(force=True)
+
+
+add_switches(CompareOptions, SWITCHES)
 
 
 @dataclass(frozen=True)

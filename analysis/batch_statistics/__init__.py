@@ -9,6 +9,7 @@ null, the layer spectra, the sensitivity's features, the whole-sample measures
 their files and the combine read generically; the features a run keeps for them
 (:mod:`.kept`) and the warnings about an atlas's cells (:mod:`.flags`). Each statistic wraps
 the math that lives in :mod:`analysis.inference`, :mod:`analysis.estimators` or
-:mod:`analysis.measures`; this package may import those, the atlas, the options and the
-errors, never :mod:`analysis.engine` or :mod:`analysis.shards` (they import it).
+:mod:`analysis.measures`, and declares what the rest derives (its outputs, its options). Beneath
+the options and the atlas, which read the registry: may import those three and the errors, and
+reads the options and the finished atlas through the protocols of :mod:`.protocol`.
 """

@@ -13,11 +13,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from analysis.atlas import Atlas
-from analysis.batch_statistics.protocol import Batch, Diagnose, Needs, Setup, State, Tick
+from analysis.batch_statistics.permutation_null import NULL, null_values
+from analysis.batch_statistics.protocol import (
+    AtlasView,
+    Batch,
+    Diagnose,
+    Finishing,
+    Needs,
+    Options,
+    Output,
+    Setup,
+    State,
+    Switch,
+    Tick,
+)
 from analysis.inference.analytic_null import AnalyticNull, finish, join_states, tail_warning
 from analysis.inference.null_draws import KEEP_BYTES, kept_bytes
-from analysis.options import CompareOptions
 
 __all__ = ["AnalyticNullSums"]
 
@@ -27,6 +38,8 @@ class AnalyticNullSums:
 
     key: ClassVar[str] = "analytic"
     needs: ClassVar[Needs] = "rows"
+    outputs: ClassVar[tuple[Output, ...]] = NULL
+    switches: ClassVar[tuple[Switch, ...]] = ()
 
     def __init__(self, setup: Setup) -> None:
         o = setup.options
@@ -35,7 +48,7 @@ class AnalyticNullSums:
         self.null = AnalyticNull(setup.layers, o.estimator, setup.dtype, keep)
 
     @classmethod
-    def wanted(cls, options: CompareOptions) -> bool:
+    def wanted(cls, options: Options) -> bool:
         return options.null == "analytic" and options.mode == "minibatch"
 
     @classmethod
@@ -56,16 +69,17 @@ class AnalyticNullSums:
         return join_states(states)
 
     @classmethod
-    def finish(cls, atlas: Atlas, state: State, batches: int, tick: Tick) -> Diagnose | None:
-        config = atlas.config
-        atlas.null, tail = finish(
-            state, atlas.hsic, config["estimator"], config["seed"], batches, tick=tick
+    def finish(cls, state: State, done: Finishing, batches: int, tick: Tick) -> Diagnose | None:
+        config = done.config
+        null, tail = finish(
+            state, done.hsic, config["estimator"], config["seed"], batches, tick=tick
         )
+        done.values |= null_values(null)
 
-        def diagnose(done: Atlas) -> dict[str, Any]:
+        def diagnose(atlas: AtlasView) -> dict[str, Any]:
             out: dict[str, Any] = {"null": tail}
             if tail["without_draws"]:
-                out["warnings"] = [*done.warnings, tail_warning(tail)]
+                out["warnings"] = [*atlas.warnings, tail_warning(tail)]
             return out
 
         return diagnose

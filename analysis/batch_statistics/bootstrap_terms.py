@@ -11,18 +11,21 @@ from typing import ClassVar
 
 import numpy as np
 
-from analysis.atlas import Atlas
+from analysis.batch_statistics.image_moments import INTERVAL
 from analysis.batch_statistics.protocol import (
     Batch,
     Diagnose,
+    Finishing,
     Needs,
+    Options,
+    Output,
     Setup,
     State,
+    Switch,
     Tick,
     concatenate_states,
 )
-from analysis.inference.bootstrap import bootstrap_intervals
-from analysis.options import CompareOptions
+from analysis.inference.bootstrap import bootstrap_intervals, check_bootstrap_batches
 
 __all__ = ["BootstrapTerms"]
 
@@ -32,13 +35,15 @@ class BootstrapTerms:
 
     key: ClassVar[str] = "per_batch"
     needs: ClassVar[Needs] = "hsic"
+    outputs: ClassVar[tuple[Output, ...]] = INTERVAL
+    switches: ClassVar[tuple[Switch, ...]] = ()
 
     def __init__(self, layers: int) -> None:
         self.layers = layers
         self.terms: list[np.ndarray] = []
 
     @classmethod
-    def wanted(cls, options: CompareOptions) -> bool:
+    def wanted(cls, options: Options) -> bool:
         return options.mode != "full" and options.interval == "batches"
 
     @classmethod
@@ -57,11 +62,11 @@ class BootstrapTerms:
         return concatenate_states(states)
 
     @classmethod
-    def finish(cls, atlas: Atlas, state: State, batches: int, tick: Tick) -> Diagnose | None:
-        config = atlas.config
-        CompareOptions.build(interval="batches").check_batches(batches)
+    def finish(cls, state: State, done: Finishing, batches: int, tick: Tick) -> Diagnose | None:
+        check_bootstrap_batches(batches)
         if len(state["hsic"]):
-            atlas.ci_low, atlas.ci_high = bootstrap_intervals(
+            config = done.config
+            done.values["ci_low"], done.values["ci_high"] = bootstrap_intervals(
                 state["hsic"], config["resamples"], config["seed"]
             )
         return None

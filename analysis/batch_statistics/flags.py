@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.atlas import Atlas
+from analysis.batch_statistics.protocol import AtlasView
 
 __all__ = ["DOMINANCE", "MIN_CKA", "MIN_SAMPLES_PER_DIM", "calibration_flags"]
 
@@ -34,7 +34,7 @@ DOMINANCE = 0.5
 MIN_CKA = 0.1
 
 
-def _small_n(atlas: Atlas, batch: float) -> tuple[list[str], list[dict[str, Any]]]:
+def _small_n(atlas: AtlasView, batch: float) -> tuple[list[str], list[dict[str, Any]]]:
     """One flag per layer, one sentence per model (naming its flagged layers)."""
     sentences: list[str] = []
     flags: list[dict[str, Any]] = []
@@ -63,7 +63,7 @@ def _small_n(atlas: Atlas, batch: float) -> tuple[list[str], list[dict[str, Any]
     return sentences, flags
 
 
-def _top_pc(atlas: Atlas, a: str, b: str) -> tuple[list[str], list[dict[str, Any]]]:
+def _top_pc(atlas: AtlasView, a: str, b: str) -> tuple[list[str], list[dict[str, Any]]]:
     drop = atlas.without_top_pc(a, b)
     if drop is None:
         return [], []
@@ -102,7 +102,9 @@ def _top_pc(atlas: Atlas, a: str, b: str) -> tuple[list[str], list[dict[str, Any
     return [sentence], flags
 
 
-def calibration_flags(atlas: Atlas, batch_size: float) -> tuple[list[str], list[dict[str, Any]]]:
+def calibration_flags(
+    atlas: AtlasView, batch_size: float
+) -> tuple[list[str], list[dict[str, Any]]]:
     """(warnings, flags) for ``atlas``, whose batches averaged ``batch_size`` samples."""
     sentences, flags = _small_n(atlas, batch_size)
     for a, b in atlas.pairs():

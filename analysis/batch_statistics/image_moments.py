@@ -9,20 +9,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from analysis.atlas import Atlas
 from analysis.batch_statistics.protocol import (
     Batch,
     Diagnose,
+    Finishing,
     Needs,
+    Options,
+    Output,
     Setup,
     State,
+    Switch,
     Tick,
     sum_states,
 )
 from analysis.inference.image_intervals import ImageMoments, image_intervals
-from analysis.options import CompareOptions
 
-__all__ = ["ImageIntervalMoments"]
+__all__ = ["INTERVAL", "ImageIntervalMoments"]
+
+# A cell's 95 % interval (shared with the batch bootstrap: either unit gives the same arrays).
+INTERVAL = (
+    Output("ci_low", "cells", blocks=True, always=True),
+    Output("ci_high", "cells", blocks=True, always=True),
+)
 
 
 class ImageIntervalMoments:
@@ -30,13 +38,15 @@ class ImageIntervalMoments:
 
     key: ClassVar[str] = "moments"
     needs: ClassVar[Needs] = "grams"
+    outputs: ClassVar[tuple[Output, ...]] = INTERVAL
+    switches: ClassVar[tuple[Switch, ...]] = ()
 
     def __init__(self, setup: Setup) -> None:
         self.moments = ImageMoments(setup.layers, setup.device)
         self.estimator = setup.options.estimator
 
     @classmethod
-    def wanted(cls, options: CompareOptions) -> bool:
+    def wanted(cls, options: Options) -> bool:
         return options.mode == "minibatch" and options.interval == "images"
 
     @classmethod
@@ -55,6 +65,6 @@ class ImageIntervalMoments:
         return sum_states(states, "image moments")
 
     @classmethod
-    def finish(cls, atlas: Atlas, state: State, batches: int, tick: Tick) -> Diagnose | None:
-        atlas.ci_low, atlas.ci_high = image_intervals(atlas.hsic, state)
+    def finish(cls, state: State, done: Finishing, batches: int, tick: Tick) -> Diagnose | None:
+        done.values["ci_low"], done.values["ci_high"] = image_intervals(done.hsic, state)
         return None

@@ -11,22 +11,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from analysis.atlas import Atlas
 from analysis.batch_statistics.flags import calibration_flags
 from analysis.batch_statistics.protocol import (
+    AtlasView,
     Batch,
     Diagnose,
+    Finishing,
     Needs,
+    Options,
+    Output,
     Setup,
     State,
+    Switch,
     Tick,
     counted,
     sum_states,
 )
 from analysis.estimators.spectrum import SpectrumAccumulator
-from analysis.options import CompareOptions
 
-__all__ = ["LayerSpectra"]
+__all__ = ["TOP_SHARE", "LayerSpectra"]
+
+# Per layer, the share of its variance in its top component (the sensitivity's whole-sample
+# share replaces the batches' average).
+TOP_SHARE = Output("top_pc_share", "layers")
 
 
 class LayerSpectra:
@@ -34,6 +41,8 @@ class LayerSpectra:
 
     key: ClassVar[str] = "spectra"
     needs: ClassVar[Needs] = "grams"
+    outputs: ClassVar[tuple[Output, ...]] = (Output("effective_dim", "layers"), TOP_SHARE)
+    switches: ClassVar[tuple[Switch, ...]] = ()
 
     def __init__(self, setup: Setup) -> None:
         o = setup.options
@@ -41,7 +50,7 @@ class LayerSpectra:
         self.spectra = SpectrumAccumulator(setup.layers, o.estimator, top=not o.sensitivity)
 
     @classmethod
-    def wanted(cls, options: CompareOptions) -> bool:
+    def wanted(cls, options: Options) -> bool:
         return bool(options.permutations or options.sensitivity)
 
     @classmethod
@@ -60,15 +69,15 @@ class LayerSpectra:
         return sum_states(states, "spectra")
 
     @classmethod
-    def finish(cls, atlas: Atlas, state: State, batches: int, tick: Tick) -> Diagnose | None:
+    def finish(cls, state: State, done: Finishing, batches: int, tick: Tick) -> Diagnose | None:
         count = max(counted(state), 1)
-        atlas.layer_effective_dim = state["pr"] / count
-        if not atlas.config["sensitivity"]:
-            atlas.layer_top_share = state["share"] / count
-        n = atlas.n
+        done.values["effective_dim"] = state["pr"] / count
+        if not done.config["sensitivity"]:
+            done.values["top_pc_share"] = state["share"] / count
+        n = done.n
 
-        def flags(done: Atlas) -> dict[str, object]:
-            warnings, found = calibration_flags(done, n / max(batches, 1))
+        def flags(atlas: AtlasView) -> dict[str, object]:
+            warnings, found = calibration_flags(atlas, n / max(batches, 1))
             return {"warnings": warnings, "flags": found}
 
         return flags

@@ -13,12 +13,20 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from analysis.atlas import Atlas
 from analysis.batch_statistics.kept_features import FeatureStatistic, kept_layers
-from analysis.batch_statistics.protocol import Diagnose, Setup, State, Tick
+from analysis.batch_statistics.protocol import (
+    AtlasView,
+    Diagnose,
+    Finishing,
+    Options,
+    Output,
+    Setup,
+    State,
+    Switch,
+    Tick,
+)
 from analysis.measures import DEFAULT_K, measure_matrices
 from analysis.measures.report import degenerate_warning, measures_diagnostics
-from analysis.options import CompareOptions
 
 __all__ = ["WholeSampleMeasures"]
 
@@ -27,9 +35,16 @@ class WholeSampleMeasures(FeatureStatistic):
     """The kept features (``layer.<k>``: (n, d)) and the samples of each kept batch (``sizes``)."""
 
     key: ClassVar[str] = "measures"
+    # per measure its (L, L) matrix (the atlas's "measures/<name>"); per cell whether the CCA
+    # family is degenerate there
+    outputs: ClassVar[tuple[Output, ...]] = (
+        Output("measures", "cells", blocks=True, grouped=True),
+        Output("cca_degenerate", "flags"),
+    )
+    switches: ClassVar[tuple[Switch, ...]] = ()
 
     @classmethod
-    def wanted(cls, options: CompareOptions) -> bool:
+    def wanted(cls, options: Options) -> bool:
         return bool(options.whole_sample)
 
     @classmethod
@@ -37,19 +52,21 @@ class WholeSampleMeasures(FeatureStatistic):
         return cls(setup)
 
     @classmethod
-    def finish(cls, atlas: Atlas, state: State, batches: int, tick: Tick) -> Diagnose | None:
-        config = atlas.config
+    def finish(cls, state: State, done: Finishing, batches: int, tick: Tick) -> Diagnose | None:
+        config = done.config
         wanted = [m for m in config.get("measures") or () if m != "cka"]
         found = measure_matrices(
             kept_layers(state), wanted, k=int(config.get("knn_k") or DEFAULT_K), tick=tick
         )
-        atlas.measures, atlas.cca_flags = found.values, found.degenerate
-        owners = [(m, layer) for m in atlas.models for layer in atlas.layers[m]]
+        done.values |= {f"measures/{name}": full for name, full in found.values.items()}
+        if found.degenerate is not None:
+            done.values["cca_degenerate"] = found.degenerate
 
-        def diagnose(done: Atlas) -> dict[str, Any]:
+        def diagnose(atlas: AtlasView) -> dict[str, Any]:
+            owners = [(m, layer) for m in atlas.models for layer in atlas.layers[m]]
             return {
                 "measures": measures_diagnostics(owners, found),
-                "warnings": [*done.warnings, *degenerate_warning(found)],
+                "warnings": [*atlas.warnings, *degenerate_warning(found)],
             }
 
         return diagnose

@@ -7,22 +7,45 @@ its own random stream, seeded with its global index, so ranges add to the unspli
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from analysis.atlas import Atlas
 from analysis.batch_statistics.protocol import (
     Batch,
     Diagnose,
+    Finishing,
     Needs,
+    Options,
+    Output,
     Setup,
     State,
+    Switch,
     Tick,
     sum_states,
 )
-from analysis.inference.permutation_null import PermutationNull, summarise_null
-from analysis.options import CompareOptions
+from analysis.inference.permutation_null import NullSummary, PermutationNull, summarise_null
 
-__all__ = ["DrawnNull"]
+__all__ = ["NULL", "DrawnNull", "null_values"]
+
+# A cell's p-value and its null's mean and 95 % quantile, the permutations behind the p and
+# what it rests on (shared with the analytic null: either gives the same arrays).
+NULL = (
+    Output("p_value", "cells", blocks=True),
+    Output("null_mean", "cells", blocks=True),
+    Output("null_q95", "cells", blocks=True),
+    Output("p_draws", "counts", blocks=True),
+    Output("p_method", "labels", blocks=True),
+)
+
+
+def null_values(null: NullSummary) -> dict[str, Any]:
+    """A null summary as the atlas's values (:data:`NULL`; ``p_draws`` and ``p_method`` when
+    the null gives them)."""
+    values = {"p_value": null.p_value, "null_mean": null.null_mean, "null_q95": null.null_q95}
+    if null.p_draws is not None:
+        values["p_draws"] = null.p_draws
+    if null.p_method is not None:
+        values["p_method"] = null.p_method
+    return values
 
 
 class DrawnNull:
@@ -30,6 +53,8 @@ class DrawnNull:
 
     key: ClassVar[str] = "null"
     needs: ClassVar[Needs] = "grams"
+    outputs: ClassVar[tuple[Output, ...]] = NULL
+    switches: ClassVar[tuple[Switch, ...]] = ()
 
     def __init__(self, setup: Setup) -> None:
         o = setup.options
@@ -38,7 +63,7 @@ class DrawnNull:
         )
 
     @classmethod
-    def wanted(cls, options: CompareOptions) -> bool:
+    def wanted(cls, options: Options) -> bool:
         return options.null == "permutation"
 
     @classmethod
@@ -57,7 +82,7 @@ class DrawnNull:
         return sum_states(states, "permutation nulls")
 
     @classmethod
-    def finish(cls, atlas: Atlas, state: State, batches: int, tick: Tick) -> Diagnose | None:
-        sizes = [len(atlas.layers[m]) for m in atlas.models]
-        atlas.null, _ = summarise_null(state["sums"], atlas.hsic, sizes)
+    def finish(cls, state: State, done: Finishing, batches: int, tick: Tick) -> Diagnose | None:
+        null, _ = summarise_null(state["sums"], done.hsic, done.sizes)
+        done.values |= null_values(null)
         return None

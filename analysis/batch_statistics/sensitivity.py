@@ -12,12 +12,21 @@ from typing import ClassVar
 
 import numpy as np
 
-from analysis.atlas import Atlas
 from analysis.batch_statistics.kept_features import FeatureStatistic, kept_layers
-from analysis.batch_statistics.protocol import Diagnose, Setup, State, Tick
+from analysis.batch_statistics.layer_spectra import TOP_SHARE
+from analysis.batch_statistics.protocol import (
+    Diagnose,
+    Finishing,
+    Options,
+    Output,
+    Setup,
+    State,
+    Switch,
+    Tick,
+)
 from analysis.estimators.hsic import cka_from_hsic
+from analysis.estimators.kernels import parse_kernel
 from analysis.estimators.spectrum import whole_sample_sensitivity
-from analysis.options import CompareOptions
 
 __all__ = ["SensitivityFeatures"]
 
@@ -26,9 +35,12 @@ class SensitivityFeatures(FeatureStatistic):
     """The kept features (``layer.<k>``: (n, d)) and the samples of each kept batch (``sizes``)."""
 
     key: ClassVar[str] = "features"
+    # CKA with the row layer's top direction removed, and the whole sample's top share
+    outputs: ClassVar[tuple[Output, ...]] = (Output("cka_without_top_pc", "cells"), TOP_SHARE)
+    switches: ClassVar[tuple[Switch, ...]] = ()
 
     @classmethod
-    def wanted(cls, options: CompareOptions) -> bool:
+    def wanted(cls, options: Options) -> bool:
         return bool(options.sensitivity)
 
     @classmethod
@@ -36,16 +48,16 @@ class SensitivityFeatures(FeatureStatistic):
         return cls(setup)
 
     @classmethod
-    def finish(cls, atlas: Atlas, state: State, batches: int, tick: Tick) -> Diagnose | None:
+    def finish(cls, state: State, done: Finishing, batches: int, tick: Tick) -> Diagnose | None:
         features = kept_layers(state)
         sizes = [int(n) for n in np.asarray(state["sizes"])]
-        config, hsic = atlas.config, atlas.hsic
-        kern = CompareOptions.build(kernel=config["kernel"]).parsed_kernel
+        config, hsic = done.config, done.hsic
+        kern = parse_kernel(config["kernel"])
         cross, own, share = whole_sample_sensitivity(
             features, sizes, kern, config["estimator"], hsic
         )
-        atlas.layer_top_share = share
+        done.values["top_pc_share"] = share
         drop = cka_from_hsic(cross, own, np.diag(hsic))
-        drop[~np.isfinite(atlas.cka)] = np.nan
-        atlas.cka_drop = drop
+        drop[~np.isfinite(done.cka)] = np.nan
+        done.values["cka_without_top_pc"] = drop
         return None

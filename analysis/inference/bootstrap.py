@@ -11,9 +11,26 @@ from __future__ import annotations
 
 import numpy as np
 
+from analysis.errors import OptionsError
 from analysis.estimators.hsic import cka_from_hsic
 
-__all__ = ["bootstrap_intervals"]
+__all__ = ["MIN_BOOTSTRAP_BATCHES", "bootstrap_intervals", "check_bootstrap_batches"]
+
+# Fewer batches than this give a batch bootstrap too few distinct resamples to mean anything.
+MIN_BOOTSTRAP_BATCHES = 20
+
+
+def check_bootstrap_batches(batches: int) -> None:
+    """Raise :class:`analysis.OptionsError` for a bootstrap over fewer than
+    :data:`MIN_BOOTSTRAP_BATCHES` batches."""
+    if batches < MIN_BOOTSTRAP_BATCHES:
+        raise OptionsError(
+            "interval",
+            "too_few_batches",
+            f"interval: a bootstrap over {batches} batches has too few distinct resamples "
+            f"for its percentiles to mean anything (it needs at least "
+            f"{MIN_BOOTSTRAP_BATCHES}); use interval='images', or smaller batches",
+        )
 
 
 def bootstrap_intervals(

@@ -26,8 +26,8 @@ import numpy as np
 from torch import nn
 
 from analysis.atlas import Atlas
-from analysis.batch_statistics.protocol import BatchStatistic, Tick, sum_states
-from analysis.batch_statistics.registry import STATISTICS, statistic
+from analysis.batch_statistics import registry
+from analysis.batch_statistics.protocol import BatchStatistic, Finishing, Tick, sum_states
 from analysis.data.preprocessing import model_input
 from analysis.data.sources import DataLike, batch_source, image_files, load_data
 from analysis.engine.streaming import RunSettings, StreamingRun, diagnostics
@@ -255,13 +255,14 @@ def combine(partials: Sequence[Partial], *, tick: Tick | None = None) -> Atlas:
         raise EstimatorError(NO_BATCH)
     hsic = sum_states([{"hsic": p.hsic} for p in parts], "HSIC")["hsic"]
     selected = {m: list(first.selected[m]) for m in first.names}
-    atlas = Atlas(list(first.names), selected, hsic, counters["n"], config, {})
+    done = Finishing(hsic, counters["n"], config, [len(selected[m]) for m in first.names])
     diagnose = []
     for cls in _statistics(parts):  # in the registry's order
         state = cls.join([p.statistics[cls.key] for p in parts])
-        more = cls.finish(atlas, state, counters["batches"], tick or _no_tick)
+        more = cls.finish(state, done, counters["batches"], tick or _no_tick)
         if more is not None:
             diagnose.append(more)
+    atlas = Atlas(list(first.names), selected, hsic, counters["n"], config, {}, done.values)
     atlas.diagnostics = diagnostics(atlas, counters, config)
     for more in diagnose:
         atlas.diagnostics |= more(atlas)
@@ -280,5 +281,5 @@ def _statistics(parts: list[Partial]) -> list[type[BatchStatistic]]:
             odd = sorted(set(p.statistics) ^ set(first.statistics))[0]
             raise AnalysisError(f"some partials have the {odd} statistic and some do not")
     for key in first.statistics:
-        statistic(key)  # a key this version does not know is an error that names it
-    return [cls for cls in STATISTICS if cls.key in first.statistics]
+        registry.statistic(key)  # a key this version does not know is an error that names it
+    return [cls for cls in registry.STATISTICS if cls.key in first.statistics]
