@@ -49,6 +49,7 @@ from analysis._lazy import lazy_exports
 if TYPE_CHECKING:  # the same names, for type checkers; at run time __getattr__ imports them
     from analysis.atlas import Atlas
     from analysis.comparison.baselines import random_init_twin
+    from analysis.comparison.memory import comparison_bytes, describe_bytes
     from analysis.comparison.plan import (
         ComparisonPlan,
         Member,
@@ -102,6 +103,7 @@ __getattr__, __dir__ = lazy_exports(
     {
         ".atlas": ["Atlas"],
         ".comparison.baselines": ["random_init_twin"],
+        ".comparison.memory": ["comparison_bytes", "describe_bytes"],
         ".comparison.plan": [
             "ComparisonPlan",
             "Member",
@@ -178,7 +180,9 @@ __all__ = [
     "combine",
     "compare",
     "compare_partial",
+    "comparison_bytes",
     "default_layers",
+    "describe_bytes",
     "describe_dataset",
     "load_dataset",
     "members_of",

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from analysis import AnalysisError
+from analysis import AnalysisError, comparison_bytes, describe_bytes
 from analysis.layers import LayerReader, check_feature, resolve_layers
 from analysis.options import CompareOptions, OptionsError
 from analysis.studies import training_key
@@ -178,18 +178,49 @@ def validate_comparison(
     labels = _labels(rows)
     resolved = {label: _resolve(row, body.layers) for label, row in zip(labels, rows, strict=True)}
     _check_size(body, options, ds, sum(len(names) for names in resolved.values()))
-    if options.whole_sample:  # the measures' memory, before anything is queued
-        widths = [
-            w
-            for label, row in zip(labels, rows, strict=True)
-            for w in _widths(row, resolved[label], options)
-        ]
+    # what the job will hold, before anything is queued: the measures against their budget,
+    # the whole comparison against the job's
+    widths = [
+        w
+        for label, row in zip(labels, rows, strict=True)
+        for w in _widths(row, resolved[label], options)
+    ]
+    if options.whole_sample:
         try:
             options.check_memory(ds.n, widths)
         except OptionsError as exc:
             raise _invalid(exc.kind, str(exc), exc.field) from None
+    _check_job_memory(services, options, ds, widths)
     params = comparison_params(body, options, labels, resolved, ds.id)
     return rows, ds, params
+
+
+# The request field that most moves each part of a comparison's memory (analysis.comparison_bytes).
+_MEMORY_FIELDS = {
+    "images": "dataset_id",
+    "activations": "batch_size",
+    "grams": "batch_size",
+    "kept": "measures",
+    "bootstrap": "resamples",
+    "permutations": "permutations",
+}
+
+
+def _check_job_memory(
+    services: Services, options: CompareOptions, ds: Dataset, widths: list[int]
+) -> None:
+    """Refuse a comparison that would hold more than ``CKA_JOB_MEMORY_GB`` at its peak."""
+    parts = comparison_bytes(options, ds.n, ds.shape, widths)
+    budget = services.settings.job_memory_bytes
+    if sum(parts.values()) > budget:
+        largest = max(parts, key=lambda k: parts[k])
+        raise _invalid(
+            "job_too_large",
+            f"this comparison would hold {describe_bytes(parts)} at its peak, more than the "
+            f"{_gib(budget)} a job may (CKA_JOB_MEMORY_GB); use fewer images, smaller batches, "
+            "fewer layers or models, or fewer measures",
+            _MEMORY_FIELDS[largest],
+        )
 
 
 def _widths(row: Model, layers: list[str], options: CompareOptions) -> list[int]:

@@ -7,6 +7,7 @@ file and the artifact store under ``./var``, and an in-process worker. Productio
 
 from __future__ import annotations
 
+import os
 import re
 from functools import cached_property
 from pathlib import Path
@@ -124,6 +125,17 @@ class Settings(BaseSettings):
         gt=0,
         description="Longest job; the broker's visibility timeout exceeds it.",
     )
+    job_memory_gb: float | None = Field(
+        default=None,
+        gt=0,
+        le=1 << 20,
+        allow_inf_nan=False,
+        description="Most memory, in GiB, one comparison may hold at its peak (its images, a "
+        "batch's features and Grams, the features the measures keep, the bootstrap's and the "
+        "null's arrays: analysis.comparison_bytes), checked before it is queued (422 "
+        "`job_too_large`, naming its largest parts). Default: three quarters of this machine's "
+        "memory.",
+    )
     shard_batches: int = Field(
         default=0,
         ge=0,
@@ -189,6 +201,13 @@ class Settings(BaseSettings):
         if not re.fullmatch(r"[A-Za-z0-9_.-]{0,64}", value):
             raise ValueError(f"{value!r} must be at most 64 letters, digits, '.', '_' or '-'")
         return value
+
+    @property
+    def job_memory_bytes(self) -> int:
+        """:attr:`job_memory_gb` in bytes (default: three quarters of this machine's memory)."""
+        if self.job_memory_gb is not None:
+            return int(self.job_memory_gb * 2**30)
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * 3 // 4
 
     @property
     def resolved_database_url(self) -> str:

@@ -85,6 +85,34 @@ def test_comparison_of_models_over_the_memory_budget_is_refused(
         _nothing_queued(api)
 
 
+def _job_bytes(n: int, pixels: int, widths: list[int], batch: int) -> int:
+    """What a minibatch comparison of CKA alone holds (analysis.comparison.memory), written out:
+    its images as float32, a batch's features, and a batch's Grams with their centred copies
+    in float64."""
+    return n * pixels * 4 + batch * sum(widths) * 4 + 2 * len(widths) * batch * batch * 8
+
+
+def test_comparison_over_the_job_memory_is_refused(
+    db_url: str, tmp_path: Path, zoo: dict[str, Path]
+) -> None:
+    # Each model's stem: 16 tokens of 32 channels, 512 features an image.
+    for api in _client(db_url, tmp_path / "probe"):
+        ds = api.get(f"/v1/datasets/{digits_id(api)}").json()
+    need = _job_bytes(ds["n"], 8 * 8, [512, 512], 16)
+    for limit, status in ((need - 1024, 422), (need + 1024, 202)):
+        for api in _client(db_url, tmp_path / str(status), job_memory_gb=limit / 2**30):
+            ids = [upload(api, zoo[name]).json()["id"] for name in ("mixer_digits", "mlp_digits")]
+            body = {"model_ids": ids, "dataset_id": ds["id"], "batch_size": 16, "layers": "stem"}
+            r = api.post("/v1/comparisons", json=body)
+            if status == 202:
+                assert r.status_code == 202, r.text
+                continue
+            problem = assert_problem(r, 422, "job_too_large", "dataset_id")
+            assert f"about {need / 2**20:.2f} MiB (images" in problem["detail"]
+            assert "CKA_JOB_MEMORY_GB" in problem["detail"] and "\n" not in problem["detail"]
+            _nothing_queued(api)
+
+
 def test_sidecar_with_a_string_accuracy_is_refused_at_upload(
     api: TestClient, zoo: dict[str, Path], tmp_path: Path
 ) -> None:
