@@ -3,14 +3,14 @@
 The demo atlas: the zoo (``models.training.ZOO``; those of its checkpoints found in ``--zoo``,
 all of them trained there first with ``--train``) over the digits test split (450 images) at
 the demo's batch size, 150, linear unbiased minibatch CKA on the CPU. Timed, best of
-``--repeats`` rounds, each running every kind once: the plain atlas; with image-level
-intervals (``interval="images"``); with the whole-sample sensitivity (``sensitivity=True``); with
-both; and, of the runs with both, the whole-sample step alone (every layer's top direction,
-then what it carries in each batch: :func:`analysis.estimators.spectrum.whole_sample_sensitivity`),
-which wall times on a noisy machine blur. Then, on the atlas with
-sensitivity, how many cells the ``top_pc`` flag marks (a single direction carries more than
-half of the cell's CKA, :mod:`analysis.batch_statistics.flags`) against the former rule (CKA
-moves by more than 0.1 when one side's top component is removed).
+``--repeats`` rounds (:mod:`harness`), each running every kind once: the plain atlas; with
+image-level intervals (``interval="images"``); with the whole-sample sensitivity
+(``sensitivity=True``); with both; and, of the runs with both, the whole-sample step alone
+(every layer's top direction, then what it carries in each batch:
+:func:`analysis.estimators.spectrum.whole_sample_sensitivity`), which wall times on a noisy
+machine blur. Then, on the atlas with sensitivity, how many cells the ``top_pc`` flag marks (a
+single direction carries more than half of the cell's CKA, :mod:`analysis.batch_statistics.flags`)
+against the former rule (CKA moves by more than 0.1 when one side's top component is removed).
 
 With ``--timm N`` the workload is instead one where the forward passes dominate, as they do
 for real models: the shard benchmark's two random-init 224-pixel timm models
@@ -24,9 +24,9 @@ features) over N random images, batches of 32.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
+import harness  # bench/harness.py, beside this script
 import numpy as np
 import torch
 from torch import nn
@@ -64,11 +64,10 @@ whole_sample = time_whole_sample_step()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--zoo", type=Path, default=Path("var/zoo"))
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--train", action="store_true", help="train missing zoo models first")
     parser.add_argument("--timm", type=int, metavar="N", help="the timm pair over N images")
-    args = parser.parse_args()
-    torch.set_num_threads(2)
+    harness.options(parser, repeat=3, clock=None)
+    args = harness.parse(parser)
     if args.timm:
         nets, data, batch = timm_workload(args.timm)
     else:
@@ -80,26 +79,22 @@ def main() -> None:
         "whole-sample sensitivity": {"sensitivity": True},
         "both": {"interval": "images", "sensitivity": True},
     }
+    steps: dict[str, list[float]] = {name: [] for name in runs}
+
+    def run(name: str) -> analysis.Atlas:
+        whole_sample.clear()
+        atlas = analysis.compare(nets, data, **base, **runs[name])
+        steps[name].append(sum(whole_sample))
+        return atlas
+
     print(f"{', '.join(nets)} over {len(data)} images, batches of {batch}")
-    print("\n| run | seconds | × plain |\n|---|---|---|")
-    # rounds of one run each, best of the rounds: a slow spell of the machine then falls on
-    # every run alike instead of on the runs that happened to be timed during it
-    best = dict.fromkeys(runs, float("inf"))
-    step = dict.fromkeys(runs, float("inf"))
     analysis.compare(nets, data, **base)  # untimed: first-call initialisation of torch and MKL
-    atlas = None
-    for _ in range(args.repeats):
-        for name, extra in runs.items():
-            whole_sample.clear()
-            start = time.perf_counter()
-            out = analysis.compare(nets, data, **base, **extra)
-            best[name] = min(best[name], time.perf_counter() - start)
-            step[name] = min(step[name], sum(whole_sample))
-            atlas = out if extra.get("sensitivity") else atlas
-    for name, seconds in best.items():
-        print(f"| {name} | {seconds:.2f} | {seconds / best['plain atlas']:.2f} |")
-    print(f"\nthe whole-sample step alone (best): {step['both']:.2f} s")
-    assert atlas is not None
+    jobs = {name: (lambda name=name: run(name)) for name in runs}
+    timed = harness.interleaved(jobs, args.repeat, warm_up=False)
+    print()
+    print(harness.table("run (wall time)", timed, "wall", base="plain atlas", stat="min"))
+    print(f"\nthe whole-sample step alone (best): {min(steps['both']):.2f} s")
+    atlas = timed["both"].result
     cells = flagged = former = 0
     for a, b in atlas.pairs():
         cka = atlas.matrix(a, b)
@@ -111,6 +106,8 @@ def main() -> None:
         former += int((np.nan_to_num(shift) > 0.1)[keep].sum())
     flagged = sum(1 for f in atlas.flags if f["kind"] == "top_pc")
     print(f"\ntop_pc flag on this atlas: {flagged} of {cells} cells (former rule: {former})")
+    figures = {"whole_sample_step_s": min(steps["both"]), "top_pc": [flagged, cells, former]}
+    harness.finish(args.json, figures, timed)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """How long ``/docs`` (Swagger UI, offline) takes to show the API, in Chromium, per fresh server.
 
 For each of ``--repeats`` rounds it starts ``python -m app.cli serve`` on a free loopback port
-over a fresh temporary store, waits for ``/healthz``, optionally (``--busy``) queues a
-30-epoch training of ``mixer_digits`` in the server's own worker and waits until it runs (a
-busy server: the training holds the interpreter between its torch calls), waits ``--after``
-seconds (a user opens the page a moment after the start), then opens ``/docs`` in a fresh
-headless Chromium context twice: the first visit to this server, and a second one. For each
+over a fresh temporary store (:mod:`service`), waits until it is ready, optionally (``--busy``)
+queues a 30-epoch training of ``mixer_digits`` in the server's own worker and waits until it
+runs (a busy server: the training holds the interpreter between its torch calls), waits
+``--after`` seconds (a user opens the page a moment after the start), then opens ``/docs`` in a
+fresh headless Chromium context twice: the first visit to this server, and a second one. For each
 visit it reports
 
 - ``shown``: from navigation until Swagger UI has drawn the operations (five or more tags),
@@ -24,21 +24,15 @@ Medians over the rounds are printed as a markdown table. Needs Debian's Chromium
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import harness  # bench/harness.py and service.py, beside this script
 import httpx
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.servers import free_port, wait_ready  # noqa: E402
+from service import serve
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -66,36 +60,21 @@ def visit(browser: Any, url: str) -> dict[str, float]:
 
 
 def one_round(browser: Any, busy: bool, after: float) -> list[dict[str, float]]:
-    with tempfile.TemporaryDirectory(prefix="bench-docs-") as tmp:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CKA_")}
-        env.update(CKA_DATA_DIR=f"{tmp}/var", CKA_DEVICE="cpu", CKA_LOG_LEVEL="warning")
-        log = Path(tmp) / "server.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
-                cwd=ROOT,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        try:
-            wait_ready(url, proc, log)
-            if busy:
-                with httpx.Client(base_url=url, timeout=60) as api:
-                    r = api.post(
-                        "/v1/trainings",
-                        json={"arch": "mixer_digits", "dataset_id": 1, "epochs": 30},
-                    )
-                    r.raise_for_status()
-                    while api.get(r.headers["location"]).json()["status"] != "running":
-                        time.sleep(0.1)
-            time.sleep(after)
-            return [visit(browser, url), visit(browser, url)]
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-docs-") as tmp,
+        serve(Path(tmp) / "var", {"CKA_DEVICE": "cpu", "CKA_LOG_LEVEL": "warning"}) as server,
+    ):
+        if busy:
+            with httpx.Client(base_url=server.base, timeout=60) as api:
+                r = api.post(
+                    "/v1/trainings",
+                    json={"arch": "mixer_digits", "dataset_id": 1, "epochs": 30},
+                )
+                r.raise_for_status()
+                while api.get(r.headers["location"]).json()["status"] != "running":
+                    time.sleep(0.1)
+        time.sleep(after)
+        return [visit(browser, server.base), visit(browser, server.base)]
 
 
 def main() -> None:
@@ -116,16 +95,13 @@ def main() -> None:
                 rounds.append(one_round(browser, args.busy, args.after))
         finally:
             browser.close()
-    load = os.getloadavg()[0]
-    print(
-        f"\n/docs, {'busy' if args.busy else 'idle'} server, medians of {args.repeats} "
-        f"(load average {load:.1f}, {os.cpu_count()} CPUs)\n"
-    )
+    print(f"\n/docs, {'busy' if args.busy else 'idle'} server, medians of {args.repeats}\n")
     print("| visit | shown | /openapi.json | page main-thread CPU |")
     print("|---|---|---|---|")
     for i, name in enumerate(("first", "second")):
         med = {k: statistics.median(r[i][k] for r in rounds) for k in ("shown", "schema", "cpu")}
         print(f"| {name} | {med['shown']:.2f} s | {med['schema']:.2f} s | {med['cpu']:.2f} s |")
+    print(harness.machine_line())
 
 
 if __name__ == "__main__":

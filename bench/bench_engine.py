@@ -18,13 +18,12 @@ import argparse
 import copy
 import itertools
 import json
-import platform
 import resource
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
+import harness  # bench/harness.py, beside this script
 import numpy as np
 import torch
 from torch import nn
@@ -64,16 +63,6 @@ class LazyImages:
         for i in range(len(self)):
             g = torch.Generator().manual_seed(i)
             yield torch.randn(min(BATCH, self.n - i * BATCH), 3, 32, 32, generator=g)
-
-
-def timed(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
-    """Best wall time over ``repeats`` calls, and the last result."""
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, out
 
 
 def bare(models: list[nn.Module], x: torch.Tensor) -> None:
@@ -129,13 +118,17 @@ def main() -> None:
 
     # Interleaved repeats (bare, ours, theirs, bare, ...), best of each: load that drifts
     # during the run hits every side alike.
-    t_bare2 = t_ours2 = t_them2 = float("inf")
-    for _ in range(reps):
-        t_bare2 = min(t_bare2, timed(lambda: bare([m0, g0], x), 1)[0])
-        t, atlas = timed(lambda: ours({"mixer": m0, "gmlp": g0}, x), 1)
-        t_ours2 = min(t_ours2, t)
-        t, (ref,) = timed(lambda: theirs([(m0, g0)], x), 1)  # type: ignore[misc]
-        t_them2 = min(t_them2, t)
+    two = harness.interleaved(
+        {
+            "bare": lambda: bare([m0, g0], x),
+            "ours": lambda: ours({"mixer": m0, "gmlp": g0}, x),
+            "theirs": lambda: theirs([(m0, g0)], x),
+        },
+        reps,
+        warm_up=False,
+    )
+    t_bare2, t_ours2, t_them2 = (two[k].stat("wall", "min") for k in ("bare", "ours", "theirs"))
+    atlas, (ref,) = two["ours"].result, two["theirs"].result
     assert isinstance(atlas, analysis.Atlas)
     agree = float(np.abs(atlas.matrix("mixer", "gmlp") - ref).max())
     # which side is closer to the truth: the same job with float64 models and Grams
@@ -160,9 +153,17 @@ def main() -> None:
 
     six = {f"mixer{s}": mixer(s) for s in range(3)} | {f"gmlp{s}": gmlp(s) for s in range(3)}
     pairs = list(itertools.combinations(six.values(), 2))
-    t_bare6, _ = timed(lambda: bare(list(six.values()), x), 1)
-    t_ours6, atlas6 = timed(lambda: ours(six, x), 1)
-    t_them6, refs = timed(lambda: theirs(pairs, x), 1)
+    six_runs = harness.interleaved(
+        {
+            "bare": lambda: bare(list(six.values()), x),
+            "ours": lambda: ours(six, x),
+            "theirs": lambda: theirs(pairs, x),
+        },
+        1,
+        warm_up=False,
+    )
+    t_bare6, t_ours6, t_them6 = (six_runs[k].stat("wall") for k in ("bare", "ours", "theirs"))
+    atlas6, refs = six_runs["ours"].result, six_runs["theirs"].result
     assert isinstance(atlas6, analysis.Atlas) and isinstance(refs, list)
     agree6 = max(
         float(np.abs(atlas6.matrix(a, b) - r).max())
@@ -191,8 +192,7 @@ def main() -> None:
         )
     )
 
-    cpu = platform.processor() or platform.machine()
-    print(f"torch {torch.__version__}, {args.threads} threads, {cpu}, n={n}")
+    print(f"{harness.machine_line()}; n={n}")
     print(f"(2-model rows: best of {reps}; 6-model rows: one run each)\n")
     print("| measure | times | ratio (target) |\n|---|---|---|")
     for row in rows:

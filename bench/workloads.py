@@ -3,15 +3,17 @@
 The 224-pixel timm pair (``mixer_s16_224``, ``resmlp_12_224``, random-init, 10 classes) as
 timm's ``save_for_hf`` writes it, and an ImageFolder of random photos of mixed sizes, each
 zipped as a user would upload them; the pair read back as an upload is (:func:`imported_pair`);
-the demo zoo's six models, trained or untrained (:func:`demo_models`); and a timer on the
-sensitivity's whole-sample step.
+the demo zoo's six models, trained or untrained (:func:`demo_models`), and the demo atlas they
+make over digits (:class:`DemoAtlas`); and a timer on the sensitivity's whole-sample step.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import time
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from PIL import Image
 from timm.models import save_for_hf
 from torch import nn
 
-import analysis.shards.shard
+import analysis
 import models
 from models.hub import load_hub, read_hub
 from models.training import ZOO
@@ -84,12 +86,52 @@ def demo_models(zoo: str | Path | None = None) -> dict[str, nn.Module]:
     return {name: models.create(arch, seed=seed).eval() for name, arch, seed in ZOO}
 
 
+@dataclass(frozen=True)
+class DemoAtlas:
+    """The demo atlas of ``make run``: its six models (:func:`demo_models`) over digits' 450 test
+    images (as the demo registers them) in batches of ``batch``, on the CPU. Calling it computes
+    the atlas with the options given (default layers, linear unbiased minibatch CKA, the
+    analytic null unless told otherwise)."""
+
+    nets: dict[str, nn.Module]
+    data: analysis.ImageDataset
+    batch: int
+    trained: bool
+
+    @staticmethod
+    def options(ap: argparse.ArgumentParser) -> None:
+        """``--batch`` and ``--zoo``, the flags :meth:`load` takes."""
+        ap.add_argument("--batch", type=int, default=150)
+        ap.add_argument("--zoo", help="the trained demo zoo's directory (default: untrained)")
+
+    @classmethod
+    def load(cls, zoo: str | Path | None = None, batch: int = 150) -> DemoAtlas:
+        """The trained zoo in ``zoo`` (what ``make run`` trains), else untrained models: the
+        cost depends on the shapes, not the weights (but a tail check's draws do)."""
+        data = analysis.load_dataset("digits")
+        assert isinstance(data, analysis.ImageDataset)
+        return cls(demo_models(zoo), data, batch, trained=bool(zoo))
+
+    def __call__(self, **options: Any) -> analysis.Atlas:
+        return analysis.compare(
+            self.nets, self.data, batch_size=self.batch, device="cpu", **options
+        )
+
+    def describe(self) -> str:
+        """ "6 untrained models, n=450, batch 150"."""
+        kind = "trained" if self.trained else "untrained"
+        return f"{len(self.nets)} {kind} models, n={len(self.data)}, batch {self.batch}"
+
+
 def time_whole_sample_step() -> list[float]:
     """From now on, time every call of the sensitivity's whole-sample step
-    (:func:`analysis.estimators.spectrum.whole_sample_sensitivity`, as :mod:`analysis.shards.shard`
-    calls it: a wrap for benchmarks only); each call's seconds are appended to the list returned."""
+    (:func:`analysis.estimators.spectrum.whole_sample_sensitivity`, as
+    :mod:`analysis.batch_statistics.sensitivity` calls it: a wrap for benchmarks only); each
+    call's seconds are appended to the list returned."""
+    from analysis.batch_statistics import sensitivity
+
     seconds: list[float] = []
-    step = analysis.shards.shard.whole_sample_sensitivity
+    step = sensitivity.whole_sample_sensitivity
 
     def timed(*args: Any) -> Any:
         start = time.perf_counter()
@@ -98,5 +140,5 @@ def time_whole_sample_step() -> list[float]:
         finally:
             seconds.append(time.perf_counter() - start)
 
-    analysis.shards.shard.whole_sample_sensitivity = timed  # type: ignore[assignment]
+    sensitivity.whole_sample_sensitivity = timed  # type: ignore[assignment]
     return seconds

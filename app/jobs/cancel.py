@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import ProblemError
 from app.jobs.parking import is_parked, live_children
+from app.jobs.queue import compare_and_set, queued
 from app.store.orm import Job, JobRequester, JobState, Study, utcnow
 
 __all__ = [
@@ -183,12 +184,8 @@ def stop(session: Session, job_id: int, reason: str) -> None:
         _cancel_one(session, jid, why, now)
     for jid in reversed(family):  # the deepest first, so a parent sees its children ended
         if not live_children(session, jid):
-            session.execute(
-                update(Job)
-                .where(is_parked(jid))
-                .values(status=JobState.CANCELLED, finished_at=now, error_code="cancelled")
-                .execution_options(synchronize_session=False)
-            )
+            stopped = {"status": JobState.CANCELLED, "finished_at": now, "error_code": "cancelled"}
+            compare_and_set(session, is_parked(jid), **stopped)
     session.expire_all()
 
 
@@ -210,12 +207,7 @@ def _collect(
                 _collect(session, other, with_it, family, now)
     for child in list(session.scalars(select(Job.id).where(Job.parent_id == job_id))):
         if _held(session, child):  # someone else's too: it carries on without this parent
-            session.execute(
-                update(Job)
-                .where(Job.id == child)
-                .values(parent_id=None)
-                .execution_options(synchronize_session=False)
-            )
+            compare_and_set(session, Job.id == child, parent_id=None)
         else:
             _collect(session, child, with_it, family, now)
 
@@ -235,21 +227,15 @@ def _withdraw_all(session: Session, where: Sequence[Any], now: datetime) -> list
 
 
 def _cancel_one(session: Session, job_id: int, reason: str, now: datetime) -> None:
-    session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JobState.QUEUED)
-        .values(
-            status=JobState.CANCELLED,
-            cancel_requested=True,
-            finished_at=now,
-            error=reason,
-            error_code="cancelled",
-        )
-        .execution_options(synchronize_session=False)
+    """Cancel the job now if it is still queued, else ask it to stop if it is running."""
+    compare_and_set(
+        session,
+        queued(job_id),
+        status=JobState.CANCELLED,
+        cancel_requested=True,
+        finished_at=now,
+        error=reason,
+        error_code="cancelled",
     )
-    session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JobState.RUNNING)
-        .values(cancel_requested=True, error=reason)
-        .execution_options(synchronize_session=False)
-    )
+    running = (Job.id == job_id) & (Job.status == JobState.RUNNING)
+    compare_and_set(session, running, cancel_requested=True, error=reason)

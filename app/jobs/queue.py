@@ -3,10 +3,11 @@
 States (:class:`app.store.orm.JobState`): ``queued -> running -> succeeded | failed |
 cancelled``, and ``running -> queued`` when a worker's heartbeat goes stale
 (:mod:`app.jobs.reaper`) or its worker shuts down. Every transition is an ``UPDATE`` guarded by
-the expected state (and, once running, by the owning worker id), so two workers can never both
-run one job and a worker that lost its job cannot write a result: the result is written in the
-same transaction as the ``succeeded`` transition, and that transition only matches while this
-worker still owns the job. A running job may also be parked while its children run
+the expected state (and, once running, by the owning worker id): :func:`compare_and_set`, which
+the reaper and the cancel write theirs with too. So two workers can never both run one job and
+a worker that lost its job cannot write a result: the result is written in the same transaction
+as the ``succeeded`` transition, and that transition only matches while this worker still owns
+the job. A running job may also be parked while its children run
 (:mod:`app.jobs.parking`): :func:`park` hands it to them, :func:`take_over` takes it back.
 Cancelling (who may, and when a shared job stops) is :mod:`app.jobs.cancel`'s.
 
@@ -35,6 +36,7 @@ __all__ = [
     "LostJob",
     "claim",
     "commit_result",
+    "compare_and_set",
     "complete",
     "enqueue",
     "fail",
@@ -42,6 +44,7 @@ __all__ = [
     "mark_cancelled",
     "new_worker_id",
     "park",
+    "queued",
     "queued_ids",
     "release",
     "retry_s",
@@ -51,6 +54,22 @@ __all__ = [
 
 class LostJob(RuntimeError):
     """This worker no longer owns the job (it was re-queued or cancelled)."""
+
+
+def compare_and_set(session: Session, where: Any, **values: Any) -> bool:
+    """Write ``values`` to the one job ``where`` selects, in the caller's transaction; whether
+    it matched. ``where`` names the job and the state it is expected in (:func:`queued`, a
+    worker's own running job, a parked one), so a job that moved on first — claimed by another
+    worker, cancelled, re-queued by the reaper — is left as it is and False comes back."""
+    res = session.execute(
+        update(Job).where(where).values(**values).execution_options(synchronize_session=False)
+    )
+    return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def queued(job_id: int) -> Any:
+    """The guard of a job that is still queued: nobody has claimed or cancelled it yet."""
+    return (Job.id == job_id) & (Job.status == JobState.QUEUED)
 
 
 def new_worker_id(kind: str) -> str:
@@ -98,22 +117,18 @@ def claim(db: Database, worker_id: str, job_id: int | None = None) -> Job | None
             candidates = list(s.scalars(stmt))
         now = utcnow()
         for jid in candidates:
-            res = s.execute(
-                update(Job)
-                .where(Job.id == jid, Job.status == JobState.QUEUED)
-                .values(
-                    status=JobState.RUNNING,
-                    worker_id=worker_id,
-                    started_at=now,
-                    heartbeat_at=now,
-                    progress=0.0,
-                    attempts=Job.attempts + 1,
-                    error=None,
-                    error_code=None,
-                )
-                .execution_options(synchronize_session=False)
-            )
-            if res.rowcount == 1:  # type: ignore[attr-defined]
+            if compare_and_set(
+                s,
+                queued(jid),
+                status=JobState.RUNNING,
+                worker_id=worker_id,
+                started_at=now,
+                heartbeat_at=now,
+                progress=0.0,
+                attempts=Job.attempts + 1,
+                error=None,
+                error_code=None,
+            ):
                 return s.get(Job, jid)
     return None
 
@@ -125,13 +140,8 @@ def _owned(job_id: int, worker_id: str) -> Any:
 def heartbeat(db: Database, job_id: int, worker_id: str, progress: float) -> bool:
     """Record liveness and progress; returns whether cancellation was requested."""
     with db.session() as s:
-        res = s.execute(
-            update(Job)
-            .where(_owned(job_id, worker_id))
-            .values(heartbeat_at=utcnow(), progress=min(max(progress, 0.0), 1.0))
-            .execution_options(synchronize_session=False)
-        )
-        if res.rowcount != 1:  # type: ignore[attr-defined]
+        beat = {"heartbeat_at": utcnow(), "progress": min(max(progress, 0.0), 1.0)}
+        if not compare_and_set(s, _owned(job_id, worker_id), **beat):
             raise LostJob(f"job {job_id} is no longer owned by {worker_id}")
         cancel, parent = s.execute(
             select(Job.cancel_requested, Job.parent_id).where(Job.id == job_id)
@@ -152,30 +162,21 @@ def park(db: Database, job_id: int, worker_id: str, **values: Any) -> bool:
 def take_over(db: Database, job_id: int, worker_id: str) -> Job | None:
     """Take a parked job back from its children for this worker (at most one worker wins)."""
     with db.session() as s:
-        res = s.execute(
-            update(Job)
-            .where(is_parked(job_id))
-            .values(worker_id=worker_id, heartbeat_at=utcnow())
-            .execution_options(synchronize_session=False)
-        )
-        return s.get(Job, job_id) if res.rowcount == 1 else None  # type: ignore[attr-defined]
+        taken = compare_and_set(s, is_parked(job_id), worker_id=worker_id, heartbeat_at=utcnow())
+        return s.get(Job, job_id) if taken else None
 
 
 def complete(session: Session, job_id: int, worker_id: str) -> None:
     """Mark succeeded inside the caller's transaction (which also writes the result)."""
-    res = session.execute(
-        update(Job)
-        .where(_owned(job_id, worker_id))
-        .values(  # a cancel that came too late to stop it leaves no sentence behind
-            status=JobState.SUCCEEDED,
-            progress=1.0,
-            finished_at=utcnow(),
-            heartbeat_at=utcnow(),
-            error=None,
-        )
-        .execution_options(synchronize_session=False)
-    )
-    if res.rowcount != 1:  # type: ignore[attr-defined]
+    if not compare_and_set(
+        session,
+        _owned(job_id, worker_id),
+        status=JobState.SUCCEEDED,
+        progress=1.0,
+        finished_at=utcnow(),
+        heartbeat_at=utcnow(),
+        error=None,  # a cancel that came too late to stop it leaves no sentence behind
+    ):
         raise LostJob(f"job {job_id} is no longer owned by {worker_id}; result discarded")
     parent = session.scalar(select(Job.parent_id).where(Job.id == job_id))
     if parent is not None:  # its parent's progress counts this child whole at once
@@ -215,13 +216,7 @@ def commit_result(
 def _set(db: Database, job_id: int, owner: str, timeout: float, **values: Any) -> bool:
     def once() -> bool:
         with db.session() as s:
-            res = s.execute(
-                update(Job)
-                .where(_owned(job_id, owner))
-                .values(**values)
-                .execution_options(synchronize_session=False)
-            )
-            return res.rowcount == 1  # type: ignore[attr-defined]
+            return compare_and_set(s, _owned(job_id, owner), **values)
 
     return retry(once, timeout=timeout, what=f"recording the outcome of job {job_id}")
 

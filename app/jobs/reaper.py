@@ -21,9 +21,10 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 
 from app.jobs.parking import PARKED, beat_parent, is_parked, live_children, queued_children
+from app.jobs.queue import compare_and_set, queued
 from app.store.db import Database
 from app.store.orm import Job, JobState, utcnow
 
@@ -77,21 +78,11 @@ def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> 
                     "progress": 0.0,
                     "published_at": utcnow(),
                 }
-            res = s.execute(
-                update(Job)
-                .where(Job.id == jid, Job.status == JobState.RUNNING, Job.heartbeat_at < cutoff)
-                .values(**values)
-                .execution_options(synchronize_session=False)
-            )
-            if res.rowcount == 1:  # type: ignore[attr-defined]
+            stale = (Job.id == jid) & (Job.status == JobState.RUNNING) & (Job.heartbeat_at < cutoff)
+            if compare_and_set(s, stale, **values):
                 (given_up if give_up else requeued).append(jid)
                 if give_up and parent is not None:  # its parent cannot finish either
-                    s.execute(
-                        update(Job)
-                        .where(is_parked(parent))
-                        .values(**values)
-                        .execution_options(synchronize_session=False)
-                    )
+                    compare_and_set(s, is_parked(parent), **values)
     if requeued:
         log.warning("re-queued stale jobs %s", requeued)
     if given_up:
@@ -122,14 +113,8 @@ def republish_queued(db: Database, grace_s: float, limit: int = 1000) -> list[in
             )
         )
         now = utcnow()
-        for jid in ids:  # compare-and-set: another reaper may have marked it meanwhile
-            res = s.execute(
-                update(Job)
-                .where(Job.id == jid, Job.status == JobState.QUEUED, waited)
-                .values(published_at=now)
-                .execution_options(synchronize_session=False)
-            )
-            if res.rowcount == 1:  # type: ignore[attr-defined]
+        for jid in ids:  # another reaper may have marked it meanwhile
+            if compare_and_set(s, queued(jid) & waited, published_at=now):
                 out.append(jid)
     if out:
         log.warning(

@@ -8,17 +8,10 @@ from typing import Annotated, Any
 from fastapi import Query, Response, status
 from sqlalchemy.orm import Session
 
-from app.http.api.deps import (
-    ComparisonId,
-    Everyone,
-    Paging,
-    Requesting,
-    StatusFilter,
-    Svc,
-    api_router,
-)
+from app.http.api.deps import ComparisonId, Paging, Requesting, StatusFilter, Svc, api_router
+from app.http.api.job_backed import JobBacked
 from app.http.api.options import option_filter
-from app.http.api.rows import cancel_job_of, listing, row_or_404, view_of
+from app.http.api.rows import listing, row_or_404
 from app.http.api.uploads import answer_registered
 from app.http.api.views import comparison_view
 from app.http.schemas import ID_MAX, NO_NUL, ComparisonIn, ComparisonOut, Page
@@ -32,15 +25,14 @@ __all__ = ["router"]
 router = api_router("comparisons")
 
 
-def view(services: Svc, comparison_id: int) -> dict[str, Any]:
-    return view_of(services, Comparison, comparison_id, lambda s, cmp: _views(s, [cmp])[0])
-
-
 def _views(s: Session, items: Sequence[Comparison]) -> list[dict[str, Any]]:
     """The comparisons' views, each with the bytes its artifacts take and a delete frees."""
     ids = [c.id for c in items]
     sizes, frees = gc.comparison_bytes(s, ids), gc.unshared_bytes(s, ids)
     return [comparison_view(c, sizes.get(c.id, 0), frees.get(c.id, 0)) for c in items]
+
+
+COMPARISONS = JobBacked(Comparison, lambda s, cmp: _views(s, [cmp])[0])
 
 
 @router.post(
@@ -64,7 +56,7 @@ def create_comparison(
     """
     cmp_id, created = submit_comparison(services, body, requester=who)
     answer_registered(response, f"/v1/comparisons/{cmp_id}", created, new=202)
-    return view(services, cmp_id)
+    return COMPARISONS.view(services, cmp_id)
 
 
 @router.get("", response_model=Page[ComparisonOut], **READ)
@@ -104,24 +96,18 @@ def list_comparisons(
     )
 
 
-@router.get("/{comparison_id}", response_model=ComparisonOut, **READ)
-def get_comparison(services: Svc, comparison_id: ComparisonId) -> dict[str, Any]:
-    """Status, progress 0..1, ETA, diagnostics and provenance."""
-    return view(services, comparison_id)
-
-
-@router.post("/{comparison_id}/cancel", response_model=ComparisonOut, **WRITE)
-def cancel_comparison(
-    services: Svc, comparison_id: ComparisonId, who: Requesting, everyone: Everyone = False
-) -> dict[str, Any]:
-    """Withdraw your interest: the comparison stops once none of its requesters (``held_by``)
+COMPARISONS.add_routes(
+    router,
+    ComparisonOut,
+    get_doc="Status, progress 0..1, ETA, diagnostics and provenance.",
+    cancel_doc="""
+    Withdraw your interest: the comparison stops once none of its requesters (``held_by``)
     still wants it — at once if queued, after its current batch if running.
 
     A token may cancel what it, or a study it owns, requested (403 otherwise); an admin token
     anything: what it did not request, or with ``everyone``, stops for every requester.
-    """
-    cancel_job_of(services, Comparison, comparison_id, who, everyone)
-    return view(services, comparison_id)
+    """,
+)
 
 
 @router.delete("/{comparison_id}", status_code=status.HTTP_204_NO_CONTENT, **ADMIN)

@@ -30,7 +30,6 @@ __all__ = [
     "Paging",
     "Requesting",
     "StatusFilter",
-    "TrainingId",
     "api_router",
     "get_services",
     "not_finished",
@@ -54,7 +53,6 @@ Offset = Annotated[int, Query(ge=0, le=2**31 - 1, description="Items to skip")]
 ModelId = Annotated[int, Path(ge=1, le=ID_MAX, description="Model id")]
 DatasetId = Annotated[int, Path(ge=1, le=ID_MAX, description="Dataset id")]
 ComparisonId = Annotated[int, Path(ge=1, le=ID_MAX, description="Comparison id")]
-TrainingId = Annotated[int, Path(ge=1, le=ID_MAX, description="Training id")]
 # A cancel's ``?everyone=true``: stop the job for all its requesters, not only the caller.
 Everyone = Annotated[
     bool,

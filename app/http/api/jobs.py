@@ -9,25 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Path, Query
+from fastapi import Query
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
-from app.http.api.deps import Everyone, Paging, Requesting, StatusFilter, Svc, api_router
-from app.http.api.rows import listing, row_or_404, view_of
+from app.http.api.deps import Paging, StatusFilter, Svc, api_router
+from app.http.api.job_backed import JobBacked
+from app.http.api.rows import listing
 from app.http.api.views import job_fields
 from app.http.schemas import ID_MAX, JobFields, Page
-from app.http.security import READ, WRITE
-from app.jobs.cancel import cancel
+from app.http.security import READ
 from app.store import repository
 from app.store.orm import Job
 
 __all__ = ["router"]
 
 router = api_router("jobs")
-JobId = Annotated[int, Path(ge=1, le=ID_MAX, description="Job id")]
 
 
 class JobOut(JobFields):
@@ -81,10 +80,6 @@ def _view(job: Job, subject: tuple[str, int] | None) -> dict[str, Any]:
     }
 
 
-def _one(services: Svc, job_id: int) -> dict[str, Any]:
-    return view_of(services, Job, job_id, lambda s, job: _views(s, [job])[0])
-
-
 @router.get("", response_model=Page[JobOut], **READ)
 def list_jobs(
     services: Svc,
@@ -117,6 +112,9 @@ def _views(s: Session, items: Sequence[Job]) -> list[dict[str, Any]]:
     return [_view(j, subjects.get(j.id)) for j in items]
 
 
+JOBS = JobBacked(Job, lambda s, job: _views(s, [job])[0], job_of=lambda job: job.id)
+
+
 @router.get("/kinds", response_model=KindsOut, **READ)
 def list_kinds(services: Svc) -> dict[str, Any]:
     """The job kinds present in the database."""
@@ -124,23 +122,15 @@ def list_kinds(services: Svc) -> dict[str, Any]:
         return {"kinds": repository.job_kinds(s)}
 
 
-@router.get("/{job_id}", response_model=JobOut, **READ)
-def get_job(services: Svc, job_id: JobId) -> dict[str, Any]:
-    return _one(services, job_id)
-
-
-@router.post("/{job_id}/cancel", response_model=JobOut, **WRITE)
-def cancel_job(
-    services: Svc, job_id: JobId, who: Requesting, everyone: Everyone = False
-) -> dict[str, Any]:
-    """Withdraw your interest in the job; it stops once nobody holds it (``held_by``): at once
+JOBS.add_routes(
+    router,
+    JobOut,
+    cancel_doc="""
+    Withdraw your interest in the job; it stops once nobody holds it (``held_by``): at once
     if queued, at its next batch or training step if running. A shard or a study's training
     is cancelled through the job it belongs to: your interest in that is withdrawn.
 
     A token may cancel what it, or a study it owns, requested (403 otherwise); an admin token
     anything: what it did not request, or with ``everyone``, stops for every requester.
-    """
-    with services.db.session() as s:
-        row_or_404(s, Job, job_id)
-        cancel(s, job_id, who, what=f"job {job_id}", everyone=everyone)
-    return _one(services, job_id)
+    """,
+)

@@ -36,6 +36,10 @@ router = api_router("comparisons")
 MEDIA = {"png": "image/png", "svg": "image/svg+xml"}
 TABLE_MEDIA = {"csv": "text/csv; charset=utf-8", "parquet": "application/vnd.apache.parquet"}
 ATLAS_CACHE_SIZE = 16
+# The answer to an If-None-Match that names the current ETag, in each cached endpoint's document.
+NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
+    304: {"description": "Not modified (If-None-Match matched the ETag)"}
+}
 _atlases: LRUCache[str, Any] = LRUCache(maxsize=ATLAS_CACHE_SIZE)
 _atlases_lock = threading.Lock()
 
@@ -133,7 +137,7 @@ def _pick(cmp: Comparison, key: str, field: str) -> str:
 @router.get(
     "/{comparison_id}/matrix",
     response_model=MatrixOut,
-    responses={304: {"description": "Not modified (If-None-Match matched the ETag)"}},
+    responses=NOT_MODIFIED,
     **READ,
 )
 def get_matrix(
@@ -211,7 +215,7 @@ def get_matrix(
     response_class=Response,
     responses={
         200: {"content": {"image/png": {}, "image/svg+xml": {}}},
-        304: {"description": "Not modified (If-None-Match matched the ETag)"},
+        **NOT_MODIFIED,
     },
     **READ,
 )
@@ -268,7 +272,7 @@ def get_heatmap(
     response_class=Response,
     responses={
         200: {"content": {"text/csv": {}, "application/vnd.apache.parquet": {}}},
-        304: {"description": "Not modified (If-None-Match matched the ETag)"},
+        **NOT_MODIFIED,
     },
     **READ,
 )

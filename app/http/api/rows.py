@@ -1,5 +1,5 @@
-"""Reading and acting on the rows behind the routers: one row or its 404, one row's view, a
-page of a listing, cancelling the job behind a row."""
+"""Reading the rows behind the routers: one row or its 404, one row's view, a page of a listing.
+Reading and cancelling a row that carries a job is :mod:`app.http.api.job_backed`'s."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ from typing import Any, TypeVar
 from sqlalchemy.orm import Session
 
 from app.http.api.deps import PageAt, not_found
-from app.jobs.cancel import Requester, cancel
-from app.store.orm import Comparison, Study, Training
 from app.store.services import Services
 
-__all__ = ["cancel_job_of", "each", "listing", "row_or_404", "view_of"]
+__all__ = ["each", "listing", "row_or_404", "view_of"]
 
 Row = TypeVar("Row")
 View = TypeVar("View")
@@ -26,20 +24,6 @@ def row_or_404(session: Session, table: type[Row], ident: int, **options: Any) -
     if row is None:
         raise not_found(table.__name__.lower(), ident)
     return row
-
-
-def cancel_job_of(
-    services: Services,
-    table: type[Comparison | Training | Study],
-    ident: int,
-    who: Requester,
-    everyone: bool = False,
-) -> None:
-    """Withdraw ``who``'s interest in the job behind a row; once nobody holds it, it stops:
-    at once if queued, a running one at its next step (:func:`app.jobs.cancel.cancel`)."""
-    with services.db.session() as s:
-        job_id = row_or_404(s, table, ident).job_id
-        cancel(s, job_id, who, what=f"{table.__name__.lower()} {ident}", everyone=everyone)
 
 
 def each(view: Callable[[Row], View]) -> Callable[[Session, Sequence[Row]], list[View]]:

@@ -8,16 +8,9 @@ from fastapi import Path, Query, Response, status
 from sqlalchemy import select
 from sqlalchemy.orm import object_session
 
-from app.http.api.deps import (
-    Everyone,
-    Paging,
-    Requesting,
-    StatusFilter,
-    Svc,
-    api_router,
-    not_finished,
-)
-from app.http.api.rows import cancel_job_of, each, listing, row_or_404, view_of
+from app.http.api.deps import Paging, Requesting, StatusFilter, Svc, api_router, not_finished
+from app.http.api.job_backed import JobBacked
+from app.http.api.rows import each, listing, row_or_404
 from app.http.api.views import job_fields
 from app.http.schemas import ID_MAX, Page, StudyIn, StudyOut
 from app.http.security import READ, WRITE
@@ -105,11 +98,8 @@ def study_view(study: Study, *, with_summary: bool = False) -> dict[str, Any]:
     return view
 
 
-def _detail(services: Svc, study_id: int) -> dict[str, Any]:
-    """One study's view with its spec and its trainings' jobs, read in one session."""
-    return view_of(
-        services, Study, study_id, lambda _s, study: study_view(study, with_summary=True)
-    )
+# One study's view: with its spec and its trainings' jobs.
+STUDIES = JobBacked(Study, lambda _s, study: study_view(study, with_summary=True))
 
 
 def _get(services: Svc, study_id: int) -> Study:
@@ -132,7 +122,7 @@ def create_study(
     """
     study_id, _ = submit_study(services, body, requester=who)
     response.headers["Location"] = f"/v1/studies/{study_id}"
-    return _detail(services, study_id)
+    return STUDIES.view(services, study_id)
 
 
 @router.get("", response_model=Page[StudyOut], **READ)
@@ -148,24 +138,18 @@ def list_studies(
     )
 
 
-@router.get("/{study_id}", response_model=StudyOut, **READ)
-def get_study(services: Svc, study_id: StudyId) -> dict[str, Any]:
-    """Status, progress (trainings k of n, then the comparison), models and comparison."""
-    return _detail(services, study_id)
-
-
-@router.post("/{study_id}/cancel", response_model=StudyOut, **WRITE)
-def cancel_study(
-    services: Svc, study_id: StudyId, who: Requesting, everyone: Everyone = False
-) -> dict[str, Any]:
-    """Cancel at once if queued; a running study stops after its current training (or at the
+STUDIES.add_routes(
+    router,
+    StudyOut,
+    get_doc="Status, progress (trainings k of n, then the comparison), models and comparison.",
+    cancel_doc="""
+    Cancel at once if queued; a running study stops after its current training (or at the
     comparison's next batch). A comparison it adopted from another requester is not stopped:
     the study only stops holding it.
 
     Only its requester (or an admin token) may; see the comparisons' cancel.
-    """
-    cancel_job_of(services, Study, study_id, who, everyone)
-    return _detail(services, study_id)
+    """,
+)
 
 
 def _finished(services: Svc, study_id: int) -> Study:

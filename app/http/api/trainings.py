@@ -6,16 +6,9 @@ from typing import Any
 
 from fastapi import Response, status
 
-from app.http.api.deps import (
-    Everyone,
-    Paging,
-    Requesting,
-    StatusFilter,
-    Svc,
-    TrainingId,
-    api_router,
-)
-from app.http.api.rows import cancel_job_of, each, listing, view_of
+from app.http.api.deps import Paging, Requesting, StatusFilter, Svc, api_router
+from app.http.api.job_backed import JobBacked
+from app.http.api.rows import each, listing
 from app.http.api.views import training_view
 from app.http.schemas import Page, TrainingIn, TrainingOut
 from app.http.security import READ, WRITE
@@ -28,8 +21,7 @@ __all__ = ["router"]
 router = api_router("trainings")
 
 
-def _view(services: Svc, training_id: int) -> dict[str, Any]:
-    return view_of(services, Training, training_id, lambda _s, tr: training_view(tr))
+TRAININGS = JobBacked(Training, lambda _s, tr: training_view(tr))
 
 
 @router.post("", response_model=TrainingOut, status_code=status.HTTP_202_ACCEPTED, **WRITE)
@@ -39,7 +31,7 @@ def create_training(
     """Queue a training run; poll the Location until ``status`` is final, then use ``model_id``."""
     tr_id = submit_training(services, body, requester=who)
     response.headers["Location"] = f"/v1/trainings/{tr_id}"
-    return _view(services, tr_id)
+    return TRAININGS.view(services, tr_id)
 
 
 @router.get("", response_model=Page[TrainingOut], **READ)
@@ -47,18 +39,12 @@ def list_trainings(services: Svc, at: Paging, status_: StatusFilter = None) -> d
     return listing(services, at, repository.list_trainings, each(training_view), status=status_)
 
 
-@router.get("/{training_id}", response_model=TrainingOut, **READ)
-def get_training(services: Svc, training_id: TrainingId) -> dict[str, Any]:
-    return _view(services, training_id)
-
-
-@router.post("/{training_id}/cancel", response_model=TrainingOut, **WRITE)
-def cancel_training(
-    services: Svc, training_id: TrainingId, who: Requesting, everyone: Everyone = False
-) -> dict[str, Any]:
-    """Cancel a queued training now; a running one stops after its current training step.
+TRAININGS.add_routes(
+    router,
+    TrainingOut,
+    cancel_doc="""
+    Cancel a queued training now; a running one stops after its current training step.
 
     Only its requester (or an admin token) may; see the comparisons' cancel.
-    """
-    cancel_job_of(services, Training, training_id, who, everyone)
-    return _view(services, training_id)
+    """,
+)
