@@ -7,6 +7,12 @@ and sets its progress from the children's (:func:`beat_parent`), and the worker 
 last live child takes it back (:func:`app.jobs.queue.take_over`, a compare-and-set, so only
 one does) to carry on. A cancel reaches every descendant; the stale reaper
 (:mod:`app.jobs.reaper`) never re-queues a parked job while a child may still run.
+
+Locks go top-down. A child's heartbeat and its final write update its parent too, and a cancel
+updates a parent and then its children: on PostgreSQL, two such transactions that took the
+same rows' locks in opposite orders would wait for each other for ever (until the server
+aborts one). So every transaction that writes several jobs of a family first locks the job's
+ancestors, the root first (:func:`lock_ancestors`), then the job, then its descendants.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ __all__ = [
     "children_left",
     "is_parked",
     "live_children",
+    "lock_ancestors",
     "progress_plan",
     "queued_children",
 ]
@@ -37,6 +44,23 @@ PARKED = "parked"
 class Parked(Exception):
     """The job was handed to its children (see :func:`app.jobs.queue.park`); it ends when
     they do."""
+
+
+_MAX_DEPTH = 8  # a study's atlas's shard is three jobs deep; anything deeper is a loop
+
+
+def lock_ancestors(session: Session, job_id: int) -> list[int]:
+    """Lock the ancestors of a job, the root first, until the transaction ends (PostgreSQL;
+    SQLite's writers queue anyway); their ids, root first. The caller then locks or writes the
+    job itself, and after it its descendants (the module docstring's order)."""
+    chain: list[int] = []
+    parent = session.scalar(select(Job.parent_id).where(Job.id == job_id))
+    while parent is not None and parent not in chain and len(chain) < _MAX_DEPTH:
+        chain.append(parent)
+        parent = session.scalar(select(Job.parent_id).where(Job.id == parent))
+    for ancestor in reversed(chain):
+        session.execute(select(Job.id).where(Job.id == ancestor).with_for_update())
+    return chain[::-1]
 
 
 def is_parked(job_id: int) -> Any:
