@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
-from app.jobs.parking import PARKED, beat_parent, is_parked, live_children, queued_children
+from app.jobs.parking import PARKED, beat_parent, is_parked, jobs_left, queued_children
 from app.store.db import Database
 from app.store.orm import Job, JobState, utcnow
 
@@ -54,7 +54,7 @@ def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> 
             if owner == PARKED:
                 # With children left, send the queued ones again and wait another
                 # stale_after_s; with none left, re-run the parent to settle it.
-                if live_children(s, jid):
+                if jobs_left(s, jid):
                     resend.extend(s.scalars(select(Job.id).where(queued_children(jid))))
                     beat_parent(s, jid)
                     continue

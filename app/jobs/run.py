@@ -37,7 +37,7 @@ from app.jobs.train import run_training
 from app.logs import job_context
 from app.store.artifacts import StoreError
 from app.store.db import is_transient
-from app.store.orm import Job
+from app.store.orm import Job, JobRequester, Study
 from app.store.services import Services
 
 __all__ = ["HANDLERS", "execute", "run_claimed"]
@@ -144,14 +144,26 @@ def run_claimed(
                 )
     if parked:  # its children may all have ended before it was parked: nobody would wake it
         _settle(services, job.id, worker_id, shutdown)
-    parent_id = _parent_of(services, job.id)  # read again: a study may adopt a comparison
-    if parent_id is not None:
-        _settle(services, parent_id, worker_id, shutdown)
+    for waiter in _waiters(services, job.id):
+        _settle(services, waiter, worker_id, shutdown)
 
 
-def _parent_of(services: Services, job_id: int) -> int | None:
+def _waiters(services: Services, job_id: int) -> list[int]:
+    """The jobs that may wait for this one: its parent (read again: a study may adopt a
+    comparison), then the studies that hold it without being its parent (an atlas that two
+    identical studies share: the second waits parked, :data:`app.jobs.parking.WAITS_FOR`)."""
     with services.db.session(readonly=True) as s:
-        return s.scalar(select(Job.parent_id).where(Job.id == job_id))
+        parent = s.scalar(select(Job.parent_id).where(Job.id == job_id))
+        holders = s.scalars(
+            select(JobRequester.requester).where(
+                JobRequester.job_id == job_id,
+                JobRequester.withdrawn_at.is_(None),
+                JobRequester.requester.startswith("study:"),
+            )
+        ).all()
+        study_ids = [int(h.partition(":")[2]) for h in holders if h.partition(":")[2].isdigit()]
+        studies = s.scalars(select(Study.job_id).where(Study.id.in_(study_ids))).all()
+    return list(dict.fromkeys(j for j in (parent, *studies) if j is not None and j != job_id))
 
 
 def _settle(
