@@ -104,16 +104,8 @@ def validate(value: Any, source: str = "the preprocessing") -> dict[str, Any]:
         raise CheckpointError(f"{source} has an input_size {size} that is not [C<=4, H, W]")
     if len(mean) != channels or len(std) != channels:
         raise CheckpointError(f"{source} needs one mean and one std per channel ({channels})")
-    low, high = STD_RANGE
-    for key, values, ok, bounds in (
-        ("mean", mean, lambda v: -MAX_MEAN <= v <= MAX_MEAN, f"from {-MAX_MEAN:g} to {MAX_MEAN:g}"),
-        ("std", std, lambda v: low <= v <= high, f"from {low:g} to {high:g}"),
-    ):
-        bad = next((v for v in values if not ok(v)), None)  # NaN and infinities fail too
-        if bad is not None:
-            raise CheckpointError(
-                f"{source} has a {key} of {bad!r}; each channel's {key} must be a number {bounds}"
-            )
+    _within(source, "mean", mean, -MAX_MEAN, MAX_MEAN)
+    _within(source, "std", std, *STD_RANGE)
     if interpolation not in INTERPOLATIONS:
         raise CheckpointError(f"{source} has an unknown interpolation {interpolation!r}")
     if crop_mode not in CROP_MODES or not 0.05 <= crop_pct <= 1.0:
@@ -126,3 +118,13 @@ def validate(value: Any, source: str = "the preprocessing") -> dict[str, Any]:
         "mean": mean,
         "std": std,
     }
+
+
+def _within(source: str, key: str, values: list[float], low: float, high: float) -> None:
+    """Refuse the first of ``values`` outside [low, high]: NaN and infinities too."""
+    bad = next((v for v in values if not low <= v <= high), None)
+    if bad is not None:
+        raise CheckpointError(
+            f"{source} has a {key} of {bad!r}; each channel's {key} must be a number from "
+            f"{low:g} to {high:g}"
+        )

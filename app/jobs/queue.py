@@ -346,8 +346,8 @@ def give_back_owned(db: Database, worker_ids: list[str], why: str) -> list[int]:
     requeued = []
     for job_id, owner, cancelled in rows:
         if cancelled:
-            mark_cancelled(db, job_id, owner, timeout=10.0)
-        elif release(db, job_id, owner, why):
+            mark_cancelled(db, job_id, str(owner), timeout=10.0)
+        elif release(db, job_id, str(owner), why):
             requeued.append(job_id)
     return requeued
 
