@@ -52,6 +52,7 @@ from tests.app.fault_tools import (
     umount,
     unprivileged_worker,
     upload_dataset,
+    wait_serving,
 )
 from tests.helpers import FINAL, digits_id, make_settings, register, run_until_final, wait
 from tests.servers import PgServer, RedisServer, free_port
@@ -150,13 +151,7 @@ def test_api_restarted_while_jobs_run_loses_and_duplicates_nothing(
         http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
         clients.append(http)
 
-        def up() -> bool:
-            try:
-                return http.get("/healthz").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        poll(up, 60, "cka-atlas serve answered /healthz", (proc,))
+        wait_serving(http, proc)
         return http
 
     try:

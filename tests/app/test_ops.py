@@ -290,7 +290,7 @@ def test_the_access_log_names_the_token_and_never_a_secret(tmp_path: Path, fmt: 
 
     from app.store.db import Database, ensure_schema
     from app.store.tokens import create_token
-    from tests.app.fault_tools import Proc, poll, service_env
+    from tests.app.fault_tools import Proc, service_env, wait_serving
     from tests.servers import free_port
 
     db_url = f"sqlite:///{tmp_path / 'cka.db'}"
@@ -304,14 +304,7 @@ def test_the_access_log_names_the_token_and_never_a_secret(tmp_path: Path, fmt: 
     server = Proc(["serve", "--port", str(port)], env, tmp_path / "serve.log")
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-
-            def up() -> bool:
-                try:
-                    return http.get("/healthz").status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            poll(up, 60, "cka-atlas serve answered /healthz", (server,))
+            wait_serving(http, server)
             auth = {"Authorization": f"Bearer {secret}"}
             assert http.get("/v1/models?limit=3", headers=auth).status_code == 200
             assert http.post("/v1/jobs/1/cancel", headers=auth).status_code == 404
