@@ -441,6 +441,10 @@ def test_two_workers_share_a_study_and_survive_a_kill(
         assert all(j["detail"]["seconds"] > 0 for j in trainings)
         redone = next(j for j in trainings if j["id"] == victim["id"])
         assert redone["attempts"] == 2 and _node(redone["detail"]["worker"]) == "celery-w2"
+        # its history says what happened to its first run
+        assert [e["event"] for e in redone["detail"]["history"]] == [
+            "re-queued by the reaper: no heartbeat for 4 s"
+        ]
         with services.db.session(readonly=True) as s:  # one result: the study succeeded once
             row = s.get(Study, study["id"])
             assert row is not None and row.job.status == "succeeded" and row.summary is not None
