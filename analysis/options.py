@@ -60,7 +60,7 @@ from analysis.batch_statistics.protocol import Switch
 from analysis.batch_statistics.registry import SWITCHES
 from analysis.errors import AnalysisError, EstimatorError, OptionsError
 from analysis.estimators.hsic import MIN_SAMPLES, Estimator
-from analysis.estimators.kernels import Kernel, parse_kernel
+from analysis.estimators.kernels import RBF_T_MAX, RBF_T_MIN, Kernel, parse_kernel
 from analysis.inference.bootstrap import MIN_BOOTSTRAP_BATCHES, check_bootstrap_batches
 from analysis.layers import FeaturePolicy
 from analysis.measures import DEFAULT_K, MEASURES, MeasureName, budget_bytes, estimate_bytes
@@ -196,7 +196,7 @@ class CompareOptions(BaseModel):
         default="linear",
         description=(
             "`linear`, `rbf` (bandwidth: the batch's median pairwise distance), or `rbf:T` "
-            "(T, a positive number, times that bandwidth)."
+            f"(T, from {RBF_T_MIN:g} to {RBF_T_MAX:g}, times that bandwidth)."
         ),
         examples=["linear", "rbf", "rbf:0.5"],
         json_schema_extra={"pattern": KERNEL_PATTERN},

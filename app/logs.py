@@ -6,12 +6,20 @@ thread, or by tasks that copied its context) carries ``job_id`` and ``job_kind``
 API, the embedded worker and Celery workers. :func:`configure_logging` installs the
 formatter on the root logger (``CKA_LOG_FORMAT``: json, text, or auto, which is text on a
 terminal); :func:`uvicorn_log_config` gives uvicorn the same JSON format.
+
+The access log (uvicorn's, one line per request) passes :class:`AccessLogFilter`: the value of
+any query parameter that looks like a secret (``?token=…``, which the service never accepts
+but a client may send) is replaced before the line is written, and the name of the token the
+request was authorised with (never the token) is added, as ``token_name`` and at the end of
+the line: the audit trail of who did what. The HTTP layer says who asked
+(:func:`set_access_caller`) as the response starts, in the context uvicorn logs it from.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import traceback
 from collections.abc import Iterator
@@ -21,15 +29,26 @@ from datetime import UTC, datetime
 from typing import Any
 
 __all__ = [
+    "AccessLogFilter",
     "JsonFormatter",
     "configure_logging",
     "current_job",
     "job_context",
+    "redact_query",
     "resolved_format",
+    "set_access_caller",
     "uvicorn_log_config",
 ]
 
 _job: ContextVar[tuple[int, str] | None] = ContextVar("cka_job", default=None)
+# The name of the token the request being answered was authorised with (None: no token).
+_caller: ContextVar[str | None] = ContextVar("cka_caller", default=None)
+# A query parameter whose name says it holds a secret: its value never reaches a log.
+_SECRET_PARAM = re.compile(
+    r"(?P<name>(?:^|[?&])[^=&#]*(?:token|secret|password|passwd|api[_-]?key|auth)[^=&#]*=)"
+    r"[^&#]*",
+    re.IGNORECASE,
+)
 
 # Attributes every LogRecord has; anything else on a record came from ``extra=`` and is kept.
 # ``color_message`` is uvicorn's ANSI-coloured copy of the message: noise in a JSON line.
@@ -52,6 +71,37 @@ def job_context(job_id: int, kind: str) -> Iterator[None]:
         yield
     finally:
         _job.reset(token)
+
+
+def set_access_caller(name: str | None) -> None:
+    """Name the token the current request was authorised with, for its access-log line."""
+    _caller.set(name)
+
+
+def redact_query(path: str) -> str:
+    """``path`` (with its query) with the value of every secret-looking parameter replaced."""
+    if "?" not in path:
+        return path
+    base, _, query = path.partition("?")
+    return f"{base}?{_SECRET_PARAM.sub(lambda m: m['name'] + '[redacted]', query)}"
+
+
+class AccessLogFilter(logging.Filter):
+    """Installed on uvicorn's access logger: secrets out of the path, the token's name in."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "_access_filtered", False):  # installed twice (dictConfig adds)
+            return True
+        record._access_filtered = True
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5:  # client, method, path, version, status
+            record.args = (args[0], args[1], redact_query(str(args[2])), args[3], args[4])
+        name = _caller.get()
+        if name is not None:
+            record.token_name = name
+            said = repr(name).replace("%", "%%")  # the name is text, not a format
+            record.msg = f"{record.msg} (token {said})"
+        return True
 
 
 # A plain line: time, level, logger, message.
@@ -112,6 +162,9 @@ def configure_logging(level: str = "info", *, fmt: str = "auto") -> None:
     root.addHandler(handler)
     root.setLevel(level.upper())
     logging.getLogger("alembic").setLevel(max(root.level, logging.WARNING))
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, AccessLogFilter) for f in access.filters):
+        access.addFilter(AccessLogFilter())
 
 
 def uvicorn_log_config(level: str = "info") -> dict[str, Any]:
@@ -120,6 +173,7 @@ def uvicorn_log_config(level: str = "info") -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"json": {"()": JsonFormatter}},
+        "filters": {"access": {"()": AccessLogFilter}},
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",
@@ -128,7 +182,12 @@ def uvicorn_log_config(level: str = "info") -> dict[str, Any]:
             }
         },
         "loggers": {
-            name: {"handlers": ["stderr"], "level": level.upper(), "propagate": False}
+            name: {
+                "handlers": ["stderr"],
+                "level": level.upper(),
+                "propagate": False,
+                **({"filters": ["access"]} if name == "uvicorn.access" else {}),
+            }
             for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
         },
         "root": {"handlers": ["stderr"], "level": level.upper()},

@@ -2,8 +2,9 @@
 
 A model folder (:mod:`models.hub`) and a dataset (``analysis.data.datasets``) both arrive as zips.
 They are never extracted wholesale: :func:`safe_entries` refuses an archive with too many
-entries, an absolute, drive or ``..`` path (zip slip), a symbolic link, more uncompressed bytes
-than allowed, or an entry compressed suspiciously well (a bomb); :func:`read_entry` and
+entries, an absolute, drive or ``..`` path (zip slip), a symbolic link, two entries of one path
+(a reader would see only one of them), more uncompressed bytes than allowed, or an entry
+compressed suspiciously well (a bomb); :func:`read_entry` and
 :func:`copy_entry` then read one entry, never more than its directory entry declares. Every
 refusal is an :class:`ArchiveError` of one sentence naming the archive and the entry; a caller
 re-raises it as its own error (a checkpoint's, a dataset's).
@@ -74,6 +75,8 @@ def safe_entries(
         )
     total = 0
     kept = []
+    seen: set[str] = set()
+    repeated: list[str] = []
     for info in infos:
         path = PurePosixPath(info.filename)
         if info.filename.startswith(("/", "\\")) or ".." in path.parts or ":" in info.filename:
@@ -82,6 +85,9 @@ def safe_entries(
             raise ArchiveError(f"'{name}' holds a symbolic link, which is not allowed: '{path}'")
         if info.is_dir() or (keep is not None and not keep(path)):
             continue
+        if path.as_posix() in seen:  # a zip may hold one name twice; a reader sees one of them
+            repeated.append(path.as_posix())
+        seen.add(path.as_posix())
         total += info.file_size
         if total > max_bytes:
             raise ArchiveError(f"'{name}' unpacks to more than {max_bytes} bytes")
@@ -89,6 +95,12 @@ def safe_entries(
         if max_ratio is not None and ratio > max_ratio:
             raise ArchiveError(f"'{name}' entry '{path}' is compressed suspiciously well")
         kept.append(info)
+    if repeated:
+        raise ArchiveError(
+            f"'{name}' holds {len(repeated)} {'entry' if len(repeated) == 1 else 'entries'} "
+            f"whose path another entry already has (first '{repeated[0]}'), so which file is "
+            "meant cannot be told; give each file its own name"
+        )
     return kept
 
 

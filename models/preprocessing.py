@@ -22,11 +22,25 @@ from torch import nn
 from models.connections import input_spec
 from models.errors import CheckpointError
 
-__all__ = ["INTERPOLATIONS", "PIPELINE_KEYS", "data_config", "pipeline_from_spec", "validate"]
+__all__ = [
+    "INTERPOLATIONS",
+    "MAX_MEAN",
+    "PIPELINE_KEYS",
+    "STD_RANGE",
+    "data_config",
+    "pipeline_from_spec",
+    "validate",
+]
 
 PIPELINE_KEYS = ("input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std")
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos")
 CROP_MODES = ("center", "squash", "border")
+# A pixel in [0, 1] becomes (x - mean) / std: with |mean| <= 1000 and std in [1e-3, 1e3] it
+# stays within ±1e6, so an image's squared norm (4 × 8192² values at most) stays below 3e20,
+# far inside float32, whatever the pipeline. Published pipelines use means in [0, 1] and stds
+# near 0.25 (or 0-255 scales such as 123.7 and 58.4, inside these bounds too).
+MAX_MEAN = 1000.0
+STD_RANGE = (1e-3, 1e3)
 
 
 def pipeline_from_spec(
@@ -90,8 +104,8 @@ def validate(value: Any, source: str = "the preprocessing") -> dict[str, Any]:
         raise CheckpointError(f"{source} has an input_size {size} that is not [C<=4, H, W]")
     if len(mean) != channels or len(std) != channels:
         raise CheckpointError(f"{source} needs one mean and one std per channel ({channels})")
-    if any(s <= 0 for s in std):
-        raise CheckpointError(f"{source} has a std that is not positive")
+    _within(source, "mean", mean, -MAX_MEAN, MAX_MEAN)
+    _within(source, "std", std, *STD_RANGE)
     if interpolation not in INTERPOLATIONS:
         raise CheckpointError(f"{source} has an unknown interpolation {interpolation!r}")
     if crop_mode not in CROP_MODES or not 0.05 <= crop_pct <= 1.0:
@@ -104,3 +118,13 @@ def validate(value: Any, source: str = "the preprocessing") -> dict[str, Any]:
         "mean": mean,
         "std": std,
     }
+
+
+def _within(source: str, key: str, values: list[float], low: float, high: float) -> None:
+    """Refuse the first of ``values`` outside [low, high]: NaN and infinities too."""
+    bad = next((v for v in values if not low <= v <= high), None)
+    if bad is not None:
+        raise CheckpointError(
+            f"{source} has a {key} of {bad!r}; each channel's {key} must be a number from "
+            f"{low:g} to {high:g}"
+        )

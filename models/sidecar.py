@@ -25,6 +25,7 @@ from pydantic import (
 from models.errors import CheckpointError, ConfigError
 from models.families import family_of
 from models.options import validate_config
+from models.preprocessing import MAX_MEAN, STD_RANGE
 from models.preprocessing import validate as validate_pipeline
 
 __all__ = ["Sidecar", "check_sidecar"]
@@ -60,8 +61,10 @@ class SplitMetrics(_Strict):
 
 
 class Normalisation(_Strict):
-    mean: list[Number]
-    std: list[Annotated[Number, Field(gt=0.0)]]
+    """The per-channel normalisation, within the bounds of a pipeline's (models.preprocessing)."""
+
+    mean: list[Annotated[Number, Field(ge=-MAX_MEAN, le=MAX_MEAN)]]
+    std: list[Annotated[Number, Field(ge=STD_RANGE[0], le=STD_RANGE[1])]]
 
 
 class Sidecar(_Strict):

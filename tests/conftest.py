@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
 import torch
 
 from tests import servers
+from tests.deadline import Deadline
 
 # Two cores on CI, shared among the suite's processes (`make pytest` runs pytest-xdist's
 # workers, which set PYTEST_XDIST_WORKER_COUNT): more threads than cores only adds contention.
@@ -32,3 +34,25 @@ def redis_url() -> Iterator[str]:
     """The session's Redis database: given, found on 127.0.0.1:6379, or a throwaway one."""
     with servers.redis() as url:
         yield url
+
+
+# When pytest-timeout's clock started for a test: before its fixtures are set up.
+_STARTED = pytest.StashKey[float]()
+# What a test keeps of its pytest-timeout limit to say, itself, what it waited for.
+_MARGIN_S = 20.0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_STARTED] = time.monotonic()
+
+
+@pytest.fixture
+def deadline(request: pytest.FixtureRequest) -> Deadline:
+    """The time this test has before pytest-timeout's limit (pyproject's ``timeout``, or the
+    test's ``timeout`` mark) less a margin, counted from before its fixtures were set up: a
+    long test takes each wait's bound from it, so it fails with its own sentence (what it
+    waited for) instead of being killed mid-wait."""
+    mark = request.node.get_closest_marker("timeout")
+    limit = float(mark.args[0]) if mark and mark.args else float(request.config.getini("timeout"))
+    return Deadline(request.node.stash[_STARTED] + limit - _MARGIN_S)

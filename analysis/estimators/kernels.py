@@ -17,7 +17,25 @@ Kernels, for rows ``x_i`` of the shifted batch:
   as in Kornblith et al. 2019 except that the zero diagonal is left out of the median. The
   bandwidth therefore depends on the batch (in ``full`` mode: on the whole sample). When
   ``m = 0`` (more than half the pairs coincide) the kernel is the limit ``K_ij = [x_i = x_j]``.
-  Written ``"rbf"`` or ``"rbf:T"`` (e.g. ``"rbf:0.5"``) to choose ``t``.
+  Written ``"rbf"`` or ``"rbf:T"`` (e.g. ``"rbf:0.5"``) to choose ``t``, from
+  :data:`RBF_T_MIN` to :data:`RBF_T_MAX`.
+
+Why ``t`` is bounded. The kernel is ``exp(d / (-2 t² m))`` in the features' dtype (float32
+for a forward pass's activations, float64 where features are kept so). At the median pair
+(``d = m``) that is ``exp(-1 / (2 t²))``:
+
+* small ``t``: float32 underflows below ``exp(-87.3)`` (denormals) and to 0 below
+  ``exp(-103.9)``; at ``t = 0.1`` the median pair is ``exp(-50) ≈ 2e-22``, a normal float32,
+  and so is every pair whose squared distance is up to 1.7 times the median; at
+  ``t = 1e-30`` the factor ``2 t² m`` itself is 0 in float32 and the diagonal becomes 0/0
+  (every cell NaN);
+* large ``t``: ``1 - K ≈ d / (2 t² m)`` is what the kernel says, and float32 keeps it to
+  ``6e-8 × 2 t²`` relative: ``1e-5`` at ``t = 10``, ``1e-3`` at 100, nothing at ``1e4``;
+  ``t²`` is infinite in float64 from ``1.3e154`` (``rbf:1e308`` raised OverflowError).
+
+Within [0.1, 10] the factor ``2 t²`` is from 0.02 to 200, so ``2 t² m`` neither vanishes nor
+overflows unless the median squared distance ``m`` is itself at the edge of float32's range,
+and the kernel already spans from nearly the identity to nearly linear CKA.
 """
 
 from __future__ import annotations
@@ -30,10 +48,12 @@ import torch
 
 from analysis.errors import EstimatorError
 
-__all__ = ["KERNELS", "Kernel", "KernelName", "gram", "parse_kernel"]
+__all__ = ["KERNELS", "RBF_T_MAX", "RBF_T_MIN", "Kernel", "KernelName", "gram", "parse_kernel"]
 
 KernelName = Literal["linear", "rbf"]
 KERNELS: tuple[KernelName, ...] = get_args(KernelName)
+# The bandwidth multipliers ``rbf:T`` takes: where float32 holds the kernel (module docstring).
+RBF_T_MIN, RBF_T_MAX = 0.1, 10.0
 
 
 @dataclass(frozen=True)
@@ -64,8 +84,11 @@ def parse_kernel(spec: str | Kernel) -> Kernel:
         t = float(arg)
     except ValueError:
         t = float("nan")
-    if not t > 0 or t == float("inf"):
-        raise EstimatorError(f"rbf bandwidth multiplier in {spec!r} must be a positive number")
+    if not RBF_T_MIN <= t <= RBF_T_MAX:  # NaN fails too
+        raise EstimatorError(
+            f"the rbf bandwidth multiplier T of {str(spec)[:40]!r} must be a number from "
+            f"{RBF_T_MIN:g} to {RBF_T_MAX:g} (beyond, float32 cannot hold the kernel)"
+        )
     return Kernel(name, t)
 
 

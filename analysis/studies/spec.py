@@ -49,6 +49,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from analysis.errors import AnalysisError
+from analysis.estimators.kernels import RBF_T_MAX, RBF_T_MIN
 from analysis.studies.identification import MEASURES, RESAMPLES, check_measures
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "MAX_SEED",
     "MAX_SEEDS",
     "MAX_TRAININGS",
+    "MAX_WEIGHT_DECAY",
     "Arm",
     "FixedOmegaGrid",
     "IdentificationSpec",
@@ -76,6 +78,7 @@ _NAME = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 MAX_EPOCHS = 1000
 MAX_BATCH_SIZE = 8192
 MAX_LR = 10.0
+MAX_WEIGHT_DECAY = 10.0  # AdamW's decoupled decay; published recipes use 0.05 to 0.1
 MAX_SEED = 2**31 - 1
 # One study trains at most MAX_TRAININGS models: (reference + every arm's grid points) × seeds.
 MAX_TRAININGS = 128
@@ -96,7 +99,7 @@ class Recipe(_Strict):
     epochs: int | None = Field(default=None, ge=1, le=MAX_EPOCHS)
     batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH_SIZE)
     lr: float | None = Field(default=None, gt=0.0, le=MAX_LR)
-    weight_decay: float | None = Field(default=None, ge=0.0)
+    weight_decay: float | None = Field(default=None, ge=0.0, le=MAX_WEIGHT_DECAY)
 
     def over(self, base: Recipe) -> Recipe:
         """This recipe's set fields over ``base``."""
@@ -153,7 +156,7 @@ class IdentificationSpec(_Strict):
     """The layer-identification test: which measures, which RBF bandwidths, its bootstrap."""
 
     measures: list[str] = Field(default_factory=lambda: list(MEASURES), min_length=1)
-    rbf: list[Annotated[float, Field(gt=0.0, le=100.0)]] = Field(
+    rbf: list[Annotated[float, Field(ge=RBF_T_MIN, le=RBF_T_MAX)]] = Field(
         default_factory=lambda: [0.2, 0.4, 0.8], max_length=8
     )
     resamples: int = Field(default=RESAMPLES, ge=0, le=100_000)

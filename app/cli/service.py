@@ -42,6 +42,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from app.cli.store import ensure_store
     from app.http.main import create_app
     from app.store.db import Database, SchemaError
+    from app.store.tokens import FIRST_TOKEN, tokens_exist
 
     settings = _settings(args)
     if settings.unnamed_wildcard:
@@ -58,6 +59,18 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         # Refuse here, with the command, not in a lifespan traceback.
         ensure_store(db.engine, settings.data_dir)
+        if settings.read_requires_token and not settings.tokens:
+            with db.session(readonly=True) as s:
+                tokens = tokens_exist(s)
+            if not tokens:
+                print(
+                    "error: CKA_READ_REQUIRES_TOKEN is true but this service has no token, so "
+                    "it would let anyone read (and write); create one with "
+                    f"`{FIRST_TOKEN}` (this store exists now), or set CKA_API_TOKENS, and start "
+                    "again",
+                    file=sys.stderr,
+                )
+                return 2
     except SchemaError as exc:
         return _refuse(exc)
     finally:

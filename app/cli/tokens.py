@@ -29,6 +29,15 @@ def register(subparsers: Any) -> None:
     command(sub, "list", run_list, "list tokens (never their secrets)")
     revoke = command(sub, "revoke", run_revoke, "revoke a token by id; it is refused (401) at once")
     revoke.add_argument("id", type=int)
+    command(
+        sub,
+        "purge",
+        run_purge,
+        "delete the revoked tokens; with none left the service is open again",
+        "Delete every revoked token's record. A service none of whose tokens was ever created "
+        "(and without CKA_API_TOKENS) is open: anyone may read and write. So once the last "
+        "active token is revoked, purging the revoked ones opens the service again.",
+    )
 
 
 def _database() -> Any:
@@ -82,17 +91,41 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_revoke(args: argparse.Namespace) -> int:
-    from app.store.tokens import revoke_token
+    from app.store.settings import Settings
+    from app.store.tokens import LOCKED, active_tokens_exist, revoke_token
 
     db = _database()
     try:
         with db.session() as s:
             row = revoke_token(s, args.id)
             found = row is not None
+            locked = found and not active_tokens_exist(s) and not Settings().tokens
     finally:
         db.dispose()
     if not found:
         print(f"error: there is no token {args.id}", file=sys.stderr)
         return 1
     print(f"token {args.id} revoked")
+    if locked:
+        print(f"note: {LOCKED}")
+    return 0
+
+
+def run_purge(args: argparse.Namespace) -> int:
+    from app.store.settings import Settings
+    from app.store.tokens import FIRST_TOKEN, purge_revoked, tokens_exist
+
+    db = _database()
+    try:
+        with db.session() as s:
+            removed = purge_revoked(s)
+            left = tokens_exist(s)
+    finally:
+        db.dispose()
+    print(f"deleted {removed} revoked token{'' if removed == 1 else 's'}")
+    if not left and not Settings().tokens:
+        print(
+            "note: no token is left, so the service is open: anyone who reaches it may read "
+            f"and write (`{FIRST_TOKEN}` locks it again)"
+        )
     return 0

@@ -22,7 +22,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse
-from fastapi.staticfiles import StaticFiles
+
+from app.http.static import CachedStaticFiles
 
 __all__ = ["ASSETS", "install_docs"]
 
@@ -75,7 +76,9 @@ def install_docs(app: FastAPI) -> None:
     last, once every route is there: a thread builds the schema (or finds it built)."""
     app.openapi = _shared_schema(app)  # type: ignore[method-assign]
     static = files("fastapi_offline") / "static"
-    app.mount(ASSETS, StaticFiles(directory=str(static)), name="docs-assets")
+    # the assets of the installed fastapi-offline: a day's cache, then revalidated
+    assets = CachedStaticFiles(directory=str(static), fallback="public, max-age=86400")
+    app.mount(ASSETS, assets, name="docs-assets")
     openapi = app.openapi_url or "/openapi.json"
 
     def offline(page: Callable[..., HTMLResponse], **assets: Any) -> Callable[[], HTMLResponse]:

@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from app.http.access import ResponseMiddleware
 from app.http.api import (
     architectures,
     comparisons,
@@ -99,7 +100,8 @@ def create_app(settings: Settings | None = None, *, start_worker: bool = True) -
     install_problem_handlers(app)
     app.state.write_limiter = make_limiter(settings)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes)
-    app.add_middleware(OriginMiddleware, settings=settings)  # outermost: before any body is read
+    app.add_middleware(OriginMiddleware, settings=settings)  # before any body is read
+    app.add_middleware(ResponseMiddleware)  # nosniff and the access log's token name, on all
 
     for module in (
         architectures,

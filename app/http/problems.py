@@ -108,6 +108,8 @@ def problem_response(
     }
     if errors is not None:
         body["errors"] = errors
+    # also on the 500 that Starlette's outermost error handler sends past every middleware
+    headers = {"X-Content-Type-Options": "nosniff", **(headers or {})}
     return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
 
 

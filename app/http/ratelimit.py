@@ -1,7 +1,8 @@
 """Write rate limits per token (per client address without one), with the ``limits`` library.
 
 ``CKA_WRITE_RATE`` (``60/minute``, ``1000/hour``, ``10/second;500/hour``...) caps the writes
-and uploads of each caller; empty turns it off. Counters live in Redis when
+and uploads of each caller, and the sign-ins (``POST /login``) of each client address; empty
+turns it off. Counters live in Redis when
 ``CKA_BROKER_URL`` names one (so every API process shares them), in process memory
 otherwise. Past the limit a write is refused with 429 and ``Retry-After`` (seconds until the
 window resets), as problem+json. A counter store that cannot be reached lets the write
@@ -38,8 +39,9 @@ class WriteLimiter:
         self._limiter = FixedWindowRateLimiter(storage)
         self._failing = False
 
-    def hit(self, key: str) -> None:
-        """Count one write of ``key``; raise the 429 problem if any rate is exceeded."""
+    def hit(self, key: str, what: str = "writes") -> None:
+        """Count one write (or one of ``what``) of ``key``; raise the 429 problem if any rate
+        is exceeded."""
         try:
             for rate in self.rates:
                 if not self._limiter.hit(rate, self.namespace, key):
@@ -48,7 +50,7 @@ class WriteLimiter:
                     raise ProblemError(
                         429,
                         "rate_limited",
-                        f"more than {rate} writes; try again in {wait} s",
+                        f"more than {rate} {what}; try again in {wait} s",
                         headers={"Retry-After": str(wait)},
                     )
         except ProblemError:

@@ -22,15 +22,18 @@ and a chunked body is cut off as soon as it crosses the limit.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import Depends, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.http.access import remember_caller
 from app.http.problems import ProblemError, problem_response
 from app.jobs.cancel import ANONYMOUS, Requester
 from app.store import tokens as token_store
@@ -42,6 +45,7 @@ __all__ = [
     "COOKIE_NAME",
     "CSRF_HEADER",
     "READ",
+    "TOKEN_KINDS",
     "WRITE",
     "BodyLimitMiddleware",
     "InvalidToken",
@@ -49,6 +53,7 @@ __all__ = [
     "Principal",
     "auth_required",
     "authenticate",
+    "limit_login",
     "require_admin",
     "require_read",
     "require_write",
@@ -104,10 +109,10 @@ def auth_required(services: Services) -> bool:
 
 
 class InvalidToken(Exception):
-    """The presented token is unknown (``revoked`` False) or revoked (True)."""
+    """The presented token is unknown, or revoked (``revoked``: the token's name and when)."""
 
-    def __init__(self, revoked: bool) -> None:
-        super().__init__("revoked" if revoked else "invalid")
+    def __init__(self, revoked: tuple[str, datetime] | None = None) -> None:
+        super().__init__("revoked" if revoked else "unknown")
         self.revoked = revoked
 
 
@@ -118,24 +123,56 @@ def authenticate(services: Services, token: str) -> Principal:
         return Principal("admin", f"env:{digest}", "CKA_API_TOKENS")
     with services.db.session(readonly=True) as s:  # no write lock for a lookup
         row = token_store.find_token(s, token)
-    if row is None or row.revoked_at is not None:
-        raise InvalidToken(revoked=row is not None)
+    if row is None:
+        raise InvalidToken()
+    if row.revoked_at is not None:
+        raise InvalidToken((row.name, row.revoked_at))
     if token_store.needs_touch(row):  # at most once a minute per token
         with services.db.session() as s:
             token_store.touch_token(s, row.id)
     return Principal(row.scope, f"token:{row.id}", row.name)
 
 
-def _presented(request: Request, *, write: bool) -> str | None:
-    """The bearer header's token, else the login cookie's (see COOKIE_NAME), else None."""
-    header = request.headers.get("authorization", "")
+# Where a client's token comes from, said in each refusal.
+TOKEN_KINDS = "one of CKA_API_TOKENS, or one made with `cka-atlas token create`"
+
+
+def _unauthorized(detail: str, *, invalid: bool = False) -> ProblemError:
+    challenge = 'Bearer realm="cka-atlas"' + (', error="invalid_token"' if invalid else "")
+    return ProblemError(
+        401, "unauthorized", detail, field="Authorization", headers={"WWW-Authenticate": challenge}
+    )
+
+
+def _presented(request: Request, *, write: bool) -> str:
+    """The bearer header's token, else the login cookie's (see COOKIE_NAME); each way of not
+    presenting one is refused with its own sentence (401)."""
+    header = request.headers.get("authorization", "").strip()
     if header:
         scheme, _, token = header.partition(" ")
-        return token.strip() if scheme.lower() == "bearer" else None
+        if scheme.lower() != "bearer":  # never echoed: the header may be the bare secret
+            raise _unauthorized(
+                "the Authorization header must read `Bearer <token>`; this one does not start "
+                "with the word Bearer"
+            )
+        if not token.strip():
+            raise _unauthorized("the Authorization header says Bearer but holds no token after it")
+        return token.strip()
     cookie = request.cookies.get(COOKIE_NAME)
-    if cookie and (not write or request.headers.get(CSRF_HEADER)):
+    if cookie and write and not request.headers.get(CSRF_HEADER):
+        raise _unauthorized(
+            f"the sign-in cookie authorises a write only with the {CSRF_HEADER} header, which "
+            "this site's pages send; a script sends `Authorization: Bearer <token>` instead"
+        )
+    if cookie:
         return cookie
-    return None
+    services: Services = request.app.state.services
+    with services.db.session(readonly=True) as s:
+        locked = not services.settings.tokens and not token_store.active_tokens_exist(s)
+    detail = (
+        f"this request needs a bearer token ({TOKEN_KINDS}): send `Authorization: Bearer <token>`"
+    )
+    raise _unauthorized(f"{detail}; {token_store.LOCKED}" if locked else detail)
 
 
 def _client_key(request: Request) -> str:
@@ -147,29 +184,27 @@ def _check(request: Request, need: str) -> Principal:
     if not auth_required(services):
         return Principal("admin", _client_key(request), anonymous=True)
     token = _presented(request, write=need != "read")
-    if not token:
-        raise ProblemError(
-            401,
-            "unauthorized",
-            "a bearer token is required",
-            field="Authorization",
-            headers={"WWW-Authenticate": 'Bearer realm="cka-atlas"'},
-        )
     try:
         principal = authenticate(services, token)
     except InvalidToken as exc:
-        raise ProblemError(
-            401,
-            "unauthorized",
-            "the bearer token has been revoked" if exc.revoked else "the bearer token is not valid",
-            field="Authorization",
-            headers={"WWW-Authenticate": 'Bearer realm="cka-atlas", error="invalid_token"'},
+        if exc.revoked is None:
+            raise _unauthorized(
+                f"the bearer token is not known to this service: it is not {TOKEN_KINDS}",
+                invalid=True,
+            ) from None
+        name, when = exc.revoked
+        raise _unauthorized(
+            f"the bearer token {name!r} was revoked at {when:%Y-%m-%d %H:%M} UTC; ask an admin "
+            "for a new one",
+            invalid=True,
         ) from None
+    remember_caller(request, principal.name)
     if not token_store.scope_allows(principal.scope, need):
         raise ProblemError(
             403,
             "forbidden",
-            f"this token has the {principal.scope} scope; this request needs {need}",
+            f"this token has the {principal.scope} scope; this request needs {need} (ask an "
+            f"admin for a token of scope {need})",
             field="Authorization",
         )
     return principal
@@ -179,6 +214,14 @@ def _limited(request: Request, principal: Principal) -> None:
     limiter = getattr(request.app.state, "write_limiter", None)
     if limiter is not None:
         limiter.hit(principal.key)
+
+
+def limit_login(request: Request) -> None:
+    """Count a ``POST /login`` against ``CKA_WRITE_RATE``, per client address (it takes
+    guesses at tokens): the 429 problem past the rate."""
+    limiter = getattr(request.app.state, "write_limiter", None)
+    if limiter is not None:
+        limiter.hit(f"login:{_client_key(request)}", "sign-ins")
 
 
 def require_write(request: Request) -> Principal:
@@ -196,9 +239,17 @@ def require_admin(request: Request) -> Principal:
 
 
 def require_read(request: Request) -> None:
-    """Dependency of every read endpoint (a no-op unless CKA_READ_REQUIRES_TOKEN)."""
-    if request.app.state.services.settings.read_requires_token:
+    """Dependency of every read endpoint: a token of any scope when CKA_READ_REQUIRES_TOKEN;
+    otherwise a bearer token that comes along is only named in the access log (a wrong one is
+    ignored, as no token would be)."""
+    services: Services = request.app.state.services
+    if services.settings.read_requires_token:
         _check(request, "read")
+        return
+    scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        with contextlib.suppress(InvalidToken):
+            remember_caller(request, authenticate(services, token.strip()).name)
 
 
 # What a route declares to say who may call it: ``@router.get(..., **READ)``.

@@ -29,7 +29,7 @@ from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
 from app.errors import ProblemError
-from app.jobs.parking import is_parked, live_children
+from app.jobs.parking import is_parked, live_children, lock_ancestors
 from app.jobs.queue import compare_and_set, queued
 from app.store.orm import Job, JobRequester, JobState, Study, utcnow
 
@@ -68,7 +68,9 @@ def study_requester(study: Study) -> Requester:
 
 def lock_job(session: Session, job_id: int) -> Job | None:
     """The job row, locked until the transaction ends (PostgreSQL; SQLite's writers queue
-    anyway): a request that joins a job and a cancel that stops it take turns."""
+    anyway), after its ancestors (top-down, as a worker's heartbeat takes them: see
+    :mod:`app.jobs.parking`): a request that joins a job and a cancel that stops it take turns."""
+    lock_ancestors(session, job_id)
     return session.scalar(select(Job).where(Job.id == job_id).with_for_update())
 
 

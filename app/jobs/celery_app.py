@@ -13,6 +13,11 @@ killed, or its host went down) and, while this worker has nothing to do, publish
 job queued longer than ``queued_grace_s`` (its message was lost with a broker that restarted
 without persistence, or never sent while the broker was away). A worker imports what its jobs
 would import on first use before it takes any (:data:`LAZY_IMPORTS`).
+
+A worker told to stop (SIGTERM, SIGINT: Celery's warm shutdown) hands its job back at the
+job's next check instead of finishing it: Celery's ``worker_shutting_down`` signal sets the
+job's stop event, the job goes back to the queue (said in its history) and is published again
+for another worker, and the task returns, so the worker exits within a batch or a training step.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import time
 from functools import cache
 
 from celery import Celery
+from celery.signals import worker_shutting_down
 
 from app.jobs.broker import TASK_NAME, make_celery
 from app.jobs.queue import claim, new_worker_id, queued_ids
@@ -44,6 +50,13 @@ log = logging.getLogger(__name__)
 LAZY_IMPORTS = ("sklearn.datasets", "sklearn.model_selection")
 # Set while this process runs a task: its reaper publishes lost queued jobs only when clear.
 _busy = threading.Event()
+# Set when the worker is told to stop: the running job stops at its next check (JobControl).
+_stopping = threading.Event()
+
+
+@worker_shutting_down.connect
+def _on_shutdown(**_: object) -> None:
+    _stopping.set()
 
 
 def worker_celery(settings: Settings) -> Celery:
@@ -73,7 +86,7 @@ def _run_job_task(job_id: int) -> None:
             what=f"claiming job {job_id}",
         )
         if job is not None:  # None: already taken, finished or cancelled (a duplicate message)
-            run_claimed(services, job, worker_id)
+            run_claimed(services, job, worker_id, _stopping)
     finally:
         _busy.clear()
 

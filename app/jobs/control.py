@@ -1,4 +1,13 @@
-"""What a running job sees: its progress, its cancel flag, its heartbeat and its deadline."""
+"""What a running job sees: its progress, its cancel flag, its heartbeat and its deadline.
+
+The deadline (``CKA_JOB_TIMEOUT_S``) is enforced twice. The job stops at its next check
+(``on_batch``, ``should_stop``) once it is past; and the runner itself, at its first heartbeat
+past the deadline, ends the job's row ``failed`` (``job_timeout``) whether or not the job
+reaches a check: a stage that asks nothing cannot keep a job running past its limit, and the
+result it may still produce is refused (its worker no longer owns the job). Celery's own time
+limits do nothing here: a worker runs its job in the solo pool (one process, the job in its
+main thread), which has no time limits, so the runner enforces the same limit on every worker.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +18,20 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
-from app.jobs.queue import LostJob, commit_result, heartbeat
+from app.jobs.queue import LostJob, commit_result, fail, heartbeat
 from app.store.db import Database
 
-__all__ = ["JobControl"]
+__all__ = ["JobControl", "timeout_message"]
 
 log = logging.getLogger(__name__)
+
+
+def timeout_message(limit_s: float) -> str:
+    """The error of a job stopped by its time limit."""
+    return (
+        f"the job ran longer than CKA_JOB_TIMEOUT_S ({limit_s:g} s) and was stopped; raise the "
+        "limit or submit a smaller job"
+    )
 
 
 class JobControl:
@@ -48,7 +65,10 @@ class JobControl:
         self.cancel_requested = False
         self.lost = False
         self.shutdown = shutdown or threading.Event()
+        self.time_limit_s = time_limit_s
         self.deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+        # True once the runner ended the row at the deadline (see the module docstring)
+        self.expired = False
         self._failing = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
@@ -65,6 +85,30 @@ class JobControl:
     def _beat(self) -> None:
         while not self._stop.wait(self.interval):
             self.flush()
+            if self.timed_out and not self.expired and not self.lost:
+                self._expire()
+
+    def _expire(self) -> None:
+        """The runner's cancel at the deadline: the row ends failed now (the job's thread, if
+        it is inside a stage that asks nothing, finds the job gone when it next looks)."""
+        assert self.time_limit_s is not None
+        message = timeout_message(self.time_limit_s)
+        try:
+            ended = fail(
+                self.db,
+                self.job_id,
+                self.worker_id,
+                message,
+                "job_timeout",
+                timeout=self.interval,
+                event="stopped by its runner: CKA_JOB_TIMEOUT_S passed",
+            )
+        except Exception as exc:  # the database is away: the next beat tries again
+            log.warning("job %s: could not end it at its time limit (%s)", self.job_id, exc)
+            return
+        self.expired = True
+        if ended:
+            log.warning("job %s failed: %s", self.job_id, message)
 
     def flush(self) -> None:
         try:

@@ -11,6 +11,17 @@ the job. A running job may also be parked while its children run
 (:mod:`app.jobs.parking`): :func:`park` hands it to them, :func:`take_over` takes it back.
 Cancelling (who may, and when a shared job stops) is :mod:`app.jobs.cancel`'s.
 
+A cancel that was answered wins: the ``succeeded`` transition also requires that no cancel was
+requested, so a job whose cancel was committed before its result ends ``cancelled``
+(:class:`CancelRequested`), never ``succeeded``; the two transactions take the job's row lock
+in turn (PostgreSQL re-reads the row the other one committed), and the one that commits first
+decides. Writes that touch a job and its parents lock them top-down (:mod:`app.jobs.parking`).
+
+Every run of a job that ends other than by succeeding leaves a line in its history
+(``detail["history"]``, the latest :data:`HISTORY_KEPT`): given back to the queue (its worker
+was stopped, the database was lost), re-queued by the reaper, stopped by its time limit,
+cancelled at a check. A job's own record of what happened to it, read with the job.
+
 The database may go away for a while (a restart, a lost connection): the end-of-job writes are
 retried with backoff (:func:`app.store.db.retry`), so a finished result is not lost and is
 written once.
@@ -21,18 +32,20 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from app.jobs.parking import PARKED, beat_parent, is_parked
+from app.jobs.parking import PARKED, beat_parent, is_parked, lock_ancestors
 from app.store.db import Database, retry
 from app.store.orm import Job, JobState, utcnow
 from app.store.settings import Settings
 
 __all__ = [
+    "HISTORY_KEPT",
+    "CancelRequested",
     "LostJob",
     "claim",
     "commit_result",
@@ -40,6 +53,7 @@ __all__ = [
     "complete",
     "enqueue",
     "fail",
+    "give_back_owned",
     "heartbeat",
     "mark_cancelled",
     "new_worker_id",
@@ -49,7 +63,11 @@ __all__ = [
     "release",
     "retry_s",
     "take_over",
+    "with_history",
 ]
+
+# The latest entries of a job's history that its row keeps.
+HISTORY_KEPT = 20
 
 
 class LostJob(RuntimeError):
@@ -70,6 +88,19 @@ def compare_and_set(session: Session, where: Any, **values: Any) -> bool:
 def queued(job_id: int) -> Any:
     """The guard of a job that is still queued: nobody has claimed or cancelled it yet."""
     return (Job.id == job_id) & (Job.status == JobState.QUEUED)
+
+
+class CancelRequested(RuntimeError):
+    """The job's result came after a cancel that was answered: it ends cancelled instead."""
+
+
+def with_history(
+    detail: Mapping[str, Any] | None, event: str, worker: str | None
+) -> dict[str, Any]:
+    """``detail`` with one more history entry (when, which worker, what happened)."""
+    entry = {"at": utcnow().isoformat(timespec="seconds"), "worker": worker, "event": event}
+    history = [*((detail or {}).get("history") or []), entry][-HISTORY_KEPT:]
+    return {**(detail or {}), "history": history}
 
 
 def new_worker_id(kind: str) -> str:
@@ -140,6 +171,7 @@ def _owned(job_id: int, worker_id: str) -> Any:
 def heartbeat(db: Database, job_id: int, worker_id: str, progress: float) -> bool:
     """Record liveness and progress; returns whether cancellation was requested."""
     with db.session() as s:
+        lock_ancestors(s, job_id)  # its parents are updated below: top-down, as a cancel does
         beat = {"heartbeat_at": utcnow(), "progress": min(max(progress, 0.0), 1.0)}
         if not compare_and_set(s, _owned(job_id, worker_id), **beat):
             raise LostJob(f"job {job_id} is no longer owned by {worker_id}")
@@ -167,16 +199,24 @@ def take_over(db: Database, job_id: int, worker_id: str) -> Job | None:
 
 
 def complete(session: Session, job_id: int, worker_id: str) -> None:
-    """Mark succeeded inside the caller's transaction (which also writes the result)."""
+    """Mark succeeded inside the caller's transaction (which also writes the result).
+
+    Only while no cancel was requested: a job cancelled before this commits is
+    :class:`CancelRequested` (the caller ends it cancelled), whatever it computed.
+    """
+    lock_ancestors(session, job_id)
     if not compare_and_set(
         session,
-        _owned(job_id, worker_id),
+        _owned(job_id, worker_id) & Job.cancel_requested.is_(False),
         status=JobState.SUCCEEDED,
         progress=1.0,
         finished_at=utcnow(),
         heartbeat_at=utcnow(),
-        error=None,  # a cancel that came too late to stop it leaves no sentence behind
+        error=None,
     ):
+        cancelled = session.scalar(select(Job.cancel_requested).where(_owned(job_id, worker_id)))
+        if cancelled:
+            raise CancelRequested(f"job {job_id} was cancelled before its result was written")
         raise LostJob(f"job {job_id} is no longer owned by {worker_id}; result discarded")
     parent = session.scalar(select(Job.parent_id).where(Job.id == job_id))
     if parent is not None:  # its parent's progress counts this child whole at once
@@ -213,22 +253,38 @@ def commit_result(
     retry(once, timeout=timeout, what=f"writing the result of job {job_id}")
 
 
-def _set(db: Database, job_id: int, owner: str, timeout: float, **values: Any) -> bool:
+def _set(
+    db: Database, job_id: int, owner: str, timeout: float, event: str | None = None, **values: Any
+) -> bool:
+    """A compare-and-set of the job ``owner`` runs, with ``event`` added to its history."""
+
     def once() -> bool:
         with db.session() as s:
-            return compare_and_set(s, _owned(job_id, owner), **values)
+            changes = dict(values)
+            if event is not None:
+                detail = s.scalar(select(Job.detail).where(_owned(job_id, owner)))
+                changes["detail"] = with_history(detail, event, owner)
+            return compare_and_set(s, _owned(job_id, owner), **changes)
 
     return retry(once, timeout=timeout, what=f"recording the outcome of job {job_id}")
 
 
 def fail(
-    db: Database, job_id: int, worker_id: str, error: str, code: str, timeout: float = 60.0
+    db: Database,
+    job_id: int,
+    worker_id: str,
+    error: str,
+    code: str,
+    timeout: float = 60.0,
+    event: str | None = None,
 ) -> bool:
+    """Failed with ``error`` (one sentence) and ``code``; ``event`` for its history."""
     return _set(
         db,
         job_id,
         worker_id,
         timeout,
+        event,
         status=JobState.FAILED,
         error=error[:4000],
         error_code=code,
@@ -236,23 +292,59 @@ def fail(
     )
 
 
-def mark_cancelled(db: Database, job_id: int, worker_id: str, timeout: float = 60.0) -> bool:
+def mark_cancelled(
+    db: Database, job_id: int, worker_id: str, timeout: float = 60.0, progress: float | None = None
+) -> bool:
+    """Cancelled, at the check where it stopped (``progress``, for its history)."""
+    at = "" if progress is None else f" at {progress:.0%}"
     return _set(
         db,
         job_id,
         worker_id,
         timeout,
+        f"stopped by its cancel{at}",
         status=JobState.CANCELLED,
         error_code="cancelled",
         finished_at=utcnow(),
     )
 
 
-def release(db: Database, job_id: int, worker_id: str, timeout: float = 10.0) -> bool:
-    """Give a running job back to the queue (its worker is shutting down)."""
+def release(db: Database, job_id: int, worker_id: str, why: str, timeout: float = 10.0) -> bool:
+    """Give a running job back to the queue; ``why`` (its worker is stopping, the database
+    went away) goes into its history."""
     return _set(
-        db, job_id, worker_id, timeout, status=JobState.QUEUED, worker_id=None, progress=0.0
+        db,
+        job_id,
+        worker_id,
+        timeout,
+        f"given back to the queue: {why}",
+        status=JobState.QUEUED,
+        worker_id=None,
+        progress=0.0,
     )
+
+
+def give_back_owned(db: Database, worker_ids: list[str], why: str) -> list[int]:
+    """End the runs these workers still own (their threads did not stop in time): a job whose
+    cancel was requested ends cancelled, any other goes back to the queue; ``why`` in its
+    history. The ids given back to the queue."""
+    if not worker_ids:
+        return []
+    with db.session(readonly=True) as s:
+        rows = list(
+            s.execute(
+                select(Job.id, Job.worker_id, Job.cancel_requested).where(
+                    Job.status == JobState.RUNNING, Job.worker_id.in_(worker_ids)
+                )
+            )
+        )
+    requeued = []
+    for job_id, owner, cancelled in rows:
+        if cancelled:
+            mark_cancelled(db, job_id, str(owner), timeout=10.0)
+        elif release(db, job_id, str(owner), why):
+            requeued.append(job_id)
+    return requeued
 
 
 def retry_s(settings: Settings) -> float:

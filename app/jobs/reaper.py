@@ -23,8 +23,8 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from app.jobs.parking import PARKED, beat_parent, is_parked, live_children, queued_children
-from app.jobs.queue import compare_and_set, queued
+from app.jobs.parking import PARKED, beat_parent, is_parked, jobs_left, queued_children
+from app.jobs.queue import compare_and_set, queued, with_history
 from app.store.db import Database
 from app.store.orm import Job, JobState, utcnow
 
@@ -48,14 +48,14 @@ def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> 
     given_up: list[int] = []
     resend: list[int] = []
     with db.session() as s:
-        stmt = select(Job.id, Job.attempts, Job.worker_id, Job.parent_id).where(
+        stmt = select(Job.id, Job.attempts, Job.worker_id, Job.parent_id, Job.detail).where(
             Job.status == JobState.RUNNING, Job.heartbeat_at < cutoff
         )
-        for jid, attempts, owner, parent in list(s.execute(stmt)):
+        for jid, attempts, owner, parent, detail in list(s.execute(stmt)):
             if owner == PARKED:
                 # With children left, send the queued ones again and wait another
                 # stale_after_s; with none left, re-run the parent to settle it.
-                if live_children(s, jid):
+                if jobs_left(s, jid):
                     resend.extend(s.scalars(select(Job.id).where(queued_children(jid))))
                     beat_parent(s, jid)
                     continue
@@ -70,6 +70,7 @@ def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> 
                     "error_code": "worker_lost",
                     "finished_at": utcnow(),
                 }
+                event = f"failed by the reaper: its worker stopped responding {attempts} times"
             else:
                 # published by the caller now: the grace of republish_queued starts again
                 values = {
@@ -78,8 +79,13 @@ def requeue_stale(db: Database, stale_after_s: float, max_attempts: int = 5) -> 
                     "progress": 0.0,
                     "published_at": utcnow(),
                 }
+                event = (
+                    "re-queued by the reaper: its children have all ended"
+                    if owner == PARKED
+                    else f"re-queued by the reaper: no heartbeat for {stale_after_s:g} s"
+                )
             stale = (Job.id == jid) & (Job.status == JobState.RUNNING) & (Job.heartbeat_at < cutoff)
-            if compare_and_set(s, stale, **values):
+            if compare_and_set(s, stale, **values, detail=with_history(detail, event, owner)):
                 (given_up if give_up else requeued).append(jid)
                 if give_up and parent is not None:  # its parent cannot finish either
                     compare_and_set(s, is_parked(parent), **values)

@@ -17,10 +17,19 @@ from sqlalchemy import select
 import analysis
 from app.errors import problem_of
 from app.jobs.compare import run_comparison
-from app.jobs.control import JobControl
+from app.jobs.control import JobControl, timeout_message
 from app.jobs.demo import run_demo
 from app.jobs.parking import Parked, children_left
-from app.jobs.queue import LostJob, claim, fail, mark_cancelled, release, retry_s, take_over
+from app.jobs.queue import (
+    CancelRequested,
+    LostJob,
+    claim,
+    fail,
+    mark_cancelled,
+    release,
+    retry_s,
+    take_over,
+)
 from app.jobs.shards import run_shard
 from app.jobs.study import run_study, run_study_training
 from app.jobs.threads import job_threads
@@ -28,7 +37,7 @@ from app.jobs.train import run_training
 from app.logs import job_context
 from app.store.artifacts import StoreError
 from app.store.db import is_transient
-from app.store.orm import Job
+from app.store.orm import Job, JobRequester, Study
 from app.store.services import Services
 
 __all__ = ["HANDLERS", "execute", "run_claimed"]
@@ -135,14 +144,26 @@ def run_claimed(
                 )
     if parked:  # its children may all have ended before it was parked: nobody would wake it
         _settle(services, job.id, worker_id, shutdown)
-    parent_id = _parent_of(services, job.id)  # read again: a study may adopt a comparison
-    if parent_id is not None:
-        _settle(services, parent_id, worker_id, shutdown)
+    for waiter in _waiters(services, job.id):
+        _settle(services, waiter, worker_id, shutdown)
 
 
-def _parent_of(services: Services, job_id: int) -> int | None:
+def _waiters(services: Services, job_id: int) -> list[int]:
+    """The jobs that may wait for this one: its parent (read again: a study may adopt a
+    comparison), then the studies that hold it without being its parent (an atlas that two
+    identical studies share: the second waits parked, :data:`app.jobs.parking.WAITS_FOR`)."""
     with services.db.session(readonly=True) as s:
-        return s.scalar(select(Job.parent_id).where(Job.id == job_id))
+        parent = s.scalar(select(Job.parent_id).where(Job.id == job_id))
+        holders = s.scalars(
+            select(JobRequester.requester).where(
+                JobRequester.job_id == job_id,
+                JobRequester.withdrawn_at.is_(None),
+                JobRequester.requester.startswith("study:"),
+            )
+        ).all()
+        study_ids = [int(h.partition(":")[2]) for h in holders if h.partition(":")[2].isdigit()]
+        studies = s.scalars(select(Study.job_id).where(Study.id.in_(study_ids))).all()
+    return list(dict.fromkeys(j for j in (parent, *studies) if j is not None and j != job_id))
 
 
 def _settle(
@@ -158,33 +179,54 @@ def _settle(
         run_claimed(services, parent, worker_id, shutdown)
 
 
+def _give_back(services: Services, control: JobControl, why: str, timeout: float) -> None:
+    """Back to the queue, said in its history, and published again for the next worker (a
+    Celery worker that stops has its message acknowledged as the task returns)."""
+    if release(services.db, control.job_id, control.worker_id, why, timeout=timeout):
+        try:
+            services.dispatch(control.job_id)
+        except Exception as exc:  # the broker is away: a worker's reaper publishes it later
+            log.warning("job %s: could not publish it again (%s)", control.job_id, exc)
+
+
 def _record_end(services: Services, control: JobControl, exc: Exception) -> None:
     db, job_id, worker_id = services.db, control.job_id, control.worker_id
-    if isinstance(exc, LostJob):
+    if control.expired:
+        log.info("job %s stopped: its runner had ended it at its time limit", job_id)
+    elif isinstance(exc, CancelRequested):
+        mark_cancelled(db, job_id, worker_id, progress=control.progress)
+        log.info("job %s cancelled: %s", job_id, exc)
+    elif isinstance(exc, LostJob):
         log.warning("job %s: %s", job_id, exc)
     elif control.lost:
         log.warning("job %s lost while failing: %s", job_id, exc)
     elif isinstance(exc, analysis.Cancelled) and control.timed_out:
-        limit = services.settings.job_timeout_s
-        message = (
-            f"the job ran longer than CKA_JOB_TIMEOUT_S ({limit} s) and was stopped; "
-            "raise the limit or submit a smaller job"
-        )
+        message = timeout_message(services.settings.job_timeout_s)
         log.warning("job %s failed: %s", job_id, message)
-        fail(db, job_id, worker_id, message, "job_timeout", timeout=retry_s(services.settings))
+        fail(
+            db,
+            job_id,
+            worker_id,
+            message,
+            "job_timeout",
+            timeout=retry_s(services.settings),
+            event="stopped at a check: CKA_JOB_TIMEOUT_S passed",
+        )
     elif isinstance(exc, analysis.Cancelled) and control.cancel_requested:
-        mark_cancelled(db, job_id, worker_id)
+        mark_cancelled(db, job_id, worker_id, progress=control.progress)
         log.info("job %s cancelled", job_id)
     elif isinstance(exc, analysis.Cancelled) and control.shutdown.is_set():
-        release(db, job_id, worker_id, timeout=10.0)
+        _give_back(services, control, f"its worker was stopped at {control.progress:.0%}", 10.0)
         log.info("job %s put back in the queue: its worker is stopping", job_id)
     elif isinstance(exc, analysis.Cancelled):
-        mark_cancelled(db, job_id, worker_id)
+        mark_cancelled(db, job_id, worker_id, progress=control.progress)
         log.info("job %s cancelled", job_id)
     elif is_transient(exc):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         log.warning("job %s interrupted by the database (%s); re-queued", job_id, first)
-        release(db, job_id, worker_id, timeout=retry_s(services.settings))
+        _give_back(
+            services, control, f"the database went away ({first[:200]})", retry_s(services.settings)
+        )
     else:
         code = _error_code(exc)
         if code == "internal_error":

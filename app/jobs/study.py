@@ -44,7 +44,7 @@ from analysis import Cancelled, studies
 from app.errors import ProblemError
 from app.jobs.cancel import study_requester
 from app.jobs.control import JobControl
-from app.jobs.parking import Parked, progress_plan
+from app.jobs.parking import WAITS_FOR, Parked, progress_plan
 from app.jobs.queue import LostJob, enqueue, park
 from app.jobs.studies import comparison_body
 from app.jobs.study_grams import store_atlas_grams
@@ -57,8 +57,6 @@ from app.store.services import Services
 __all__ = ["models_by_key", "run_study", "run_study_training"]
 
 log = logging.getLogger(__name__)
-# How often a study polls an atlas that belongs to another job (two identical studies at once).
-POLL_S = 0.5
 
 
 def _study_for_job(services: Services, job_id: int) -> Study:
@@ -259,28 +257,21 @@ def _atlas(
     ids = (job.detail or {}).get("atlases")
     if not isinstance(ids, dict) or set(ids) != set(plan.atlases):
         ids = _submit_atlases(services, study, job, plan, trained)
-    while True:
-        states = {name: _adopt(services, study, job, i, name == "main") for name, i in ids.items()}
-        for name, (status, _owner, error, _job_id) in states.items():
-            if not status.live and status != JobState.SUCCEEDED:
-                raise analysis.AnalysisError(
-                    f"the study's comparison {ids[name]} {status}: {error or 'no reason given'}"
-                )
-        live = {name: state for name, state in states.items() if state[0].live}
-        if not live:
-            return ids
-        if any(owner == job.id for _status, owner, _error, _job_id in live.values()):
-            break
-        # Other studies' atlases: wait for them here (rare: two identical studies at once).
-        control.progress = (n + 0.5) / (n + 1)
-        if control.lost:
-            raise LostJob(f"job {job.id} is no longer this worker's")
-        if control.cancel_requested or control.shutdown.is_set():
-            raise Cancelled(f"study {study.id} was stopped")
-        time.sleep(POLL_S)
+    states = {name: _adopt(services, study, job, i, name == "main") for name, i in ids.items()}
+    for name, (status, _owner, error, _job_id) in states.items():
+        if not status.live and status != JobState.SUCCEEDED:
+            raise analysis.AnalysisError(
+                f"the study's comparison {ids[name]} {status}: {error or 'no reason given'}"
+            )
+    live = {name: state for name, state in states.items() if state[0].live}
+    if not live:
+        return ids
     children = _children(services, job.id)
     trainings = sum(1 for c in children if c.kind == "training")
-    plan_detail = {**progress_plan(n + 1, n - trainings), "atlases": ids}
+    # An atlas another job owns (two identical studies at once) is waited for parked, as a
+    # child is: holding a worker to poll it would keep the only worker from running it.
+    others = sorted(state[3] for state in live.values() if state[1] != job.id)
+    plan_detail = {**progress_plan(n + 1, n - trainings), "atlases": ids, WAITS_FOR: others}
     mine = {state[3] for state in live.values() if state[1] == job.id}
     waiting = [c for c in children if c.id in mine]
     _wait_for_children(services, job, control, waiting, plan_detail)

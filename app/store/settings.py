@@ -123,7 +123,9 @@ class Settings(BaseSettings):
     job_timeout_s: int = Field(
         default=6 * 3600,
         gt=0,
-        description="Longest job; the broker's visibility timeout exceeds it.",
+        description="Longest run of a job, in seconds: past it the job stops at its next "
+        "check and its runner ends it failed (job_timeout) even if it reaches none; the "
+        "broker's visibility timeout exceeds it.",
     )
     job_memory_gb: float | None = Field(
         default=None,

@@ -11,18 +11,22 @@ import hashlib
 import secrets
 from datetime import timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from app.store.orm import SCOPES, ApiToken, utcnow
 from app.store.repository import page
 
 __all__ = [
+    "FIRST_TOKEN",
+    "LOCKED",
     "PREFIX",
+    "active_tokens_exist",
     "create_token",
     "find_token",
     "list_tokens",
     "needs_touch",
+    "purge_revoked",
     "revoke_token",
     "scope_allows",
     "token_hash",
@@ -33,6 +37,14 @@ __all__ = [
 PREFIX = "cka_"
 # last_used_at is written at most this often per token, so reads do not each cost a write.
 TOUCH_EVERY = timedelta(seconds=60)
+# The first token of a service is an operator's act on its host, never a request's.
+FIRST_TOKEN = "cka-atlas token create --scope admin --name NAME"
+# What a service whose every token is revoked tells its operator: revoking never opens it.
+LOCKED = (
+    "no active token is left, so the service stays locked (revoking never opens it): create "
+    f"a token on the host with `{FIRST_TOKEN}`, or open the service again (no token at all) "
+    "by deleting the revoked tokens with `cka-atlas token purge`"
+)
 
 
 def token_hash(secret: str) -> str:
@@ -85,6 +97,19 @@ def touch_token(session: Session, token_id: int) -> None:
 def tokens_exist(session: Session) -> bool:
     """Whether any token was ever created (revoked ones count: see app.http.security)."""
     return session.scalar(select(ApiToken.id).limit(1)) is not None
+
+
+def active_tokens_exist(session: Session) -> bool:
+    """Whether any token that is not revoked exists."""
+    stmt = select(ApiToken.id).where(ApiToken.revoked_at.is_(None)).limit(1)
+    return session.scalar(stmt) is not None
+
+
+def purge_revoked(session: Session) -> int:
+    """Delete the revoked tokens; how many. With none left (and no ``CKA_API_TOKENS``) the
+    service is open again."""
+    res = session.execute(delete(ApiToken).where(ApiToken.revoked_at.is_not(None)))
+    return int(res.rowcount or 0)  # type: ignore[attr-defined]
 
 
 def list_tokens(

@@ -124,3 +124,19 @@ def test_accepts_tensors_and_rejects_mismatched_samples() -> None:
         cka_from_features([x], [y], estimator="weird")
     with pytest.raises(EstimatorError):
         cka_from_features([x], [y], mode="minibatch", batch_size=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_rbf_kernel_is_finite_across_its_bandwidth_range(dtype: torch.dtype, scale: float) -> None:
+    """At both ends of the accepted multipliers, for features small and large, the Gram is
+    finite with a unit diagonal (analysis.estimators.kernels: why t is bounded); rbf:1e-30
+    made the diagonal 0/0 in float32."""
+    from analysis.estimators.kernels import RBF_T_MAX, RBF_T_MIN, Kernel, gram
+
+    x = torch.from_numpy(features(7, 48, [300])[0]).to(dtype) * scale
+    for t in (RBF_T_MIN, RBF_T_MAX):
+        k = gram(x, Kernel("rbf", t))
+        assert torch.isfinite(k).all() and torch.equal(k.diagonal(), torch.ones(48, dtype=dtype))
+        off = k[~torch.eye(48, dtype=torch.bool)]
+        assert (off > 0).any() and (off < 1).all()  # neither the identity nor all ones

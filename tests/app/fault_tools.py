@@ -98,6 +98,19 @@ def poll(
         time.sleep(0.05)
 
 
+def wait_serving(http: httpx.Client, server: Proc, timeout: float = 60) -> None:
+    """Poll the ``cka-atlas serve`` child until it answers ``/healthz`` (fail at once if it
+    exits, or after ``timeout``)."""
+
+    def up() -> bool:
+        try:
+            return http.get("/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    poll(up, timeout, "cka-atlas serve answered /healthz", (server,))
+
+
 def service_env(db_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
     """The environment of a ``cka-atlas`` child: fast heartbeats, a short stale horizon."""
     return {

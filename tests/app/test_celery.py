@@ -25,6 +25,7 @@ from app.store.services import Services
 from app.store.settings import Settings
 from tests.app.fault_tools import CIFAR, upload_dataset
 from tests.app.study_tools import TINY
+from tests.deadline import Deadline
 from tests.helpers import (
     assert_same_numbers,
     digits_id,
@@ -128,18 +129,57 @@ def _kill_w1_amid(
     find: Callable[[], dict[str, Any] | None],
     workers: dict[str, subprocess.Popen[bytes]],
     what: str,
-    timeout: float = 120,
+    timeout: float,
+    jobs: Callable[[], list[dict[str, Any]]],
+    log_dir: Path,
 ) -> dict[str, Any]:
-    """Poll ``find`` until it gives a job w1 runs, then SIGKILL w1 mid-way; that job."""
+    """Poll ``find`` until it gives a job w1 runs, then SIGKILL w1 mid-way; that job. Past
+    ``timeout``, fail saying what was waited for: the ``jobs`` as they stood and the workers'
+    last log lines."""
     deadline = time.monotonic() + timeout
     victim = None
     while victim is None and time.monotonic() < deadline:
         victim = find()
         time.sleep(0.02)
-    assert victim is not None, f"w1 never ran {what}"
+    if victim is None:
+        raise AssertionError(
+            f"waited {timeout:.0f} s for w1 to be in the middle of {what}; the jobs then: "
+            f"{_states(jobs())}\n{_tails(log_dir, workers)}"
+        )
     os.killpg(workers["w1"].pid, signal.SIGKILL)
     workers["w1"].wait(timeout=30)
     return victim
+
+
+def _states(jobs: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Each job as (id, status, progress, worker node): what a failed wait reports."""
+    return [
+        (j["id"], j["status"], round(j["progress"], 2), _node(j["worker"] or "-")) for j in jobs
+    ]
+
+
+def _tails(log_dir: Path, workers: dict[str, subprocess.Popen[bytes]]) -> str:
+    logs = worker_logs(log_dir, workers)
+    return "\n".join(f"--- {name} (last lines):\n{text[-1500:]}" for name, text in logs.items())
+
+
+def _finished(
+    client: TestClient,
+    url: str,
+    deadline: Deadline,
+    workers: dict[str, subprocess.Popen[bytes]],
+    log_dir: Path,
+    jobs: Callable[[], list[dict[str, Any]]],
+    alive: subprocess.Popen[bytes] | None = None,
+) -> dict[str, Any]:
+    """:func:`tests.helpers.wait` for ``url`` within the test's deadline; past it, what was
+    waited for: the job, its children and the workers' last log lines."""
+    try:
+        return wait(client, url, timeout=deadline.left(), alive=alive)
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}; its jobs: {_states(jobs())}\n{_tails(log_dir, workers)}"
+        ) from None
 
 
 def _reference(zoo: dict[str, Path], data_path: Path, **options: Any) -> dict[str, Any]:
@@ -161,10 +201,15 @@ def _reference(zoo: dict[str, Path], data_path: Path, **options: Any) -> dict[st
 
 
 def test_two_workers_share_a_sharded_comparison_and_survive_a_kill(
-    broker_settings: Settings, cifar_zoo: dict[str, Path], slow_data: Path, tmp_path: Path
+    broker_settings: Settings,
+    cifar_zoo: dict[str, Path],
+    slow_data: Path,
+    tmp_path: Path,
+    deadline: Deadline,
 ) -> None:
     """Two ``cka-atlas worker --name`` processes; every run computes from scratch (each has
-    its own batch size, so none reuses another's stored Grams)."""
+    its own batch size, so none reuses another's stored Grams). Every wait takes its bound
+    from the test's deadline (inside pytest-timeout's) and says what it waited for."""
     settings = broker_settings
     calibration = {"bootstrap": 20, "permutations": 40}
     with TestClient(create_app(settings)) as client:
@@ -172,9 +217,18 @@ def test_two_workers_share_a_sharded_comparison_and_survive_a_kill(
         ids = register(client, cifar_zoo, *CIFAR)
         ds = upload_dataset(client, slow_data)  # 600 random 32x32 images
         body = {"model_ids": ids, "dataset_id": ds, **calibration}
-        with celery_workers(_killable(settings), tmp_path, ("w1", "w2")) as workers:
+        ready = deadline.left(at_most=180)
+        with celery_workers(_killable(settings), tmp_path, ("w1", "w2"), ready) as workers:
             two = client.post("/v1/comparisons", json=body | {"batch_size": 25, "shards": 2})
-            done = wait(client, two.headers["location"], timeout=300)
+            cid = two.json()["id"]
+            done = _finished(
+                client,
+                two.headers["location"],
+                deadline,
+                workers,
+                tmp_path,
+                lambda: _shards_of(client, services, cid),
+            )
             assert done["status"] == "succeeded", done
             assert {_node(s["worker"]) for s in done["diagnostics"]["shards"]} == {
                 "celery-w1",
@@ -185,12 +239,21 @@ def test_two_workers_share_a_sharded_comparison_and_survive_a_kill(
             # re-runs it, ends the last shard and combines them
             four = client.post("/v1/comparisons", json=body | {"batch_size": 20, "shards": 4})
             cid = four.json()["id"]
+
+            def shards() -> list[dict[str, Any]]:
+                return _shards_of(client, services, cid)
+
             victim = _kill_w1_amid(
-                lambda: next(filter(_amid_on_w1, _shards_of(client, services, cid)), None),
+                lambda: next(filter(_amid_on_w1, shards()), None),
                 workers,
                 "a shard",
+                deadline.left(),
+                shards,
+                tmp_path,
             )
-            killed = wait(client, four.headers["location"], timeout=300, alive=workers["w2"])
+            killed = _finished(
+                client, four.headers["location"], deadline, workers, tmp_path, shards, workers["w2"]
+            )
         logs = worker_logs(tmp_path, workers)
         assert killed["status"] == "succeeded", (killed, logs["w2"][-3000:])
         redone = _shards_of(client, services, cid)[victim["shard"]]
@@ -208,6 +271,54 @@ def test_two_workers_share_a_sharded_comparison_and_survive_a_kill(
             # the counters differ: no store in-process, and the re-run shard read the Grams
             # its killed predecessor had stored instead of running the models again
             assert_same_numbers(expected, stored, ignore=("gram_cache", "forward_passes"))
+
+
+def test_a_worker_told_to_stop_hands_its_job_back_at_the_next_batch(
+    broker_settings: Settings,
+    cifar_zoo: dict[str, Path],
+    slow_data: Path,
+    tmp_path: Path,
+    deadline: Deadline,
+) -> None:
+    """SIGTERM (Celery's warm shutdown) to a worker in the middle of a comparison of 24
+    batches: the worker gives the job back at its next batch and exits, the job is queued
+    again (its history says why), and another worker runs it to the end. Before, the worker
+    finished the job first (the probe: 7 s later) and only then exited."""
+    settings = broker_settings
+    with TestClient(create_app(settings)) as client:
+        services: Services = client.app.state.services  # type: ignore[attr-defined]
+        ids = register(client, cifar_zoo, *CIFAR)
+        ds = upload_dataset(client, slow_data)  # 600 random 32x32 images, 24 batches of 25
+        body = {"model_ids": ids, "dataset_id": ds, "batch_size": 25}
+        ready = deadline.left(at_most=180)
+        (tmp_path / "first").mkdir()
+        (tmp_path / "second").mkdir()
+        with celery_workers(settings, tmp_path / "first", ("w1",), ready) as workers:
+            r = client.post("/v1/comparisons", json=body)
+            assert r.status_code == 202, r.text
+            with services.db.session(readonly=True) as s:
+                job_id = s.get(Comparison, r.json()["id"]).job_id  # type: ignore[union-attr]
+
+            def job() -> dict[str, Any]:
+                view: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
+                return view
+
+            until = time.monotonic() + deadline.left()
+            while not (job()["status"] == "running" and 0 < job()["progress"] < 0.5):
+                assert time.monotonic() < until, f"w1 never got a batch into the job: {job()}"
+                assert workers["w1"].poll() is None, worker_logs(tmp_path / "first", workers)
+                time.sleep(0.02)
+            os.killpg(workers["w1"].pid, signal.SIGTERM)
+            code = workers["w1"].wait(timeout=deadline.left(at_most=120))
+            stopped = job()
+        log = worker_logs(tmp_path / "first", workers)["w1"]
+        assert code == 0, log[-3000:]
+        assert stopped["status"] == "queued" and stopped["worker"] is None, (stopped, log[-3000:])
+        event = stopped["detail"]["history"][-1]["event"]
+        assert event.startswith("given back to the queue: its worker was stopped at "), event
+        with celery_workers(settings, tmp_path / "second", ("w2",), deadline.left()) as again:
+            done = wait(client, r.headers["location"], deadline.left(), alive=again["w2"])
+        assert done["status"] == "succeeded" and done["attempts"] == 2, done
 
 
 def _one_worker_sha256s(tmp_path: Path) -> dict[str, str]:
@@ -268,16 +379,22 @@ def one_worker_tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str,
 
 
 def test_two_workers_share_a_study_and_survive_a_kill(
-    broker_settings: Settings, tmp_path: Path, one_worker_tiny: tuple[dict[str, str], Any]
+    broker_settings: Settings,
+    tmp_path: Path,
+    one_worker_tiny: tuple[dict[str, str], Any],
+    deadline: Deadline,
 ) -> None:
     """Two ``cka-atlas worker --name`` processes run a study's trainings; w1 is SIGKILLed in
     the middle of one after it finished another: w2 re-runs it and the study ends once, with
     the checkpoints and the summary one worker gives. Each training stored its model's Grams
-    for the atlas, which runs no model."""
+    for the atlas, which runs no model. Every wait takes its bound from the test's deadline,
+    which counts the module's reference run too (inside pytest-timeout's 300 s), and says
+    what it waited for: the trainings as they stood and the workers' last log lines."""
     settings = broker_settings
     with TestClient(create_app(settings)) as client:
         services: Services = client.app.state.services  # type: ignore[attr-defined]
-        with celery_workers(_killable(settings), tmp_path, ("w1", "w2")) as workers:
+        ready = deadline.left(at_most=180)
+        with celery_workers(_killable(settings), tmp_path, ("w1", "w2"), ready) as workers:
             r = client.post("/v1/studies", json={"spec": TINY, "quick": True})
             assert r.status_code == 202, r.text
             study = r.json()
@@ -285,9 +402,13 @@ def test_two_workers_share_a_study_and_survive_a_kill(
                 job_id = s.get(Study, study["id"]).job_id  # type: ignore[union-attr]
             children = {"parent_id": job_id, "kind": "training", "limit": 50}
 
+            def listed() -> list[dict[str, Any]]:
+                page: dict[str, Any] = client.get("/v1/jobs", params=children).json()
+                return list(page["items"])
+
             def second_on_w1() -> dict[str, Any] | None:
                 """A training w1 runs after it finished another."""
-                items = client.get("/v1/jobs", params=children).json()["items"]
+                items = listed()
                 w1_done = [
                     j
                     for j in items
@@ -295,8 +416,23 @@ def test_two_workers_share_a_study_and_survive_a_kill(
                 ]
                 return next(filter(_amid_on_w1, items), None) if w1_done else None
 
-            victim = _kill_w1_amid(second_on_w1, workers, "two trainings", timeout=300)
-            done = wait(client, r.headers["location"], timeout=600, alive=workers["w2"])
+            victim = _kill_w1_amid(
+                second_on_w1,
+                workers,
+                "its second training",
+                deadline.left(),
+                listed,
+                tmp_path,
+            )
+            done = _finished(
+                client,
+                r.headers["location"],
+                deadline,
+                workers,
+                tmp_path,
+                listed,
+                workers["w2"],
+            )
         logs = worker_logs(tmp_path, workers)
         assert done["status"] == "succeeded", (done, logs["w2"][-3000:])
         trainings = client.get("/v1/jobs", params=children).json()["items"]
@@ -305,6 +441,10 @@ def test_two_workers_share_a_study_and_survive_a_kill(
         assert all(j["detail"]["seconds"] > 0 for j in trainings)
         redone = next(j for j in trainings if j["id"] == victim["id"])
         assert redone["attempts"] == 2 and _node(redone["detail"]["worker"]) == "celery-w2"
+        # its history says what happened to its first run
+        assert [e["event"] for e in redone["detail"]["history"]] == [
+            "re-queued by the reaper: no heartbeat for 4 s"
+        ]
         with services.db.session(readonly=True) as s:  # one result: the study succeeded once
             row = s.get(Study, study["id"])
             assert row is not None and row.job.status == "succeeded" and row.summary is not None

@@ -111,3 +111,37 @@ def test_rest_md_names_every_upload_and_comparison_field() -> None:
     fields |= {"weights", "sidecar", "timm_name", "config", "hub", "name"}  # POST /v1/models
     missing = sorted(f for f in fields if f"| `{f}`" not in text)
     assert missing == [], f"docs/rest.md has no table row for {missing}"
+
+
+def test_rbf_bandwidths_beyond_the_documented_range_are_refused_at_the_door(
+    idle_client: TestClient, zoo: dict[str, Path]
+) -> None:
+    """``rbf:1e308`` (an OverflowError in the job), ``rbf:1e-320`` and ``rbf:1e-30`` (every
+    cell NaN) were accepted and failed or emptied their job; now the request is 422 naming the
+    field, with the range, and nothing is queued. The ends of the range are accepted."""
+    c = idle_client
+    pair = {"model_ids": register(c, zoo, "mixer_digits"), "dataset_id": digits_id(c)}
+    for kernel in ("rbf:1e308", "rbf:1e-320", "rbf:1e-30", "rbf:0.09", "rbf:10.5", "rbf:nan"):
+        body = assert_problem(
+            c.post("/v1/comparisons", json={**pair, "kernel": kernel}),
+            422,
+            "invalid_kernel",
+            "kernel",
+        )
+        assert body["detail"].startswith("kernel: ") and "from 0.1 to 10" in body["detail"], body
+    assert c.get("/v1/comparisons").json()["total"] == 0
+    for t in ("0.1", "10"):  # the documented range's ends
+        r = c.post("/v1/comparisons", json={**pair, "kernel": f"rbf:{t}"})
+        assert r.status_code == 202, r.text
+    # the same bounds in a study's identification test (its measures' RBF bandwidths)
+    spec = {
+        "name": "ident",
+        "seeds": 2,
+        "reference": {"name": "mlp", "arch": "mlp_digits"},
+        "identification": {"rbf": [0.2, 1e-30]},
+    }
+    body = assert_problem(c.post("/v1/studies", json={"spec": spec}), 422, "invalid_study", "spec")
+    assert "identification.rbf.1" in body["detail"] and "0.1" in body["detail"], body
+    recipe = {**spec, "identification": {}, "recipe": {"weight_decay": 1e308}}
+    body = assert_problem(c.post("/v1/studies", json={"spec": recipe}), 422, "invalid_study")
+    assert "recipe.weight_decay" in body["detail"], body

@@ -77,3 +77,32 @@ def test_a_dataset_over_the_budget_is_refused_from_its_headers(settings: Setting
             "'bomb.npz' holds 4 images of 1×8×8: 1024 bytes as float32, more than the 1000 bytes "
             "allowed by CKA_MAX_DATASET_BYTES."
         )
+
+
+def test_a_zip_with_duplicate_member_names_is_refused_in_one_sentence(client: TestClient) -> None:
+    """The probe's zip: 30 entries, 10 of them repeating a name, was stored as 20 images with
+    no word said. Which of two files of one name is the image cannot be told: 422, counted."""
+    import warnings
+    import zipfile
+
+    from PIL import Image
+
+    def png(shade: int) -> bytes:
+        out = io.BytesIO()
+        Image.new("L", (8, 8), shade).save(out, format="PNG")
+        return out.getvalue()
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), zipfile.ZipFile(buf, "w") as zf:
+        warnings.simplefilter("ignore", UserWarning)  # zipfile warns of the duplicate names
+        for i in range(20):
+            zf.writestr(f"photos/{'cats' if i % 2 else 'dogs'}/{i}.png", png(i))
+        for i in range(10):
+            zf.writestr(f"photos/{'cats' if i % 2 else 'dogs'}/{i}.png", png(200 + i))
+    files = {"file": ("twice.zip", buf.getvalue())}
+    before = client.get("/v1/datasets").json()["total"]
+    body = assert_problem(client.post("/v1/datasets", files=files), 422, "invalid_dataset", "file")
+    detail = body["detail"]
+    assert "'twice.zip' holds 10 entries whose path another entry already has" in detail, detail
+    assert "photos/dogs/0.png" in detail and detail.count(". ") == 0
+    assert client.get("/v1/datasets").json()["total"] == before  # nothing stored

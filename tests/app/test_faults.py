@@ -52,6 +52,7 @@ from tests.app.fault_tools import (
     umount,
     unprivileged_worker,
     upload_dataset,
+    wait_serving,
 )
 from tests.helpers import FINAL, digits_id, make_settings, register, run_until_final, wait
 from tests.servers import PgServer, RedisServer, free_port
@@ -150,13 +151,7 @@ def test_api_restarted_while_jobs_run_loses_and_duplicates_nothing(
         http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
         clients.append(http)
 
-        def up() -> bool:
-            try:
-                return http.get("/healthz").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        poll(up, 60, "cka-atlas serve answered /healthz", (proc,))
+        wait_serving(http, proc)
         return http
 
     try:
@@ -408,6 +403,51 @@ def test_concurrent_plain_and_forced_deletes_answer_204_404_or_409(
     with services.db.session(readonly=True) as s:  # both comparisons went with the model
         assert s.scalar(select(func.count()).select_from(Comparison)) == 0
         assert s.scalar(select(func.count()).select_from(Job)) == 0
+
+
+def test_concurrent_deletes_of_a_running_comparison_answer_204_or_404(
+    idle_client: TestClient, zoo: dict[str, Path]
+) -> None:
+    """20 deletes of one comparison whose job is running and heartbeating, fired together:
+    one 204, the others 404, never a 500; the heartbeat finds its job gone. The delete locks
+    the job (after its ancestors, as a heartbeat does) and then the comparison, so a second
+    delete waits and finds no row."""
+    from app.jobs.queue import LostJob, claim, heartbeat
+
+    client = idle_client
+    ids = register(client, zoo, "mixer_digits")
+    r = client.post("/v1/comparisons", json={"model_ids": ids, "dataset_id": digits_id(client)})
+    assert r.status_code == 202, r.text
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+    cid = r.json()["id"]
+    with services.db.session(readonly=True) as s:
+        job_id = s.get(Comparison, cid).job_id  # type: ignore[union-attr]
+    assert claim(services.db, "w:test", job_id) is not None
+    start = threading.Barrier(21)
+    beats: list[object] = []
+
+    def beat() -> None:
+        start.wait(timeout=30)
+        try:
+            for _ in range(10_000):
+                heartbeat(services.db, job_id, "w:test", 0.5)
+        except LostJob as exc:
+            beats.append(exc)
+        except BaseException as exc:
+            beats.append(exc)
+
+    def fire(_: int) -> int:
+        start.wait(timeout=30)
+        return client.delete(f"/v1/comparisons/{cid}").status_code
+
+    beating = threading.Thread(target=beat)
+    beating.start()
+    with ThreadPoolExecutor(20) as pool:
+        codes = list(pool.map(fire, range(20)))
+    beating.join(60)
+    assert sorted(set(codes)) == [204, 404] and codes.count(204) == 1, codes
+    assert len(beats) == 1 and isinstance(beats[0], LostJob), beats
+    assert client.get(f"/v1/comparisons/{cid}").status_code == 404
 
 
 # 7. The broker restarted without persistence ----------------------------------------------

@@ -131,3 +131,52 @@ def test_every_refusal_names_the_file_sent_and_its_fault(
     detail = _refusal(r, "weights")
     assert detail.startswith("'gmlp.safetensors'") and "missing keys" in detail, detail
     assert api.get("/v1/models").json()["total"] == 0
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("std", NAN), ("mean", NAN), ("std", INF), ("std", -INF), ("mean", 1e308), ("std", 1e-30)],
+)
+def test_non_finite_or_huge_preprocessing_is_refused_on_upload_and_hub_import(
+    api: TestClient, zoo: dict[str, Path], key: str, value: float
+) -> None:
+    """A pipeline mean or std that is NaN, infinite or beyond the documented bounds
+    (models.preprocessing: |mean| <= 1000, std in [1e-3, 1e3]) is refused with 422 naming the
+    field: in an uploaded sidecar's ``preprocessing`` and ``normalisation``, and in a hub
+    folder's ``config.json`` ``pretrained_cfg``. Python's json reads and writes NaN and
+    Infinity, as the issue's probe sent them."""
+    weights = zoo["mixer_digits"].read_bytes()
+    sidecar = json.loads(zoo["mixer_digits"].with_suffix(".json").read_text())
+    channels = sidecar["input_shape"][0]
+    pipeline = {
+        "input_size": sidecar["input_shape"],
+        "mean": [0.0] * channels,
+        "std": [1.0] * channels,
+    }
+    for where in ("preprocessing", "normalisation"):
+        bad = {**sidecar, where: {**pipeline, key: [value] * channels}}
+        files = {
+            "weights": ("w.safetensors", weights),
+            "sidecar": ("s.json", json.dumps(bad).encode()),
+        }
+        detail = _refusal(api.post("/v1/models", files=files), "sidecar")
+        assert f"field '{where}" in detail and key in detail, detail
+    config = {"architecture": "mixer_digits", "num_classes": 10, "pretrained_cfg": {}}
+    config["pretrained_cfg"] = {**pipeline, key: [value] * channels}
+    folder = _zip({"m/config.json": json.dumps(config).encode(), "m/model.safetensors": weights})
+    detail = _refusal(api.post("/v1/models", files={"hub": ("m.zip", folder)}), "hub")
+    assert f"has a {key} of" in detail and "must be a number from" in detail, detail
+    assert api.get("/v1/models").json()["total"] == 0
+    # the bounds' own ends are accepted
+    fine = {
+        **sidecar,
+        "preprocessing": {**pipeline, "mean": [1000.0] * channels, "std": [1e-3] * channels},
+    }
+    files = {
+        "weights": ("w.safetensors", weights),
+        "sidecar": ("s.json", json.dumps(fine).encode()),
+    }
+    assert api.post("/v1/models", files=files).status_code == 201

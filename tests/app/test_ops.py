@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import logging.config
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -238,3 +239,114 @@ def test_uvicorn_log_config_is_valid() -> None:
             lg.handlers[:] = handlers
             lg.setLevel(level)
             lg.propagate = propagate
+
+
+def test_every_response_says_nosniff_and_static_files_have_cache_headers(tmp_path: Path) -> None:
+    from app.http.static import IMMUTABLE
+    from app.http.web.templating import static_url
+
+    with TestClient(create_app(sqlite_settings(tmp_path, worker_threads=0))) as c:
+        answers = {
+            path: c.get(path)
+            for path in (
+                "/healthz",
+                "/v1/models",
+                "/v1/models/999",  # a problem
+                "/openapi.json",
+                "/metrics",
+                "/",
+                "/login",
+                static_url("style.css"),
+                "/static/style.css",
+                "/static/nope.css",
+                "/docs",
+            )
+        }
+        answers["POST /v1/jobs/1/cancel"] = c.post("/v1/jobs/1/cancel")
+        answers["Host: evil.example"] = c.get("/v1/models", headers={"Host": "evil.example"})
+        assets = [u for u in c.get("/docs").text.split('"') if u.startswith("/docs/assets/")]
+        asset = c.get(assets[0])
+        stale = c.get("/static/style.css?v=000000000000")
+        revalidated = c.get(
+            static_url("style.css"),
+            headers={"If-None-Match": answers[static_url("style.css")].headers["etag"]},
+        )
+    assert {p: r.headers.get("x-content-type-options") for p, r in answers.items()} == {
+        p: "nosniff" for p in answers
+    }
+    assert answers[static_url("style.css")].headers["cache-control"] == IMMUTABLE
+    assert revalidated.status_code == 304 and revalidated.headers["cache-control"] == IMMUTABLE
+    assert answers["/static/style.css"].headers["cache-control"] == "no-cache"
+    assert stale.headers["cache-control"] == "no-cache"
+    assert asset.status_code == 200 and asset.headers["cache-control"] == "public, max-age=86400"
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_the_access_log_names_the_token_and_never_a_secret(tmp_path: Path, fmt: str) -> None:
+    """The real server (uvicorn's access log): a request authorised with a database token is
+    logged with the token's name; a token sent in the query string (never accepted) is not
+    logged; no secret appears anywhere in the server's output."""
+    import httpx
+
+    from app.store.db import Database, ensure_schema
+    from app.store.tokens import create_token
+    from tests.app.fault_tools import Proc, service_env, wait_serving
+    from tests.servers import free_port
+
+    db_url = f"sqlite:///{tmp_path / 'cka.db'}"
+    db = Database(db_url)
+    ensure_schema(db.engine)
+    with db.session() as s:
+        _, secret = create_token(s, "ci-bot", "write")
+    db.dispose()
+    env = service_env(db_url, tmp_path / "data", CKA_WORKER_THREADS="0", CKA_LOG_FORMAT=fmt)
+    port = free_port()
+    server = Proc(["serve", "--port", str(port)], env, tmp_path / "serve.log")
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            wait_serving(http, server)
+            auth = {"Authorization": f"Bearer {secret}"}
+            assert http.get("/v1/models?limit=3", headers=auth).status_code == 200
+            assert http.post("/v1/jobs/1/cancel", headers=auth).status_code == 404
+            assert http.get(f"/v1/datasets?token={secret}&limit=2").status_code == 200
+            assert http.get(f"/v1/comparisons?access_token={secret}").status_code == 200
+    finally:
+        server.stop()
+    log = server.log.read_text()
+    assert secret not in log and secret[4:20] not in log
+    lines = [line for line in log.splitlines() if '"GET /v1/' in line or '"POST /v1/' in line]
+    if fmt == "json":
+        docs = [json.loads(line) for line in lines]
+        named = {d["message"].split('"')[1]: d.get("token_name") for d in docs}
+    else:
+        named = {
+            line.split('"')[1]: (line.rsplit("(token ", 1)[1][1:-2] if "(token " in line else None)
+            for line in lines
+        }
+    assert named == {
+        "GET /v1/models?limit=3 HTTP/1.1": "ci-bot",
+        "POST /v1/jobs/1/cancel HTTP/1.1": "ci-bot",
+        "GET /v1/datasets?token=[redacted]&limit=2 HTTP/1.1": None,
+        "GET /v1/comparisons?access_token=[redacted] HTTP/1.1": None,
+    }, lines
+
+
+def test_serve_refuses_to_start_when_reads_need_a_token_and_there_is_none(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.app.fault_tools import service_env
+    from tests.servers import free_port
+
+    env = service_env(f"sqlite:///{tmp_path / 'cka.db'}", tmp_path / "data")
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "serve", "--port", str(free_port())],
+        env={**os.environ, **env, "CKA_READ_REQUIRES_TOKEN": "true"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "CKA_READ_REQUIRES_TOKEN" in error[0]
+    assert "cka-atlas token create --scope admin" in error[0] and "CKA_API_TOKENS" in error[0]

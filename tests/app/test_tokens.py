@@ -155,3 +155,135 @@ def test_writes_past_the_rate_get_429_with_retry_after(
     with TestClient(create_app(open_limited)) as c:  # no tokens: counted per client address
         codes = [c.post("/v1/jobs/1/cancel").status_code for _ in range(4)]
         assert codes == [404, 404, 404, 429]
+
+
+def test_open_mode_cannot_be_claimed_over_http(client: TestClient) -> None:
+    """A service without any token is open, every caller an anonymous admin: creating its
+    first token is refused over HTTP (an operator makes it on the host), so the service stays
+    open for everyone instead of locked by whoever asked first."""
+    r = client.post("/v1/tokens", json={"name": "anyone", "scope": "read"})
+    body = assert_problem(r, 403, "forbidden")
+    assert "cka-atlas token create --scope admin" in body["detail"] and "host" in body["detail"]
+    assert client.get("/v1/tokens").json()["total"] == 0  # nothing was created
+    # and the anonymous writes it would have locked out still go through (404: no such job)
+    assert_problem(client.post("/v1/jobs/1/cancel"), 404, "not_found")
+
+
+def test_each_refusal_of_a_token_has_its_own_sentence(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No token, a token without "Bearer", Bearer without a token, a cookie without the CSRF
+    header, an unknown token, a revoked one, one whose scope is too small: seven sentences,
+    each saying what to do, none echoing the secret."""
+    with TestClient(create_app(settings.model_copy(update={"worker_threads": 0}))) as c:
+        admin = cli_token(
+            settings, monkeypatch, capsys, "create", "--scope", "admin", "--name", "ops"
+        )
+        reader = cli_token(
+            settings, monkeypatch, capsys, "create", "--scope", "read", "--name", "bi"
+        )
+        gone = cli_token(
+            settings, monkeypatch, capsys, "create", "--scope", "write", "--name", "old"
+        )
+        old_id = next(
+            t["id"]
+            for t in c.get("/v1/tokens", headers=bearer(admin)).json()["items"]
+            if t["name"] == "old"
+        )
+        assert c.post(f"/v1/tokens/{old_id}/revoke", headers=bearer(admin)).status_code == 200
+
+        def refusal(status: int, **kw: object) -> str:
+            code = "unauthorized" if status == 401 else "forbidden"
+            body = assert_problem(c.post("/v1/jobs/1/cancel", **kw), status, code)  # type: ignore[arg-type]
+            assert body["field"] == "Authorization" and gone not in body["detail"]
+            assert reader not in body["detail"]
+            return str(body["detail"])
+
+        sentences = {
+            "none": refusal(401),
+            "no scheme": refusal(401, headers={"Authorization": reader}),
+            "other scheme": refusal(401, headers={"Authorization": f"Token {reader}"}),
+            "no token": refusal(401, headers={"Authorization": "Bearer"}),
+            "unknown": refusal(401, headers=bearer("cka_nope")),
+            "revoked": refusal(401, headers=bearer(gone)),
+            "scope": refusal(403, headers=bearer(reader)),
+        }
+        c.cookies.set(COOKIE_NAME, admin)
+        sentences["cookie without csrf"] = refusal(401)
+        c.cookies.clear()
+    assert "needs a bearer token" in sentences["none"]
+    assert "CKA_API_TOKENS" in sentences["none"] and "cka-atlas token create" in sentences["none"]
+    assert sentences["no scheme"] == sentences["other scheme"]  # the same mistake, one sentence
+    assert "must read `Bearer <token>`" in sentences["no scheme"]
+    assert "holds no token" in sentences["no token"]
+    assert "not known to this service" in sentences["unknown"]
+    assert "'old' was revoked at" in sentences["revoked"]
+    assert "read scope" in sentences["scope"] and "needs write" in sentences["scope"]
+    assert CSRF_HEADER in sentences["cookie without csrf"]
+    distinct = {k: v for k, v in sentences.items() if k != "other scheme"}
+    assert len(set(distinct.values())) == len(distinct), sentences
+
+
+def test_revoking_the_last_token_says_the_service_stays_locked_and_how_to_open_it(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with TestClient(create_app(settings.model_copy(update={"worker_threads": 0}))) as c:
+        first = cli_token(
+            settings, monkeypatch, capsys, "create", "--scope", "admin", "--name", "a"
+        )
+        second = cli_token(
+            settings, monkeypatch, capsys, "create", "--scope", "admin", "--name", "b"
+        )
+        items = c.get("/v1/tokens", headers=bearer(first)).json()["items"]
+        ids = {t["name"]: t["id"] for t in items}
+        # not the last: no notice
+        r = c.post(f"/v1/tokens/{ids['b']}/revoke", headers=bearer(first))
+        assert r.status_code == 200 and r.json()["notice"] is None
+        # the last one, over REST: the answer says the service stays locked, and how to open it
+        r = c.post(f"/v1/tokens/{ids['a']}/revoke", headers=bearer(first))
+        notice = r.json()["notice"]
+        assert "stays locked" in notice and "cka-atlas token create" in notice
+        assert "cka-atlas token purge" in notice
+        # every refusal from now on says it too
+        body = assert_problem(c.post("/v1/jobs/1/cancel"), 401, "unauthorized")
+        assert "stays locked" in body["detail"]
+        assert_problem(c.post("/v1/jobs/1/cancel", headers=bearer(second)), 401, "unauthorized")
+
+        # over the CLI: a new token, revoked there; the output says the same
+        cli_token(settings, monkeypatch, capsys, "create", "--name", "c")
+        refused = assert_problem(c.post("/v1/jobs/1/cancel"), 401, "unauthorized")
+        assert "stays locked" not in refused["detail"]
+        db = Database(str(settings.database_url))
+        with db.session(readonly=True) as s:
+            third_id = s.scalar(select(ApiToken.id).where(ApiToken.name == "c"))
+        db.dispose()
+        out = cli_token(settings, monkeypatch, capsys, "revoke", str(third_id))
+        assert out.startswith(f"token {third_id} revoked") and "stays locked" in out
+        assert "cka-atlas token purge" in out
+        # the documented command opens it again
+        out = cli_token(settings, monkeypatch, capsys, "purge")
+        assert "deleted 3 revoked tokens" in out and "the service is open" in out
+        assert_problem(c.post("/v1/jobs/1/cancel"), 404, "not_found")  # open: past the auth
+
+
+def test_the_sign_in_page_names_both_kinds_of_token(settings: Settings) -> None:
+    env_only = settings.model_copy(update={"worker_threads": 0, "api_tokens": "s3cret"})
+    with TestClient(create_app(env_only)) as c:
+        page = c.get("/login").text
+    assert "CKA_API_TOKENS" in page and "cka-atlas token create" in page
+
+
+def test_sign_ins_are_rate_limited_like_writes(settings: Settings) -> None:
+    limited = settings.model_copy(
+        update={"worker_threads": 0, "api_tokens": "alpha", "write_rate": "3/minute"}
+    )
+    with TestClient(create_app(limited)) as c:
+        codes = [c.post("/login", data={"token": f"guess-{i}"}).status_code for i in range(3)]
+        assert codes == [401, 401, 401]
+        r = c.post("/login", data={"token": "alpha"}, follow_redirects=False)  # right, but late
+        assert r.status_code == 429 and 1 <= int(r.headers["retry-after"]) <= 60
+        assert "more than 3 per 1 minute sign-ins" in r.text and COOKIE_NAME not in r.headers.get(
+            "set-cookie", ""
+        )
+        # writes of a token have their own count
+        assert c.post("/v1/jobs/1/cancel", headers=bearer("alpha")).status_code == 404

@@ -203,6 +203,69 @@ def test_dataset_page_and_sample_images(client: TestClient) -> None:
     assert client.get("/datasets/99999").status_code == 404
 
 
+def test_the_dataset_page_reads_only_the_images_it_shows(
+    idle_client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An uploaded .npz (sorted by class, so its samples lie far apart) and an ImageFolder
+    zip: the page and each sample image are answered without the dataset ever being loaded
+    (loading is made to fail here; before, the page loaded it whole, as float32), and each
+    sample is the image the upload holds at that index, with its class."""
+    import zipfile
+
+    from app.http.web.samples import render_sample
+    from app.store.services import Services
+
+    c = idle_client
+    rng = np.random.default_rng(3)
+    y = np.repeat(np.arange(3), 40)  # classes in blocks: the first of class 2 is image 80
+    x = rng.integers(0, 256, size=(120, 12, 10, 3), dtype=np.uint8)
+    np.savez(tmp_path / "blocks.npz", x=x, y=y)
+    pictures = {
+        f"cls{k}/{i}.png": rng.integers(0, 256, (9, 7, 3), np.uint8)
+        for k in range(2)
+        for i in range(3)
+    }
+    with zipfile.ZipFile(tmp_path / "folder.zip", "w") as zf:
+        for name, pixels in pictures.items():
+            buf = io.BytesIO()
+            Image.fromarray(pixels).save(buf, format="PNG")
+            zf.writestr(f"photos/{name}", buf.getvalue())
+    ids = {}
+    for name in ("blocks.npz", "folder.zip"):
+        with (tmp_path / name).open("rb") as f:
+            r = c.post("/v1/datasets", files={"file": (name, f)})
+        assert r.status_code == 201, r.text
+        ids[name] = r.json()["id"]
+
+    services: Services = c.app.state.services  # type: ignore[attr-defined]
+
+    def refuse(key: str) -> None:
+        raise AssertionError(f"the dataset page loaded the whole dataset {key}")
+
+    monkeypatch.setattr(services.datasets, "_load", refuse)
+    loads = services.datasets.loads  # the built-in digits, loaded once as the app started
+
+    page = c.get(f"/datasets/{ids['blocks.npz']}").text
+    shown = [int(i) for i in re.findall(r'/samples/(\d+)\.png"', page)]
+    assert shown[:3] == [0, 40, 80] and len(shown) == 12
+    for i in (0, 80, 119):
+        r = c.get(f"/datasets/{ids['blocks.npz']}/samples/{i}.png")
+        assert r.status_code == 200, r.text
+        expected = render_sample(x[i].transpose(2, 0, 1).astype(np.float32) / 255.0)
+        assert r.content == expected, i
+
+    page = c.get(f"/datasets/{ids['folder.zip']}").text
+    shown = [int(i) for i in re.findall(r'/samples/(\d+)\.png"', page)]
+    assert shown == [0, 3, 1, 4, 2, 5] and "cls0" in page and "cls1" in page
+    order = sorted(pictures)  # the folder's images in path order
+    for i in (0, 4):
+        r = c.get(f"/datasets/{ids['folder.zip']}/samples/{i}.png")
+        img = Image.open(io.BytesIO(r.content))
+        assert img.size == (7, 9)  # shown in its own size: never enlarged
+        np.testing.assert_array_equal(np.asarray(img.convert("RGB")), pictures[order[i]])
+    assert services.datasets.loads == loads
+
+
 def test_sample_indices_cycle_through_classes() -> None:
     labels = np.array([1, 1, 0, 2, 0, 1])
     assert sample_indices(labels, 6, count=5) == [2, 0, 3, 4, 1]

@@ -6,9 +6,18 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import Query, Response, status
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.http.api.deps import ComparisonId, Paging, Requesting, StatusFilter, Svc, api_router
+from app.http.api.deps import (
+    ComparisonId,
+    Paging,
+    Requesting,
+    StatusFilter,
+    Svc,
+    api_router,
+    not_found,
+)
 from app.http.api.job_backed import JobBacked
 from app.http.api.options import option_filter
 from app.http.api.rows import listing, row_or_404
@@ -16,6 +25,7 @@ from app.http.api.uploads import answer_registered
 from app.http.api.views import comparison_view
 from app.http.schemas import ID_MAX, NO_NUL, ComparisonIn, ComparisonOut, Page
 from app.http.security import ADMIN, READ, WRITE
+from app.jobs.cancel import lock_job
 from app.jobs.submit import submit_comparison
 from app.store import gc, repository
 from app.store.orm import Comparison
@@ -116,7 +126,12 @@ def delete_comparison(services: Svc, comparison_id: ComparisonId) -> Response:
     stored Grams, blocks and heatmaps no other comparison uses go with it (its view's
     ``frees_bytes``)."""
     with services.db.session() as s:
-        row_or_404(s, Comparison, comparison_id)
+        # the job's row lock first (after its ancestors, as its worker's writes take them),
+        # then the comparison's: a second delete waits here and then finds no row (404)
+        lock_job(s, row_or_404(s, Comparison, comparison_id).job_id)
+        locked = select(Comparison.id).where(Comparison.id == comparison_id).with_for_update()
+        if s.scalar(locked) is None:
+            raise not_found("comparison", comparison_id)
         paths = gc.delete_comparisons(s, [comparison_id])
     gc.release(services.db, services.store, paths)
     return Response(status_code=204)

@@ -2,6 +2,10 @@
 
 The secret is in the answer to the create request only; the database keeps its sha256.
 A revoked token stays listed (with ``revoked_at``) and is answered 401 from then on.
+
+The first token of a service is an operator's act: on a service without any token (open
+mode, where every caller is an anonymous admin) ``POST /v1/tokens`` is refused, so nobody can
+claim the service by creating one; ``cka-atlas token create`` on the host makes it.
 """
 
 from __future__ import annotations
@@ -9,13 +13,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import Path, Response, status
+from fastapi import Depends, Path, Response, status
 from pydantic import BaseModel, Field, StringConstraints
 
 from app.http.api.deps import Paging, Svc, api_router, not_found
 from app.http.api.rows import each, listing
+from app.http.problems import ProblemError
 from app.http.schemas import ID_MAX, NO_NUL, Page
-from app.http.security import ADMIN
+from app.http.security import ADMIN, Principal, require_admin
 from app.store import tokens as token_store
 from app.store.orm import ApiToken
 
@@ -33,6 +38,14 @@ class TokenOut(BaseModel):
     created_at: datetime
     last_used_at: datetime | None = None
     revoked_at: datetime | None = None
+
+
+class TokenRevoked(TokenOut):
+    notice: str | None = Field(
+        default=None,
+        description="Set when no active token is left: the service stays locked, and how to "
+        "open it again",
+    )
 
 
 class TokenCreated(TokenOut):
@@ -56,8 +69,21 @@ def list_tokens(services: Svc, at: Paging) -> dict[str, Any]:
 
 
 @router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED, **ADMIN)
-def create_token(services: Svc, body: TokenIn, response: Response) -> dict[str, Any]:
-    """A new token; its secret is in this answer only."""
+def create_token(
+    services: Svc,
+    body: TokenIn,
+    response: Response,
+    caller: Annotated[Principal, Depends(require_admin)],
+) -> dict[str, Any]:
+    """A new token; its secret is in this answer only. Refused (403) while the service has no
+    token at all: the first one is made on the host."""
+    if caller.anonymous:
+        raise ProblemError(
+            403,
+            "forbidden",
+            "this service has no token yet, and its first one is made by an operator on the "
+            f"host: `{token_store.FIRST_TOKEN}`; then this endpoint takes that admin token",
+        )
     with services.db.session() as s:
         row, secret = token_store.create_token(s, body.name, body.scope)
         out = _out(row) | {"token": secret}
@@ -66,12 +92,14 @@ def create_token(services: Svc, body: TokenIn, response: Response) -> dict[str, 
     return out
 
 
-@router.post("/{token_id}/revoke", response_model=TokenOut, **ADMIN)
+@router.post("/{token_id}/revoke", response_model=TokenRevoked, **ADMIN)
 def revoke_token(services: Svc, token_id: TokenId) -> dict[str, Any]:
-    """Revoke at once (idempotent): the token is answered 401 from now on."""
+    """Revoke at once (idempotent): the token is answered 401 from now on. When it was the
+    last active one, ``notice`` says the service stays locked and how to open it again."""
     with services.db.session() as s:
         row = token_store.revoke_token(s, token_id)
         if row is None:
             raise not_found("token", token_id)
         s.flush()
-        return _out(row)
+        locked = not services.settings.tokens and not token_store.active_tokens_exist(s)
+        return _out(row) | {"notice": token_store.LOCKED if locked else None}

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from fastapi.staticfiles import StaticFiles
 
+from app.http.static import CachedStaticFiles
 from app.http.web import auth, catalog, comparisons, jobs, studies
 from app.http.web.auth import LoginRequired, login_page
 from app.http.web.rendering import PageNotFound, not_found_page
-from app.http.web.templating import STATIC_DIR
+from app.http.web.templating import STATIC_DIR, static_digest
 
 __all__ = ["install_web"]
 
@@ -33,4 +33,5 @@ def install_web(app: FastAPI) -> None:
 
     for module in (comparisons, catalog, studies, jobs, auth):
         app.include_router(module.router)
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    static = CachedStaticFiles(directory=STATIC_DIR, version=static_digest)
+    app.mount("/static", static, name="static")

@@ -17,7 +17,15 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
-from app.http.security import COOKIE_NAME, InvalidToken, auth_required, authenticate
+from app.http.access import remember_caller
+from app.http.problems import ProblemError
+from app.http.security import (
+    COOKIE_NAME,
+    InvalidToken,
+    auth_required,
+    authenticate,
+    limit_login,
+)
 from app.http.web.templating import templates
 
 __all__ = ["AuthState", "LoginRequired", "auth_state", "login_page", "page_reader", "router"]
@@ -56,9 +64,10 @@ def _accepted(request: Request, token: str) -> bool:
     if not token:
         return False
     try:
-        authenticate(request.app.state.services, token)
+        principal = authenticate(request.app.state.services, token)
     except InvalidToken:
         return False
+    remember_caller(request, principal.name)
     return True
 
 
@@ -97,7 +106,12 @@ def _safe_next(value: str | None) -> str:
 
 
 def login_page(
-    request: Request, *, next_path: str = "/", error: str | None = None, status: int = 200
+    request: Request,
+    *,
+    next_path: str = "/",
+    error: str | None = None,
+    status: int = 200,
+    headers: dict[str, str] | None = None,
 ) -> Response:
     context: dict[str, Any] = {
         "auth": auth_state(request),
@@ -105,7 +119,9 @@ def login_page(
         "error": error,
         "title": "Sign in",
     }
-    return templates.TemplateResponse(request, "login.html", context, status_code=status)
+    return templates.TemplateResponse(
+        request, "login.html", context, status_code=status, headers=headers
+    )
 
 
 @router.get("/login")
@@ -119,7 +135,14 @@ def post_login(
     token: Annotated[str, Form(max_length=1000)] = "",
     next: Annotated[str, Form(max_length=2000)] = "/",
 ) -> Response:
-    """Check the token and keep it in the HttpOnly cookie; 401 with the form again if wrong."""
+    """Check the token and keep it in the HttpOnly cookie; 401 with the form again if wrong,
+    429 past ``CKA_WRITE_RATE`` sign-ins from one address."""
+    try:
+        limit_login(request)
+    except ProblemError as exc:
+        return login_page(
+            request, next_path=next, error=exc.detail, status=exc.status, headers=exc.headers
+        )
     configured = auth_required(request.app.state.services)
     token = token.strip()
     if configured and not _accepted(request, token):

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from functools import cache
 from typing import Any
 
 import numpy as np
+from cachetools import LRUCache
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from PIL import Image
 from sqlalchemy.orm import Session
 
 from analysis.data.images import thumbnail
-from analysis.data.sources import image_files
+from analysis.data.peek import DatasetPeek, peek_dataset
 from app.http.api.views import comparison_view
 from app.http.web.common import Auth, as_text, found, lookup, paged, services_of
 from app.http.web.rendering import render
@@ -124,8 +127,26 @@ def datasets_page(request: Request, auth: Auth, page: str | None = None) -> Resp
     )
 
 
-def _load(request: Request, row: Dataset) -> Any:
-    return services_of(request).datasets.get(dataset_key(row))
+# The peeks of the datasets whose pages were shown last: their labels, not their images.
+_PEEKS: LRUCache[str, DatasetPeek] = LRUCache(maxsize=8)
+_PEEKS_LOCK = threading.Lock()
+
+
+def _peek(request: Request, row: Dataset) -> DatasetPeek:
+    """What the page shows of a dataset: its labels, and its images one by one on demand
+    (:func:`analysis.data.peek.peek_dataset`); never the whole dataset decoded."""
+    key = dataset_key(row)
+    with _PEEKS_LOCK:
+        found = _PEEKS.get(key)
+    if found is None:
+        services = services_of(request)
+        if row.builtin:
+            found = peek_dataset(str(row.spec), split=row.split)
+        else:
+            found = peek_dataset(services.store.path(str(row.file_sha256), str(row.file_suffix)))
+        with _PEEKS_LOCK:
+            _PEEKS[key] = found
+    return found
 
 
 def sample_indices(labels: np.ndarray | None, n: int, count: int = SAMPLES) -> list[int]:
@@ -151,14 +172,14 @@ def dataset_page(request: Request, auth: Auth, dataset_id: int) -> Response:
     with services_of(request).db.session(readonly=True) as s:
         row = found(s, Dataset, dataset_id, auth)
         comparisons, total = _comparisons(s, dataset_id=dataset_id)
-    data = _load(request, row)
-    indices = sample_indices(data.y, len(data))
+    data = _peek(request, row)
+    indices = sample_indices(data.labels, len(data))
     classes = list(data.classes) if data.classes is not None else None
     samples = []
     for i in indices:
         label = None
-        if data.y is not None:
-            y = int(data.y[i])
+        if data.labels is not None:
+            y = int(data.labels[i])
             label = classes[y] if classes is not None and 0 <= y < len(classes) else str(y)
         samples.append({"index": i, "label": label})
     return render(
@@ -180,14 +201,13 @@ def dataset_sample(request: Request, auth: Auth, dataset_id: int, index: int) ->
         row = lookup(s, Dataset, dataset_id)
     if row is None:
         return Response(status_code=404)
-    data = _load(request, row)
-    if not 0 <= index < len(data):
+    if not 0 <= index < row.n:
         return Response(status_code=404)
     etag = '"' + hashlib.sha256(f"sample-v1:{row.sha256}:{index}".encode()).hexdigest()[:32] + '"'
     headers = {"ETag": etag, "Cache-Control": "private, max-age=86400"}
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304, headers=headers)
-    files = image_files(data)
+    sample = _peek(request, row).sample(index)
     # an image folder shows its original files (shrunk), arrays their pixels (enlarged)
-    png = thumbnail(files.image(index)) if files is not None else render_sample(data.x[index])
+    png = thumbnail(sample) if isinstance(sample, Image.Image) else render_sample(sample)
     return Response(png, media_type="image/png", headers=headers)

@@ -20,7 +20,16 @@ from markupsafe import Markup, escape
 
 from app.store.orm import JobState
 
-__all__ = ["FOLD_AT", "STATIC_DIR", "TEMPLATE_DIR", "code_spans", "fold", "templates"]
+__all__ = [
+    "FOLD_AT",
+    "STATIC_DIR",
+    "TEMPLATE_DIR",
+    "code_spans",
+    "fold",
+    "static_digest",
+    "static_url",
+    "templates",
+]
 
 HERE = Path(__file__).parent
 TEMPLATE_DIR = HERE / "templates"
@@ -30,13 +39,14 @@ FOLD_AT = 160
 
 
 @cache
-def _digest(name: str) -> str:
+def static_digest(name: str) -> str:
+    """The start of the sha256 of the static file ``name``: its URL's version."""
     return hashlib.sha256((STATIC_DIR / name).read_bytes()).hexdigest()[:12]
 
 
 def static_url(name: str) -> str:
     """``/static/<name>?v=<content hash>``."""
-    return f"/static/{name}?v={_digest(name)}"
+    return f"/static/{name}?v={static_digest(name)}"
 
 
 def fmt_number(value: Any) -> str:
