@@ -27,6 +27,7 @@ from PIL import Image
 
 from analysis.data.images import ImageFiles, files_sha256, open_image, peek_image
 from analysis.data.npz import NpzArchive, rows_per_slice
+from analysis.data.ranges import ValueRange, declared_range, infer_range
 from analysis.errors import DatasetError, DatasetTooLarge
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "IMAGE_SUFFIXES",
     "DatasetInfo",
     "ImageDataset",
+    "array_slices",
     "describe_dataset",
     "load_dataset",
     "load_digits",
@@ -64,8 +66,11 @@ _HASH_VERSION = b"cka-atlas-dataset-v1"
 class ImageDataset:
     """Images as float32 (N, C, H, W), labels if known, and a stable content hash.
 
-    ``x`` holds values in [0, 1] for integer sources; float sources keep their values.
-    ``sha256`` hashes the arrays themselves, so re-encoding a dataset does not change it.
+    ``x`` holds values in [0, 1] for integer sources; float sources keep their values, and
+    ``value_range`` says which stand for black and white (:mod:`analysis.data.ranges`; None:
+    inferred from the values when a model's pipeline needs it, see :meth:`pixel_range`).
+    ``sha256`` hashes the arrays themselves (and a declared range), so re-encoding a dataset
+    does not change it.
     """
 
     name: str
@@ -74,13 +79,17 @@ class ImageDataset:
     classes: list[str] | None = None
     sha256: str = field(default="")
     files: ImageFiles | None = None  # the original files of an ImageFolder, for pipelines
+    value_range: ValueRange | tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         _check_images(self.x, self.name)
         if self.y is not None:
             _check_labels(self.y, len(self.x), self.name)
+        if self.value_range is not None and not isinstance(self.value_range, ValueRange):
+            declared = declared_range(self.value_range, f"'{self.name}'")
+            object.__setattr__(self, "value_range", declared)
         if not self.sha256:
-            object.__setattr__(self, "sha256", content_sha256(self.x, self.y))
+            object.__setattr__(self, "sha256", content_sha256(self.x, self.y, self.value_range))
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
@@ -101,6 +110,13 @@ class ImageDataset:
         """The images as a CPU tensor sharing memory with ``x``."""
         return torch.from_numpy(self.x)
 
+    def pixel_range(self) -> ValueRange:
+        """``value_range``, or the range inferred from ``x`` (read once, then kept)."""
+        if not isinstance(self.value_range, ValueRange):
+            object.__setattr__(self, "value_range", infer_range(array_slices(self.x)))
+        assert isinstance(self.value_range, ValueRange)
+        return self.value_range
+
 
 @dataclass(frozen=True)
 class DatasetInfo:
@@ -113,6 +129,7 @@ class DatasetInfo:
     shape: tuple[int, int, int]
     classes: list[str] | None
     sha256: str
+    value_range: ValueRange | None = None  # an .npz's (image files are pixels: 8 bits)
 
     def __len__(self) -> int:
         return self.n
@@ -128,27 +145,32 @@ class _ContentHash:
     def images(self, part: np.ndarray) -> None:
         self._digest.update(np.ascontiguousarray(part, dtype=np.float32).data)  # no copy
 
-    def finish(self, y: np.ndarray | None) -> str:
+    def finish(self, y: np.ndarray | None, value_range: object = None) -> str:
         if y is None:
             self._digest.update(b"no-labels")
         else:
             labels = np.ascontiguousarray(y, dtype=np.int64)
             self._digest.update(repr(labels.shape).encode())
             self._digest.update(labels.data)
+        if isinstance(value_range, ValueRange) and value_range.source == "declared":
+            # the same numbers declared as other pixels are other images
+            self._digest.update(f"range:{value_range.low!r},{value_range.high!r}".encode())
         return self._digest.hexdigest()
 
 
-def content_sha256(x: np.ndarray, y: np.ndarray | None) -> str:
-    """sha256 of the canonical float32 images and int64 labels, with their shapes."""
+def content_sha256(x: np.ndarray, y: np.ndarray | None, value_range: object = None) -> str:
+    """sha256 of the canonical float32 images and int64 labels, with their shapes (and the
+    value range, where one was declared)."""
     images = np.ascontiguousarray(x, dtype=np.float32)
     digest = _ContentHash(images.shape)
     digest.images(images)
-    return digest.finish(y)
+    return digest.finish(y, value_range)
 
 
-def _slices(x: np.ndarray) -> Iterator[np.ndarray]:
+def array_slices(x: np.ndarray | torch.Tensor) -> Iterator[np.ndarray | torch.Tensor]:
     """``x`` in slices along its first axis of about SLICE_BYTES each (views, no copies)."""
-    step = rows_per_slice(math.prod(x.shape[1:]) * x.itemsize)
+    itemsize = x.element_size() if isinstance(x, torch.Tensor) else x.itemsize
+    step = rows_per_slice(math.prod(x.shape[1:]) * itemsize)
     for start in range(0, len(x), step):
         yield x[start : start + step]
 
@@ -183,7 +205,7 @@ def describe_dataset(spec: str | Path, *, max_decoded: int | None = None) -> Dat
         return DatasetInfo(data.name, len(data), data.shape, data.classes, data.sha256)
     path = _existing(spec)
     if path.suffix.lower() == ".npz" and path.is_file():
-        _, shape, labels, sha = _read_npz(
+        _, shape, labels, value_range, sha = _read_npz(
             path,
             path.name,
             DEFAULT_MAX_ARCHIVE_BYTES,
@@ -192,7 +214,7 @@ def describe_dataset(spec: str | Path, *, max_decoded: int | None = None) -> Dat
             keep=False,
         )
         n, c, h, w = shape
-        return DatasetInfo(path.name, n, (c, h, w), _classes(labels), sha)
+        return DatasetInfo(path.name, n, (c, h, w), _classes(labels), sha, value_range)
     files, name, budget = _folder_files(
         path, DEFAULT_MAX_ARCHIVE_BYTES, DEFAULT_MAX_ARCHIVE_MEMBERS
     )
@@ -271,7 +293,9 @@ def load_npz(
     max_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS,
     max_decoded: int | None = None,
 ) -> ImageDataset:
-    """An ``.npz`` with ``x`` as (N, H, W), (N, H, W, C) or (N, C, H, W) and an optional ``y``.
+    """An ``.npz`` with ``x`` as (N, H, W), (N, H, W, C) or (N, C, H, W), an optional ``y`` and,
+    for float images, an optional ``value_range`` ``[low, high]``: the values that stand for
+    black and white (else inferred from the values, :mod:`analysis.data.ranges`).
 
     The arrays' headers are checked before any data is read (an archive that unpacks to more
     than ``max_bytes``, an array that declares more than it holds, images that would take more
@@ -279,9 +303,18 @@ def load_npz(
     final array: beyond it, this holds one slice.
     """
     name = "upload.npz" if isinstance(source, bytes) else Path(source).name
-    x, _, labels, sha = _read_npz(source, name, max_bytes, max_members, max_decoded, keep=True)
+    x, _, labels, value_range, sha = _read_npz(
+        source, name, max_bytes, max_members, max_decoded, keep=True
+    )
     assert x is not None
-    return ImageDataset(name=name, x=x, y=labels, classes=_classes(labels), sha256=sha)
+    return ImageDataset(
+        name=name,
+        x=x,
+        y=labels,
+        classes=_classes(labels),
+        sha256=sha,
+        value_range=value_range,
+    )
 
 
 def _read_npz(
@@ -292,9 +325,10 @@ def _read_npz(
     max_decoded: int | None,
     *,
     keep: bool,
-) -> tuple[np.ndarray | None, tuple[int, int, int, int], np.ndarray | None, str]:
-    """(images if ``keep``, their (N, C, H, W), labels, content sha256) of an ``.npz``,
-    streamed: every check from the headers first, then one slice of ``x`` at a time."""
+) -> tuple[np.ndarray | None, tuple[int, int, int, int], np.ndarray | None, ValueRange, str]:
+    """(images if ``keep``, their (N, C, H, W), labels, value range, content sha256) of an
+    ``.npz``, streamed: every check from the headers first, then one slice of ``x`` at a time
+    (which also finds the range of values, where neither uint8 nor ``value_range`` says it)."""
     with NpzArchive(source, name, max_bytes=max_bytes, max_members=max_members) as archive:
         if "x" not in archive.arrays:
             raise DatasetError(
@@ -304,20 +338,47 @@ def _read_npz(
         layout = _Layout.of(stored.shape, stored.dtype, name)
         _check_decoded(layout.shape, name, max_decoded)
         labels = _npz_labels(archive, name, layout.shape[0])
+        declared = _npz_range(archive, name)
         x = np.empty(layout.shape, np.float32) if keep else None
         digest = _ContentHash(layout.shape)
         done = bad = 0
+        extremes: list[np.ndarray] = []
         for raw in archive.slices("x"):
             part = layout.convert(raw)
             if not layout.scale:  # uint8 sources are finite
-                bad += int(np.count_nonzero(~np.isfinite(part)))
+                finite = np.isfinite(part)
+                bad += int(np.count_nonzero(~finite))
+                if not bad and declared is None:
+                    extremes.append(np.array([part.min(), part.max()]))
             digest.images(part)
             if x is not None:
                 x[done : done + len(part)] = part
             done += len(part)
     if bad:
         raise DatasetError(f"'{name}' has {bad} pixel values that are NaN or infinite.")
-    return x, layout.shape, labels, digest.finish(labels)
+    if layout.scale:
+        value_range = ValueRange(0.0, 1.0, "uint8")
+    else:
+        value_range = declared or infer_range(extremes)
+    return x, layout.shape, labels, value_range, digest.finish(labels, value_range)
+
+
+def _npz_range(archive: NpzArchive, name: str) -> ValueRange | None:
+    """The ``value_range`` an ``.npz`` declares for its float images (two numbers), if any."""
+    stored = archive.arrays.get("value_range")
+    if stored is None:
+        return None
+    if stored.shape != (2,) or not np.issubdtype(stored.dtype, np.number):
+        raise DatasetError(
+            f"'value_range' in '{name}' must be two numbers [low, high], not "
+            f"{stored.dtype} {stored.shape}."
+        )
+    if archive.arrays["x"].dtype == np.uint8:
+        raise DatasetError(
+            f"'{name}' declares a value_range for uint8 images, which are 0–255 by their type; "
+            "leave value_range out (it is for float images)."
+        )
+    return declared_range(archive.read("value_range"), f"'{name}'")
 
 
 def _npz_labels(archive: NpzArchive, name: str, n: int) -> np.ndarray | None:
@@ -608,7 +669,7 @@ def _check_images(x: np.ndarray, name: str) -> None:
         raise DatasetError(f"'{name}' holds no samples.")
     if 0 in x.shape[1:]:
         raise DatasetError(f"Images of '{name}' have an empty dimension: {x.shape}.")
-    bad = sum(int(np.count_nonzero(~np.isfinite(part))) for part in _slices(x))
+    bad = sum(int(np.count_nonzero(~np.isfinite(part))) for part in array_slices(x))
     if bad:
         raise DatasetError(f"'{name}' has {bad} pixel values that are NaN or infinite.")
 

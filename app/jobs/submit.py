@@ -149,18 +149,6 @@ def validate_comparison(
     min_n = 4 if body.estimator == "unbiased" else 2
     if ds.n < min_n:
         raise _invalid("dataset_too_small", f"the dataset has {ds.n} images", "dataset_id")
-    # An image folder's files go through each model's own pipeline (resize, crop); arrays
-    # reach the model as they are, so they must have its input shape.
-    images = ds.file_suffix == ".zip"
-    for row in rows:
-        if not images and list(row.input_shape) != list(ds.shape):
-            raise _invalid(
-                "shape_mismatch",
-                f"dataset {ds.id} has images of shape {tuple(ds.shape)} but model {row.id} "
-                f"({row.name}) takes {tuple(row.input_shape)}",
-                "dataset_id",
-            )
-
     for i, row in enumerate(rows):
         check_model_budget(
             services,

@@ -205,6 +205,35 @@ def test_npz_errors_are_one_sentence(
     assert "\n" not in str(info.value) and str(info.value).endswith(".")
 
 
+def test_npz_value_range_is_uint8_declared_or_inferred(tmp_path: Path) -> None:
+    """What stands for black and white: uint8 by its type, a declared ``value_range`` (which
+    names other images, so another hash), else the first of [0, 1], [-1, 1], [0, 255] that
+    holds every value, else the values' own [min, max]."""
+    pixels = np.random.default_rng(4).integers(0, 256, size=(3, 4, 4), dtype=np.uint8)
+    assert load_npz(_npz(tmp_path / "u8.npz", x=pixels)).pixel_range().source == "uint8"
+    floats = pixels.astype(np.float32)
+    for scaled, want in [
+        (floats / 255, (0.0, 1.0)),
+        (floats / 127.5 - 1, (-1.0, 1.0)),
+        (floats, (0.0, 255.0)),
+        (floats * 4 - 3, (float(pixels.min()) * 4 - 3, float(pixels.max()) * 4 - 3)),
+    ]:
+        found = load_npz(_npz(tmp_path / "f.npz", x=scaled)).pixel_range()
+        assert (found.low, found.high, found.source) == (*want, "inferred")
+    plain = load_npz(_npz(tmp_path / "plain.npz", x=floats / 255))
+    declared = load_npz(_npz(tmp_path / "d.npz", x=floats / 255, value_range=[0.1, 0.9]))
+    found = declared.pixel_range()
+    assert (found.low, found.high, found.source) == (0.1, 0.9, "declared")
+    assert declared.sha256 != plain.sha256 == content_sha256(plain.x, None)
+    for bad, message in [
+        ({"x": floats, "value_range": [1.0, 0.0]}, "low < high"),
+        ({"x": floats, "value_range": [0.0, 1.0, 2.0]}, "two numbers"),
+        ({"x": pixels, "value_range": [0.0, 1.0]}, "uint8 images"),
+    ]:
+        with pytest.raises(DatasetError, match=message):
+            load_npz(_npz(tmp_path / "bad.npz", **bad))
+
+
 def test_npz_never_unpickles(tmp_path: Path) -> None:
     path = tmp_path / "obj.npz"
     np.savez(path, x=np.array([{"evil": 1}], dtype=object))

@@ -89,17 +89,14 @@ def test_problem_json_for_bad_input(
         "sidecar": ("s.json", json.dumps(side).encode()),
     }
     assert client.post("/v1/models", files=files).status_code == 422
-    # A dataset whose images do not fit the model.
+    # Images of another shape than the models' are no mistake: each model's pipeline resizes
+    # them (tests/analysis/test_model_inputs.py, tests/app/test_hub.py).
     buf = io.BytesIO()
     np.savez(buf, x=np.random.default_rng(0).random((8, 3, 16, 16)).astype(np.float32))
     r = client.post("/v1/datasets", files={"file": ("rgb.npz", buf.getvalue())})
     assert r.status_code == 201, r.text
-    assert_problem(
-        client.post("/v1/comparisons", json={"model_ids": ids, "dataset_id": r.json()["id"]}),
-        422,
-        "shape_mismatch",
-        "dataset_id",
-    )
+    r = client.post("/v1/comparisons", json={"model_ids": ids, "dataset_id": r.json()["id"]})
+    assert r.status_code == 202, r.text
     bad = client.post("/v1/datasets", files={"file": ("x.npz", b"not an archive")})
     assert bad.status_code == 422 and bad.headers["content-type"] == "application/problem+json"
 
