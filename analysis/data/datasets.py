@@ -19,7 +19,7 @@ import math
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 
 import numpy as np
 import torch
@@ -224,9 +224,11 @@ def describe_dataset(spec: str | Path, *, max_decoded: int | None = None) -> Dat
 def load_dataset(spec: str | Path, *, split: str = "test") -> ImageDataset | ImageFiles:
     """Load ``"digits"`` (``split`` picks train, test or all), an ``.npz`` file, or an ImageFolder.
 
-    An ImageFolder is a directory, or a ``.zip`` of one, with one sub-directory of images per
-    class; one of images of different sizes is an :class:`ImageFiles` (only a comparison,
-    which resizes per model, can read it). ``split`` applies to the built-in digits only.
+    An ImageFolder is a directory, or a ``.zip`` of one, of images in one folder (a dataset
+    without labels: a comparison needs none) or in one sub-directory per class (labelled, as
+    training needs); one of images of different sizes is an :class:`ImageFiles` (only a
+    comparison, which resizes per model, can read it). ``split`` applies to the built-in
+    digits only.
     """
     if str(spec) == "digits":
         return load_digits(split)
@@ -252,11 +254,17 @@ def training_data(spec: str | Path) -> ImageDataset | tuple[ImageDataset, ImageD
     """What :func:`models.train` takes for a dataset named by the user.
 
     The built-in digits give their fixed ``(train, test)`` splits; a file or folder gives the
-    whole dataset, of which training holds out a fixed fifth for testing.
+    whole dataset, of which training holds out a fixed fifth for testing. A dataset without
+    labels, or of images of several sizes, is refused in one sentence.
     """
     if str(spec) == "digits":
         return load_digits("train"), load_digits("test")
     data = load_dataset(spec)
+    if data.y is None:
+        raise DatasetError(
+            f"'{data.name}' has no labels, so no model can be trained on it (training needs "
+            "its images in one folder per class, or an .npz with y; comparing needs no labels)."
+        )
     if not isinstance(data, ImageDataset):
         raise DatasetError(
             f"The images of '{data.name}' have different sizes; training needs one size "
@@ -410,7 +418,10 @@ def load_image_folder(
     max_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS,
     max_decoded: int | None = None,
 ) -> ImageDataset | ImageFiles:
-    """A directory, or a zip archive of one, holding one sub-directory of images per class.
+    """A directory, or a zip archive of one, holding its images in one folder (no labels), or
+    in one sub-directory per class (the folders' names are the classes, sorted). Folders that
+    every image shares are stripped first (a zip of ``photos/`` holds ``photos/...``), and
+    hidden files and macOS's ``__MACOSX`` folder are skipped.
 
     Images of one size become an :class:`ImageDataset` (which also keeps the files); images
     of several sizes an :class:`ImageFiles`.
@@ -473,9 +484,16 @@ def _folder_files(
     files: dict[str, Callable[[], bytes]] = {
         path.relative_to(root).as_posix(): path.read_bytes
         for path in sorted(root.rglob("*"))
-        if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES
+        if path.is_file() and _is_image(path.relative_to(root))
     }
     return files, root.name, None
+
+
+def _is_image(path: PurePath) -> bool:
+    """An image file of the dataset: an image suffix, and no hidden part (``.x``) or macOS's
+    ``__MACOSX`` copies of the files' metadata on the way to it."""
+    hidden = any(part.startswith(".") or part == "__MACOSX" for part in path.parts)
+    return path.suffix.lower() in IMAGE_SUFFIXES and not hidden
 
 
 def _zip_members(
@@ -490,7 +508,7 @@ def _zip_members(
             name,
             max_members=max_members,
             max_bytes=max_bytes,
-            keep=lambda path: path.suffix.lower() in IMAGE_SUFFIXES,
+            keep=_is_image,
         )
     except ArchiveError as exc:
         raise DatasetError(f"{exc}.") from None
@@ -518,8 +536,8 @@ class _Folder:
 
     name: str
     keys: list[str]  # the files in order (sorted), as the reader names them
-    y: np.ndarray
-    classes: list[str]
+    y: np.ndarray | None  # None: the images are not in class folders
+    classes: list[str] | None
     sizes: tuple[tuple[int, int], ...]
     gray: bool
 
@@ -541,21 +559,33 @@ def _plan_folder(
     max_decoded: int | None,
 ) -> _Folder:
     """Check an ImageFolder's layout and every image's header (size, mode, the budget of
-    decoded bytes) before any is decoded. Re-keys ``files`` when a top folder is stripped."""
+    decoded bytes) before any is decoded. Re-keys ``files`` when shared folders are stripped."""
     paths = [PurePosixPath(p) for p in files]
-    # A zip of a folder usually nests everything under that folder's name: strip that level.
-    while paths and all(len(p.parts) >= 3 for p in paths) and len({p.parts[0] for p in paths}) == 1:
+    if not paths:
+        raise DatasetError(f"'{name}' holds no images (looked for {sorted(IMAGE_SUFFIXES)}).")
+    # A zip of a folder usually nests everything under that folder's name (or deeper): strip
+    # the folders every image shares. What is left is the images themselves (no labels), or
+    # one folder per class.
+    while all(len(p.parts) >= 2 for p in paths) and len({p.parts[0] for p in paths}) == 1:
         paths = [PurePosixPath(*p.parts[1:]) for p in paths]
         renamed = dict(zip((p.as_posix() for p in paths), files.values(), strict=True))
         files.clear()
         files.update(renamed)
-    if not paths:
-        raise DatasetError(f"'{name}' holds no images (looked for {sorted(IMAGE_SUFFIXES)}).")
-    if any(len(p.parts) != 2 for p in paths):
-        raise DatasetError(
-            f"'{name}' must hold one folder of images per class, and nothing deeper."
+    depths = {len(p.parts) for p in paths}
+    if depths != {1} and depths != {2}:
+        shallow = min(paths, key=lambda p: len(p.parts))
+        deep = max(paths, key=lambda p: len(p.parts))
+        where = (
+            f"'{shallow}' and '{deep}' are at different depths"
+            if len(shallow.parts) != len(deep.parts)
+            else f"'{deep}' is {len(deep.parts) - 1} folders deep"
         )
-    classes = sorted({p.parts[0] for p in paths})
+        raise DatasetError(
+            f"'{name}' must hold its images in one folder (a dataset without labels) or in one "
+            f"folder per class (labelled), but {where}."
+        )
+    labelled = depths == {2}
+    classes = sorted({p.parts[0] for p in paths}) if labelled else None
     keys = sorted(files)
     sizes, modes = [], []
     left = budget  # decoded bytes: a small PNG can declare a huge canvas
@@ -568,7 +598,11 @@ def _plan_folder(
     plan = _Folder(
         name=name,
         keys=keys,
-        y=np.asarray([classes.index(PurePosixPath(k).parts[0]) for k in keys], dtype=np.int64),
+        y=(
+            np.asarray([classes.index(PurePosixPath(k).parts[0]) for k in keys], dtype=np.int64)
+            if classes
+            else None
+        ),
         classes=classes,
         sizes=tuple(sizes),
         gray=all(mode in ("1", "L", "I", "I;16", "F") for mode in modes),

@@ -435,6 +435,14 @@ def submit_training(
         ds = s.get(Dataset, body.dataset_id)
     if ds is None:
         raise _invalid("unknown_dataset", f"dataset {body.dataset_id} does not exist", "dataset_id")
+    if not ds.builtin and ds.classes is None:
+        raise _invalid(
+            "dataset_unlabelled",
+            f"dataset {ds.id} ({ds.name}) has no labels, so no model can be trained on it "
+            "(training needs its images in one folder per class, or an .npz with y; "
+            "comparing needs no labels)",
+            "dataset_id",
+        )
     config = check_config(body.arch, dict(body.config))
     try:
         net = skeleton(body.arch, config)
