@@ -11,14 +11,24 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from app.cli.commands import CommandError
+from app.cli.commands import CommandError, Parser
 from app.errors import library_error
 
 __all__ = ["SERVICE_MODULES", "main"]
 
 # Each of these modules in app.cli exposes ``register(subparsers)``, which adds its parsers and sets
 # ``func`` on them; importing lazily keeps ``cka-atlas --help`` fast.
-COMMAND_MODULES = ("train", "compare", "export", "hub", "study", "service", "tokens", "gc")
+COMMAND_MODULES = (
+    "train",
+    "compare",
+    "models",
+    "export",
+    "hub",
+    "study",
+    "service",
+    "tokens",
+    "gc",
+)
 # The commands each module adds. A command line that names one builds that module's parsers
 # alone: the parsers of `train` and `compare` list the presets and the comparison options, which
 # imports torch and timm (seconds), and `cka-atlas db current` or `token list` need neither.
@@ -26,6 +36,8 @@ COMMANDS = {
     "train": "train",
     "zoo": "train",
     "compare": "compare",
+    "models": "models",
+    "layers": "models",
     "export": "export",
     "import": "hub",
     "study": "study",
@@ -89,7 +101,7 @@ def _unavailable(exc: ModuleNotFoundError) -> Callable[[argparse.Namespace], int
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The ``cka-atlas`` parser: every command's, or where ``argv`` starts with a command (as
     ``main`` passes it) only the parsers of the module that adds it (:data:`COMMANDS`)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="cka-atlas",
         description="Layer-by-layer CKA between neural networks: train, compare, serve.",
     )

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.cli.commands import command
+from app.cli.commands import command, no_progress_flag
+from app.cli.models import MODEL_HELP, checkpoint_path
 
 __all__ = ["register", "run"]
 
@@ -21,7 +22,7 @@ def register(subparsers: Any) -> None:
         "Run every checkpoint once per batch over a dataset and write the CKA atlas: every "
         "layer pair of every model pair, each model with itself included.",
     )
-    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help=".safetensors checkpoints")
+    p.add_argument("checkpoints", nargs="+", metavar="MODEL", help=f"{MODEL_HELP}; repeatable")
     p.add_argument("--dataset", required=True, help="'digits' or a .npz / ImageFolder / .zip")
     p.add_argument("--split", default="test", help="split of the built-in digits (default test)")
     p.add_argument(
@@ -32,13 +33,13 @@ def register(subparsers: Any) -> None:
     _add_option_flags(p)
     p.add_argument(
         "--sibling",
-        type=Path,
         action="append",
         default=[],
-        metavar="CKPT",
-        help="a checkpoint that is only a candidate seed sibling (repeatable)",
+        metavar="MODEL",
+        help="a model that is only a candidate seed sibling (repeatable)",
     )
     p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    no_progress_flag(p, "bar")
     p.add_argument("--gram-cache", type=Path, metavar="DIR", help="keep per-batch Grams here")
     p.add_argument("--out", type=Path, help="write the atlas as JSON here")
     p.add_argument("--heatmap", type=Path, help="write the heatmap grid here (.png or .svg)")
@@ -81,14 +82,42 @@ def _add_option_flags(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, help=shown)
 
 
-def _names(paths: list[Path], taken: list[str] | None = None) -> list[str]:
+def _names(wanted: list[str], taken: list[str] | None = None) -> list[str]:
+    """``wanted`` made unique (``name-2``, ``name-3``, …), also against ``taken``."""
     names: list[str] = list(taken or [])
-    for p in paths:
-        name, i = p.stem, 2
+    for stem in wanted:
+        name, i = stem, 2
         while name in names:
-            name, i = f"{p.stem}-{i}", i + 1
+            name, i = f"{stem}-{i}", i + 1
         names.append(name)
     return names[len(taken or []) :]
+
+
+def _load(refs: list[str], keys: dict[str, str], taken: list[str]) -> dict[str, tuple[str, Any]]:
+    """The models ``refs`` name (:func:`app.cli.models.checkpoint_path`), by unique name: the
+    argument that named it and the network; their sha256 goes into ``keys``."""
+    import models
+
+    found = [checkpoint_path(ref) for ref in refs]
+    out = {}
+    for name, ref, (_, path) in zip(_names([n for n, _ in found], taken), refs, found, strict=True):
+        net, meta = models.load(path)
+        out[name] = (ref, net)
+        keys[name] = str(meta.get("weights_sha256") or models.file_sha256(path))
+    return out
+
+
+def _check_layers(loaded: dict[str, tuple[str, Any]], layers: Any) -> None:
+    """Each model's layer selection, checked before any forward pass; a bad one points to the
+    command that lists that model's layers."""
+    from analysis.layers import resolve_layers
+
+    if layers is None or isinstance(layers, dict):
+        return
+    for ref, net in loaded.values():
+        resolve_layers(
+            net, layers, model_name=ref, listing=f"`cka-atlas layers {ref}` lists them all"
+        )
 
 
 def _number(v: float | None, digits: int = 4) -> str:
@@ -127,22 +156,8 @@ def _diagonal_mean(block: Any) -> float | None:
     return float(finite.mean()) if finite.size else None
 
 
-def _siblings(paths: list[Path], keys: dict[str, str], taken: list[str]) -> dict[str, Any]:
-    """The ``--sibling`` checkpoints (candidate seed siblings, never compared), by name; their
-    sha256 goes into ``keys``."""
-    import models
-
-    out = {}
-    for name, path in zip(_names(paths, taken), paths, strict=True):
-        net, meta = models.load(path)
-        out[name] = net
-        keys[name] = str(meta.get("weights_sha256") or models.file_sha256(path))
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    import analysis
-    import models  # heavy imports stay out of `cka-atlas --help`
+    import analysis  # heavy imports stay out of `cka-atlas --help`
     from analysis.plot import render_atlas
     from app.store.cells import VERDICT_LEGEND, Cells, verdict_marks
 
@@ -153,21 +168,17 @@ def run(args: argparse.Namespace) -> int:
             f"computed ({', '.join(options.measures)}); add --measure {args.heatmap_measure}"
         )
     dataset = analysis.load_dataset(args.dataset, split=args.split)
-    paths = [Path(c) for c in args.checkpoints]
-    loaded = {}
-    keys = {}
-    for name, path in zip(_names(paths), paths, strict=True):
-        model, meta = models.load(path)
-        loaded[name] = model
-        keys[name] = str(meta.get("weights_sha256") or models.file_sha256(path))
-    siblings = _siblings(args.sibling, keys, list(loaded))
+    keys: dict[str, str] = {}
+    loaded = _load(args.checkpoints, keys, [])
+    _check_layers(loaded, options.layers)
+    siblings = _load(args.sibling, keys, list(loaded))
     cache = analysis.DirectoryGramCache(args.gram_cache) if args.gram_cache else None
     atlas = analysis.compare(
-        loaded,
+        {name: net for name, (_, net) in loaded.items()},
         dataset,
         options,
-        siblings=siblings,
-        progress=True,
+        siblings={name: net for name, (_, net) in siblings.items()},
+        progress=not args.no_progress,
         gram_cache=cache,
         model_keys=keys,
         device=args.device,

@@ -70,8 +70,9 @@ class DemoTraining:
 
 def atlas_request(model_ids: list[int], dataset_id: int) -> ComparisonIn:
     """The demo's atlas: the zoo over the digits, with image intervals and both baselines."""
+    named: list[int | str] = list(model_ids)
     return ComparisonIn(
-        model_ids=model_ids,
+        model_ids=named,
         dataset_id=dataset_id,
         batch_size=DEMO_BATCH_SIZE,
         interval="images",

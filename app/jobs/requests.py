@@ -54,6 +54,8 @@ __all__ = [
 LayerName = Annotated[str, StringConstraints(max_length=200), NO_NUL]
 LayerIndex = Annotated[int, Field(strict=True, ge=-10_000, le=10_000)]
 MAX_MODELS = 32
+# A model by name: what a model's name column holds.
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200), NO_NUL]
 MAX_BATCH = 8192
 MAX_LAYER_ITEMS = 200
 RestLayers = (
@@ -135,8 +137,12 @@ class ComparisonIn(CompareOptions):
         },
     )
 
-    model_ids: list[Id] = Field(
-        min_length=1, max_length=MAX_MODELS, description="One or more models"
+    model_ids: list[Id | ModelName] = Field(
+        min_length=1,
+        max_length=MAX_MODELS,
+        description="One or more models, each by its id or by its name (or an alias) when "
+        "only one model has it",
+        examples=[[1, 2], ["mixer_digits", 2]],
     )
     dataset_id: Id
     # The library's selection less its per-model mapping, with the column's limits. The length

@@ -74,6 +74,10 @@ def skeleton(arch: str, config: dict[str, Any]) -> Any:
     return net.eval()
 
 
+# Where a refusal of a model's name sends the client.
+MODELS_LISTING = "GET /v1/models lists the models (?q=NAME finds names and aliases)"
+
+
 def _invalid(code: str, detail: str, field: str) -> ProblemError:
     return ProblemError(422, code, detail, field=field)
 
@@ -115,7 +119,14 @@ def _labels(rows: list[Model]) -> list[str]:
 def _resolve(row: Model, selection: Any) -> list[str]:
     net = skeleton(row.arch, row.config)
     try:
-        return list(resolve_layers(net, selection, model_name=f"model {row.id} ({row.name})"))
+        return list(
+            resolve_layers(
+                net,
+                selection,
+                model_name=f"model {row.id} ({row.name})",
+                listing=f"GET /v1/models/{row.id}/layers lists them all",
+            )
+        )
     except AnalysisError as exc:
         raise _invalid("invalid_layers", str(exc), "layers") from None
 
@@ -123,7 +134,15 @@ def _resolve(row: Model, selection: Any) -> list[str]:
 def validate_comparison(
     services: Services, body: ComparisonIn
 ) -> tuple[list[Model], Dataset, dict[str, Any]]:
-    """Check the request against the database; returns rows and the canonical params."""
+    """Check the request against the database; returns rows and the canonical params (models
+    by id, however the request named them)."""
+    with services.db.session(readonly=True) as s:
+        rows = [
+            repository.model_by_reference(s, ref, listing=MODELS_LISTING, field=f"model_ids.{i}")
+            for i, ref in enumerate(body.model_ids)
+        ]
+        ds = s.get(Dataset, body.dataset_id)
+    body = body.model_copy(update={"model_ids": [row.id for row in rows]})
     if len(set(body.model_ids)) != len(body.model_ids):
         raise _invalid("duplicate_model", "model_ids lists a model twice", "model_ids")
     try:  # the rules between options (batch size per estimator, …) live in CompareOptions
@@ -137,15 +156,8 @@ def validate_comparison(
             f"shards {body.shards} need mode minibatch (mode full keeps every sample in one place)",
             "shards",
         )
-    with services.db.session(readonly=True) as s:
-        found = repository.models_by_ids(s, body.model_ids)
-        ds = s.get(Dataset, body.dataset_id)
-    for i, mid in enumerate(body.model_ids):
-        if mid not in found:
-            raise _invalid("unknown_model", f"model {mid} does not exist", f"model_ids.{i}")
     if ds is None:
         raise _invalid("unknown_dataset", f"dataset {body.dataset_id} does not exist", "dataset_id")
-    rows = [found[mid] for mid in body.model_ids]
     min_n = 4 if body.estimator == "unbiased" else 2
     if ds.n < min_n:
         raise _invalid("dataset_too_small", f"the dataset has {ds.n} images", "dataset_id")
