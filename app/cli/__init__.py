@@ -124,7 +124,29 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             )
             stub.add_argument("rest", nargs="*")
             stub.set_defaults(func=_unavailable(exc))
+    _accept_no_progress(parser)
     return parser
+
+
+def _every_command(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers of every (sub)command under ``parser``, groups' actions included."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                found += _every_command(sub) or [sub]
+    return found
+
+
+def _accept_no_progress(parser: argparse.ArgumentParser) -> None:
+    """``--no-progress`` on every command, so that a script can pass it to any: the commands
+    that draw no progress bar take it and change nothing."""
+    for sub in _every_command(parser):
+        flags = {flag for action in sub._actions for flag in action.option_strings}
+        if "--no-progress" not in flags and sub.add_help:
+            sub.add_argument(
+                "--no-progress", action="store_true", help="(no progress bar here to hide)"
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

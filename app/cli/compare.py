@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from app.cli import help_data
 from app.cli.commands import command, no_progress_flag
 from app.cli.models import MODEL_HELP, checkpoint_path
 
@@ -54,31 +55,34 @@ def register(subparsers: Any) -> None:
 def _add_option_flags(p: argparse.ArgumentParser) -> None:
     """One flag per :class:`analysis.CompareOptions` field, typed, bounded and described by it
     (``--layers`` is taken above, with ``nargs``); a deprecated one is hidden from the help
-    but still read. Left out, an option keeps its default (None here: the options' own)."""
-    from analysis import option_specs
-
-    for spec in option_specs().values():
-        flag = "--" + spec.name.replace("_", "-")
-        described = spec.description.replace("%", "%%")  # argparse formats help with %
-        shown = argparse.SUPPRESS if spec.deprecated else f"{described} (default {spec.default})"
-        if spec.name == "measures":  # one name per flag, repeatable (comma lists read too)
+    but still read. Left out, an option keeps its default (None here: the options' own). The
+    specs come from :mod:`app.cli.help_data` (:func:`analysis.option_specs`, kept as data), so
+    that the parser loads no torch."""
+    for spec in help_data.load()["options"]:
+        name, kind, choices = spec["name"], spec["kind"], spec["choices"]
+        flag = "--" + name.replace("_", "-")
+        described = spec["description"].replace("%", "%%")  # argparse formats help with %
+        shown = (
+            argparse.SUPPRESS if spec["deprecated"] else f"{described} (default {spec['default']})"
+        )
+        if name == "measures":  # one name per flag, repeatable (comma lists read too)
             p.add_argument(
                 "--measure",
                 dest="measures",
                 action="append",
-                choices=spec.choices,
+                choices=choices,
                 help=f"{shown}; repeat for several",
             )
-        elif spec.kind == "flag":
+        elif kind == "flag":
             p.add_argument(flag, action="store_true", default=None, help=described)
-        elif spec.kind == "choice":
-            p.add_argument(flag, choices=spec.choices, help=shown)
-        elif spec.kind == "choices":
-            listed = ",".join(spec.choices)
+        elif kind == "choice":
+            p.add_argument(flag, choices=choices, help=shown)
+        elif kind == "choices":
+            listed = ",".join(choices)
             p.add_argument(flag, metavar="LIST", help=f"{shown}; comma-separated: {listed}")
-        elif spec.kind == "int":
+        elif kind == "int":
             p.add_argument(flag, type=int, help=shown)
-        elif spec.kind == "text":
+        elif kind == "text":
             p.add_argument(flag, help=shown)
 
 
