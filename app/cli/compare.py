@@ -128,14 +128,6 @@ def _number(v: float | None, digits: int = 4) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def _probability(v: float | None) -> str:
-    """A p- or q-value: three decimals, or its order of magnitude below 0.001 (the analytic
-    null reaches far smaller values than a count of permutations can)."""
-    if v is None or v >= 1e-3:
-        return _number(v, 3)
-    return "<1e-300" if v < 1e-300 else f"{v:.0e}"
-
-
 def _options(args: argparse.Namespace) -> Any:
     """The :class:`analysis.CompareOptions` the flags ask for, validated once (by the same type
     as a REST request); a bad value exits with one sentence naming its flag."""
@@ -163,7 +155,7 @@ def _diagonal_mean(block: Any) -> float | None:
 def run(args: argparse.Namespace) -> int:
     import analysis  # heavy imports stay out of `cka-atlas --help`
     from analysis.plot import render_atlas
-    from app.store.cells import VERDICT_LEGEND, Cells, verdict_marks
+    from app.store.cells import VERDICT_LEGEND, Cells, probability_text, verdict_marks
 
     options = _options(args)
     if args.heatmap_measure not in options.measures:
@@ -218,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
             marks = f"{learned:>8}  {seed:>8}  "
         print(
             f"{a:<{width}}  {b:<{width}}  {_number(sm.cka):>17}  {ci:>16}  "
-            f"{_probability(sm.max_p_value):>6}  {_probability(sm.max_q_value):>6}  {init:>20}  "
+            f"{probability_text(sm.max_p_value):>6}  {probability_text(sm.max_q_value):>6}  "
+            f"{init:>20}  "
             f"{_number(sm.seed_ceiling):>12}  {marks}{sm.kind}"
         )
     if judged:
