@@ -8,6 +8,7 @@ builds it, without the optimisation) and jobs are run one by one with
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -39,8 +40,12 @@ def _banner(client: TestClient) -> str | None:
 
 
 def test_demo_is_queued_once_and_the_home_page_follows_it(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="app")
     fake = FakeTrainer()
     monkeypatch.setattr("app.jobs.train.train", fake)
     idle = settings.model_copy(update={"worker_threads": 0})
@@ -87,6 +92,14 @@ def test_demo_is_queued_once_and_the_home_page_follows_it(
                 assert atlas is not None
                 assert [m.model_id for m in atlas.members] == sorted(s.scalars(select(Model.id)))
             assert names == {name for name, _, _ in ZOO}
+            # What the terminal of `make run` shows of it (README.md): one line per model
+            # trained, not each training's start and end or the demo's parking and resuming.
+            said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+            assert [m for m in said if m.startswith("demo: model")] == [
+                f"demo: model {k} of {len(ZOO)} trained ({ZOO[k - 1][0]})"
+                for k in range(1, len(ZOO) + 1)
+            ]
+            assert not [m for m in said if re.match(r"job \d+ \(training\)|the demo waits", m)]
             assert _banner(client) == "demo: all models trained; the atlas is 0 % done"
             # Found, not queued again, once it has run.
             assert setup_demo(idle, tmp_path / "no-zoo", epochs=1) == (job_id, False)
