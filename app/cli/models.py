@@ -18,8 +18,6 @@ __all__ = ["MODEL_HELP", "checkpoint_path", "register"]
 
 # What a model argument is, for the commands' help.
 MODEL_HELP = "a .safetensors checkpoint, or a model of the store by id or name (`cka-atlas models`)"
-# Where a refusal of a model's name sends the user.
-LISTING = "`cka-atlas models` lists the store's models"
 
 
 def register(subparsers: Any) -> None:
@@ -54,6 +52,7 @@ def checkpoint_path(ref: str) -> tuple[str, Path]:
         return path.stem, path
     from app.cli.store import open_store
     from app.errors import ProblemError
+    from app.jobs.submit import COMMAND_LISTING
     from app.store import repository
     from app.store.artifacts import ArtifactStore
     from app.store.settings import Settings
@@ -65,7 +64,7 @@ def checkpoint_path(ref: str) -> tuple[str, Path]:
         raise CommandError(f"{ref!r} is no checkpoint file, and {exc}") from None
     try:
         with db.session(readonly=True) as s:
-            row = repository.model_by_reference(s, ref, listing=LISTING)
+            row = repository.model_by_reference(s, ref, listing=COMMAND_LISTING)
             name, sha = row.name, row.sha256
     except ProblemError as exc:
         raise CommandError(exc.detail) from None

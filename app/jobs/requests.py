@@ -209,7 +209,9 @@ class StudyIn(BaseModel):
     spec: dict[str, Any] | None = Field(
         default=None,
         description="A study spec (the YAML document as JSON): name, dataset (built-in), recipe, "
-        "seeds, reference, arms, cka, plot, quick_seeds, identification",
+        "seeds, reference, arms, cka, plot, quick_seeds, identification; an arm may name a "
+        "model of the store (`model`: its id or name) instead of `arch`, to train more seeds "
+        "of its architecture and options",
     )
     seeds: int | None = Field(
         default=None, ge=1, le=MAX_STUDY_SEEDS, description="Seeds 0..N-1 (default: the spec's)"

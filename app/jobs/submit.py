@@ -74,8 +74,9 @@ def skeleton(arch: str, config: dict[str, Any]) -> Any:
     return net.eval()
 
 
-# Where a refusal of a model's name sends the client.
+# Where a refusal of a model's name sends the client: over REST, and on the command line.
 MODELS_LISTING = "GET /v1/models lists the models (?q=NAME finds names and aliases)"
+COMMAND_LISTING = "`cka-atlas models` lists the store's models"
 
 
 def _invalid(code: str, detail: str, field: str) -> ProblemError:
