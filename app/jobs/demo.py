@@ -260,8 +260,8 @@ def _elapsed(since: datetime) -> float:
 
 def demo_status(session: Session) -> dict[str, Any] | None:
     """What the home page says of the demo while it is not done: ``text`` ("demo: training k
-    of 6, about N min left", then the atlas's progress) and ``href``; None once its atlas has
-    succeeded (or there is no demo)."""
+    of 6, about N min of training left", then the atlas's progress) and ``href``; None once
+    its atlas has succeeded (or there is no demo)."""
     job = _latest(session)
     if job is None:
         return None
