@@ -9,7 +9,10 @@ torch and timm.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+import difflib
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -22,7 +25,22 @@ __all__ = [
     "EstimatorError",
     "LayerError",
     "OptionsError",
+    "allowed_values",
+    "closest",
+    "did_you_mean",
 ]
+
+
+def closest(value: str, names: Iterable[str], n: int = 3) -> list[str]:
+    """The ``n`` names most like ``value`` (difflib's ratio, best first), if any is close."""
+    return difflib.get_close_matches(value, list(names), n=n, cutoff=0.6)
+
+
+def did_you_mean(value: object, names: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the name most like ``value``, or nothing: the end of a
+    sentence that refuses an unknown name."""
+    found = closest(str(value), names, n=1) if isinstance(value, str) else []
+    return f"; did you mean {found[0]!r}?" if found else ""
 
 
 class AnalysisError(ValueError):
@@ -84,8 +102,17 @@ class OptionsError(EstimatorError):
         reason = first["msg"]
         if "reason" not in (first.get("ctx") or {}):
             reason = f"{reason[:1].lower()}{reason[1:]}, not {first['input']!r}"
+            reason += did_you_mean(first["input"], allowed_values(first))
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         return cls(field, first["type"], f"{field}: {reason}{more}")
+
+
+def allowed_values(error: Any) -> list[str]:
+    """The values a pydantic error of a choice (``literal_error``, ``enum``) allows, read from
+    its ``expected`` ("'a', 'b' or 'c'"); nothing for other errors."""
+    if error.get("type") not in ("literal_error", "enum"):
+        return []
+    return re.findall(r"'([^']*)'", str((error.get("ctx") or {}).get("expected", "")))
 
 
 class Cancelled(Exception):

@@ -25,7 +25,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import nn
 
-from analysis.errors import LayerError
+from analysis.errors import LayerError, closest
 
 __all__ = [
     "FEATURE_POLICIES",
@@ -35,6 +35,7 @@ __all__ = [
     "available_layers",
     "check_feature",
     "default_layers",
+    "fold_names",
     "resolve_layers",
     "to_features",
 ]
@@ -142,13 +143,63 @@ def _glob(pattern: str) -> Callable[[str], bool]:
     return match
 
 
+def fold_names(names: Sequence[str], limit: int = 24) -> str:
+    """Layer names in one line, in module order: numbered runs folded into ranges
+    (``blocks.0–blocks.11``), the modules inside numbered ones as globs (``blocks.*.norm1``),
+    and the modules two levels down (a number does not count as a level) summed up by the first
+    of them; past ``limit`` items, ``…``."""
+    runs: dict[str, list[int]] = {}  # "blocks.*" -> the numbers, for a name with one number
+    shown: list[str] = []
+    deeper: list[str] = []
+    for name in names:
+        parts = name.split(".")
+        numbered = [part.isdigit() for part in parts]
+        glob = ".".join(
+            "*" if number else part for part, number in zip(parts, numbered, strict=True)
+        )
+        if len(parts) - sum(numbered) > 2:
+            deeper.append(glob)
+        elif numbered[-1] and sum(numbered) == 1:  # blocks.3: one of a run
+            if glob not in runs:
+                runs[glob] = []
+                shown.append(glob)
+            runs[glob].append(int(parts[-1]))
+        elif glob not in shown:
+            shown.append(glob)  # inside numbered modules: one glob for all of them
+    items: list[str] = []
+    for item in shown:
+        items += _ranges(item[:-1], runs[item]) if item in runs else [item]
+    folded = ", ".join(items[:limit]) + (", …" if len(items) > limit else "")
+    return folded + (f" and the modules inside them ({deeper[0]}, …)" if deeper else "")
+
+
+def _ranges(prefix: str, numbers: list[int]) -> list[str]:
+    """``prefix`` + each run of consecutive ``numbers``: ``blocks.0–blocks.11``, ``blocks.14``."""
+    out, ordered = [], sorted(set(numbers))
+    start = previous = ordered[0]
+    for n in [*ordered[1:], None]:
+        if n is not None and n == previous + 1:
+            previous = n
+            continue
+        out.append(f"{prefix}{start}" + (f"–{prefix}{previous}" if previous > start else ""))
+        if n is not None:
+            start = previous = n
+    return out
+
+
 def resolve_layers(
-    model: nn.Module, selection: LayerSelection | None = None, *, model_name: str = "model"
+    model: nn.Module,
+    selection: LayerSelection | None = None,
+    *,
+    model_name: str = "model",
+    listing: str = "analysis.available_layers(model) lists them all",
 ) -> list[str]:
     """The layer names ``selection`` picks from ``model``, without running it.
 
-    Each item must match at least one layer, else :class:`LayerError` lists what exists.
-    Names keep the order of the selection; a glob expands in module order; duplicates go.
+    Each item must match at least one layer, else a :class:`LayerError` of one line names the
+    closest names, the model's layers folded (:func:`fold_names`) and ``listing``: what lists
+    them all for the caller's user (a URL, a command). Names keep the order of the selection;
+    a glob expands in module order; duplicates go.
     """
     defaults = default_layers(model)
     if selection is None:
@@ -167,7 +218,7 @@ def resolve_layers(
             if not -len(defaults) <= item < len(defaults):
                 raise LayerError(
                     f"layer index {item} is out of range for {model_name}, whose "
-                    f"{len(defaults)} default layers are: {', '.join(defaults)}"
+                    f"{len(defaults)} default layers are {fold_names(defaults)}; {listing}"
                 )
             found = [defaults[item]]
         elif item in available:
@@ -176,11 +227,11 @@ def resolve_layers(
             matches = _glob(item)
             found = [name for name in available if matches(name)]
         if not found:
-            shown = ", ".join(available[:60])
-            more = f" and {len(available) - 60} more" if len(available) > 60 else ""
+            near = closest(str(item), available)
             raise LayerError(
-                f"layer selection {item!r} matches no layer of {model_name}; "
-                f"available: {shown}{more}"
+                f"layer selection {item!r} matches no layer of {model_name}"
+                + (f"; closest: {', '.join(near)}" if near else "")
+                + f"; its {len(available)} layers: {fold_names(available)}; {listing}"
             )
         picked += [name for name in found if name not in picked]
     return picked

@@ -476,6 +476,20 @@ class CompareOptions(BaseModel):
             check_bootstrap_batches(batches)
 
     @property
+    def unused(self) -> frozenset[str]:
+        """The options whose value changes nothing given the others: ``resamples`` without the
+        batch bootstrap, ``random_init_draws`` without the random-init baseline, ``knn_k``
+        without ``mutual_knn`` (what a list of a comparison's chosen options leaves out)."""
+        unused = set()
+        if self.interval != "batches":
+            unused.add("resamples")
+        if "random_init" not in self.baselines:
+            unused.add("random_init_draws")
+        if "mutual_knn" not in self.measures:
+            unused.add("knn_k")
+        return frozenset(unused)
+
+    @property
     def whole_sample(self) -> tuple[str, ...]:
         """The measures that need every image's features at once (all but ``cka``)."""
         return tuple(m for m in self.measures if m != "cka")

@@ -271,7 +271,10 @@ def compare(
     batches are used). Every model reads the same images in the same order through its own
     input pipeline (``model.atlas_preprocessing``, set by :func:`models.load`): image files
     (an ImageFolder, of any sizes and modes) are decoded and resized, cropped and normalised
-    per model; arrays must have the model's input shape and are normalised. ``dtype``
+    per model; an array of the model's input shape is read as it is (normalised), one of
+    another shape goes through the pipeline as images do, mapped from its value range
+    (uint8, declared or inferred: :mod:`analysis.data.ranges`); ``atlas.config["input"]``
+    records which model read what. ``dtype``
     (``"bf16"``/``"fp16"``) autocasts the forward pass; Grams stay fp32. ``interval="images"``
     adds image-level 95 % intervals, ``interval="batches"`` percentile intervals from
     ``resamples`` minibatch resamples (seeded with ``seed``).

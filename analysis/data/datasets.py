@@ -19,7 +19,7 @@ import math
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from PIL import Image
 
 from analysis.data.images import ImageFiles, files_sha256, open_image, peek_image
 from analysis.data.npz import NpzArchive, rows_per_slice
+from analysis.data.ranges import ValueRange, declared_range, infer_range
 from analysis.errors import DatasetError, DatasetTooLarge
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "IMAGE_SUFFIXES",
     "DatasetInfo",
     "ImageDataset",
+    "array_slices",
     "describe_dataset",
     "load_dataset",
     "load_digits",
@@ -64,8 +66,11 @@ _HASH_VERSION = b"cka-atlas-dataset-v1"
 class ImageDataset:
     """Images as float32 (N, C, H, W), labels if known, and a stable content hash.
 
-    ``x`` holds values in [0, 1] for integer sources; float sources keep their values.
-    ``sha256`` hashes the arrays themselves, so re-encoding a dataset does not change it.
+    ``x`` holds values in [0, 1] for integer sources; float sources keep their values, and
+    ``value_range`` says which stand for black and white (:mod:`analysis.data.ranges`; None:
+    inferred from the values when a model's pipeline needs it, see :meth:`pixel_range`).
+    ``sha256`` hashes the arrays themselves (and a declared range), so re-encoding a dataset
+    does not change it.
     """
 
     name: str
@@ -74,13 +79,17 @@ class ImageDataset:
     classes: list[str] | None = None
     sha256: str = field(default="")
     files: ImageFiles | None = None  # the original files of an ImageFolder, for pipelines
+    value_range: ValueRange | tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         _check_images(self.x, self.name)
         if self.y is not None:
             _check_labels(self.y, len(self.x), self.name)
+        if self.value_range is not None and not isinstance(self.value_range, ValueRange):
+            declared = declared_range(self.value_range, f"'{self.name}'")
+            object.__setattr__(self, "value_range", declared)
         if not self.sha256:
-            object.__setattr__(self, "sha256", content_sha256(self.x, self.y))
+            object.__setattr__(self, "sha256", content_sha256(self.x, self.y, self.value_range))
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
@@ -101,6 +110,13 @@ class ImageDataset:
         """The images as a CPU tensor sharing memory with ``x``."""
         return torch.from_numpy(self.x)
 
+    def pixel_range(self) -> ValueRange:
+        """``value_range``, or the range inferred from ``x`` (read once, then kept)."""
+        if not isinstance(self.value_range, ValueRange):
+            object.__setattr__(self, "value_range", infer_range(array_slices(self.x)))
+        assert isinstance(self.value_range, ValueRange)
+        return self.value_range
+
 
 @dataclass(frozen=True)
 class DatasetInfo:
@@ -113,6 +129,7 @@ class DatasetInfo:
     shape: tuple[int, int, int]
     classes: list[str] | None
     sha256: str
+    value_range: ValueRange | None = None  # an .npz's (image files are pixels: 8 bits)
 
     def __len__(self) -> int:
         return self.n
@@ -128,27 +145,32 @@ class _ContentHash:
     def images(self, part: np.ndarray) -> None:
         self._digest.update(np.ascontiguousarray(part, dtype=np.float32).data)  # no copy
 
-    def finish(self, y: np.ndarray | None) -> str:
+    def finish(self, y: np.ndarray | None, value_range: object = None) -> str:
         if y is None:
             self._digest.update(b"no-labels")
         else:
             labels = np.ascontiguousarray(y, dtype=np.int64)
             self._digest.update(repr(labels.shape).encode())
             self._digest.update(labels.data)
+        if isinstance(value_range, ValueRange) and value_range.source == "declared":
+            # the same numbers declared as other pixels are other images
+            self._digest.update(f"range:{value_range.low!r},{value_range.high!r}".encode())
         return self._digest.hexdigest()
 
 
-def content_sha256(x: np.ndarray, y: np.ndarray | None) -> str:
-    """sha256 of the canonical float32 images and int64 labels, with their shapes."""
+def content_sha256(x: np.ndarray, y: np.ndarray | None, value_range: object = None) -> str:
+    """sha256 of the canonical float32 images and int64 labels, with their shapes (and the
+    value range, where one was declared)."""
     images = np.ascontiguousarray(x, dtype=np.float32)
     digest = _ContentHash(images.shape)
     digest.images(images)
-    return digest.finish(y)
+    return digest.finish(y, value_range)
 
 
-def _slices(x: np.ndarray) -> Iterator[np.ndarray]:
+def array_slices(x: np.ndarray | torch.Tensor) -> Iterator[np.ndarray | torch.Tensor]:
     """``x`` in slices along its first axis of about SLICE_BYTES each (views, no copies)."""
-    step = rows_per_slice(math.prod(x.shape[1:]) * x.itemsize)
+    itemsize = x.element_size() if isinstance(x, torch.Tensor) else x.itemsize
+    step = rows_per_slice(math.prod(x.shape[1:]) * itemsize)
     for start in range(0, len(x), step):
         yield x[start : start + step]
 
@@ -183,7 +205,7 @@ def describe_dataset(spec: str | Path, *, max_decoded: int | None = None) -> Dat
         return DatasetInfo(data.name, len(data), data.shape, data.classes, data.sha256)
     path = _existing(spec)
     if path.suffix.lower() == ".npz" and path.is_file():
-        _, shape, labels, sha = _read_npz(
+        _, shape, labels, value_range, sha = _read_npz(
             path,
             path.name,
             DEFAULT_MAX_ARCHIVE_BYTES,
@@ -192,7 +214,7 @@ def describe_dataset(spec: str | Path, *, max_decoded: int | None = None) -> Dat
             keep=False,
         )
         n, c, h, w = shape
-        return DatasetInfo(path.name, n, (c, h, w), _classes(labels), sha)
+        return DatasetInfo(path.name, n, (c, h, w), _classes(labels), sha, value_range)
     files, name, budget = _folder_files(
         path, DEFAULT_MAX_ARCHIVE_BYTES, DEFAULT_MAX_ARCHIVE_MEMBERS
     )
@@ -202,9 +224,11 @@ def describe_dataset(spec: str | Path, *, max_decoded: int | None = None) -> Dat
 def load_dataset(spec: str | Path, *, split: str = "test") -> ImageDataset | ImageFiles:
     """Load ``"digits"`` (``split`` picks train, test or all), an ``.npz`` file, or an ImageFolder.
 
-    An ImageFolder is a directory, or a ``.zip`` of one, with one sub-directory of images per
-    class; one of images of different sizes is an :class:`ImageFiles` (only a comparison,
-    which resizes per model, can read it). ``split`` applies to the built-in digits only.
+    An ImageFolder is a directory, or a ``.zip`` of one, of images in one folder (a dataset
+    without labels: a comparison needs none) or in one sub-directory per class (labelled, as
+    training needs); one of images of different sizes is an :class:`ImageFiles` (only a
+    comparison, which resizes per model, can read it). ``split`` applies to the built-in
+    digits only.
     """
     if str(spec) == "digits":
         return load_digits(split)
@@ -230,11 +254,17 @@ def training_data(spec: str | Path) -> ImageDataset | tuple[ImageDataset, ImageD
     """What :func:`models.train` takes for a dataset named by the user.
 
     The built-in digits give their fixed ``(train, test)`` splits; a file or folder gives the
-    whole dataset, of which training holds out a fixed fifth for testing.
+    whole dataset, of which training holds out a fixed fifth for testing. A dataset without
+    labels, or of images of several sizes, is refused in one sentence.
     """
     if str(spec) == "digits":
         return load_digits("train"), load_digits("test")
     data = load_dataset(spec)
+    if data.y is None:
+        raise DatasetError(
+            f"'{data.name}' has no labels, so no model can be trained on it (training needs "
+            "its images in one folder per class, or an .npz with y; comparing needs no labels)."
+        )
     if not isinstance(data, ImageDataset):
         raise DatasetError(
             f"The images of '{data.name}' have different sizes; training needs one size "
@@ -271,7 +301,9 @@ def load_npz(
     max_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS,
     max_decoded: int | None = None,
 ) -> ImageDataset:
-    """An ``.npz`` with ``x`` as (N, H, W), (N, H, W, C) or (N, C, H, W) and an optional ``y``.
+    """An ``.npz`` with ``x`` as (N, H, W), (N, H, W, C) or (N, C, H, W), an optional ``y`` and,
+    for float images, an optional ``value_range`` ``[low, high]``: the values that stand for
+    black and white (else inferred from the values, :mod:`analysis.data.ranges`).
 
     The arrays' headers are checked before any data is read (an archive that unpacks to more
     than ``max_bytes``, an array that declares more than it holds, images that would take more
@@ -279,9 +311,18 @@ def load_npz(
     final array: beyond it, this holds one slice.
     """
     name = "upload.npz" if isinstance(source, bytes) else Path(source).name
-    x, _, labels, sha = _read_npz(source, name, max_bytes, max_members, max_decoded, keep=True)
+    x, _, labels, value_range, sha = _read_npz(
+        source, name, max_bytes, max_members, max_decoded, keep=True
+    )
     assert x is not None
-    return ImageDataset(name=name, x=x, y=labels, classes=_classes(labels), sha256=sha)
+    return ImageDataset(
+        name=name,
+        x=x,
+        y=labels,
+        classes=_classes(labels),
+        sha256=sha,
+        value_range=value_range,
+    )
 
 
 def _read_npz(
@@ -292,9 +333,10 @@ def _read_npz(
     max_decoded: int | None,
     *,
     keep: bool,
-) -> tuple[np.ndarray | None, tuple[int, int, int, int], np.ndarray | None, str]:
-    """(images if ``keep``, their (N, C, H, W), labels, content sha256) of an ``.npz``,
-    streamed: every check from the headers first, then one slice of ``x`` at a time."""
+) -> tuple[np.ndarray | None, tuple[int, int, int, int], np.ndarray | None, ValueRange, str]:
+    """(images if ``keep``, their (N, C, H, W), labels, value range, content sha256) of an
+    ``.npz``, streamed: every check from the headers first, then one slice of ``x`` at a time
+    (which also finds the range of values, where neither uint8 nor ``value_range`` says it)."""
     with NpzArchive(source, name, max_bytes=max_bytes, max_members=max_members) as archive:
         if "x" not in archive.arrays:
             raise DatasetError(
@@ -304,20 +346,47 @@ def _read_npz(
         layout = _Layout.of(stored.shape, stored.dtype, name)
         _check_decoded(layout.shape, name, max_decoded)
         labels = _npz_labels(archive, name, layout.shape[0])
+        declared = _npz_range(archive, name)
         x = np.empty(layout.shape, np.float32) if keep else None
         digest = _ContentHash(layout.shape)
         done = bad = 0
+        extremes: list[np.ndarray] = []
         for raw in archive.slices("x"):
             part = layout.convert(raw)
             if not layout.scale:  # uint8 sources are finite
-                bad += int(np.count_nonzero(~np.isfinite(part)))
+                finite = np.isfinite(part)
+                bad += int(np.count_nonzero(~finite))
+                if not bad and declared is None:
+                    extremes.append(np.array([part.min(), part.max()]))
             digest.images(part)
             if x is not None:
                 x[done : done + len(part)] = part
             done += len(part)
     if bad:
         raise DatasetError(f"'{name}' has {bad} pixel values that are NaN or infinite.")
-    return x, layout.shape, labels, digest.finish(labels)
+    if layout.scale:
+        value_range = ValueRange(0.0, 1.0, "uint8")
+    else:
+        value_range = declared or infer_range(extremes)
+    return x, layout.shape, labels, value_range, digest.finish(labels, value_range)
+
+
+def _npz_range(archive: NpzArchive, name: str) -> ValueRange | None:
+    """The ``value_range`` an ``.npz`` declares for its float images (two numbers), if any."""
+    stored = archive.arrays.get("value_range")
+    if stored is None:
+        return None
+    if stored.shape != (2,) or not np.issubdtype(stored.dtype, np.number):
+        raise DatasetError(
+            f"'value_range' in '{name}' must be two numbers [low, high], not "
+            f"{stored.dtype} {stored.shape}."
+        )
+    if archive.arrays["x"].dtype == np.uint8:
+        raise DatasetError(
+            f"'{name}' declares a value_range for uint8 images, which are 0–255 by their type; "
+            "leave value_range out (it is for float images)."
+        )
+    return declared_range(archive.read("value_range"), f"'{name}'")
 
 
 def _npz_labels(archive: NpzArchive, name: str, n: int) -> np.ndarray | None:
@@ -349,7 +418,10 @@ def load_image_folder(
     max_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS,
     max_decoded: int | None = None,
 ) -> ImageDataset | ImageFiles:
-    """A directory, or a zip archive of one, holding one sub-directory of images per class.
+    """A directory, or a zip archive of one, holding its images in one folder (no labels), or
+    in one sub-directory per class (the folders' names are the classes, sorted). Folders that
+    every image shares are stripped first (a zip of ``photos/`` holds ``photos/...``), and
+    hidden files and macOS's ``__MACOSX`` folder are skipped.
 
     Images of one size become an :class:`ImageDataset` (which also keeps the files); images
     of several sizes an :class:`ImageFiles`.
@@ -412,9 +484,16 @@ def _folder_files(
     files: dict[str, Callable[[], bytes]] = {
         path.relative_to(root).as_posix(): path.read_bytes
         for path in sorted(root.rglob("*"))
-        if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES
+        if path.is_file() and _is_image(path.relative_to(root))
     }
     return files, root.name, None
+
+
+def _is_image(path: PurePath) -> bool:
+    """An image file of the dataset: an image suffix, and no hidden part (``.x``) or macOS's
+    ``__MACOSX`` copies of the files' metadata on the way to it."""
+    hidden = any(part.startswith(".") or part == "__MACOSX" for part in path.parts)
+    return path.suffix.lower() in IMAGE_SUFFIXES and not hidden
 
 
 def _zip_members(
@@ -429,7 +508,7 @@ def _zip_members(
             name,
             max_members=max_members,
             max_bytes=max_bytes,
-            keep=lambda path: path.suffix.lower() in IMAGE_SUFFIXES,
+            keep=_is_image,
         )
     except ArchiveError as exc:
         raise DatasetError(f"{exc}.") from None
@@ -457,8 +536,8 @@ class _Folder:
 
     name: str
     keys: list[str]  # the files in order (sorted), as the reader names them
-    y: np.ndarray
-    classes: list[str]
+    y: np.ndarray | None  # None: the images are not in class folders
+    classes: list[str] | None
     sizes: tuple[tuple[int, int], ...]
     gray: bool
 
@@ -480,21 +559,33 @@ def _plan_folder(
     max_decoded: int | None,
 ) -> _Folder:
     """Check an ImageFolder's layout and every image's header (size, mode, the budget of
-    decoded bytes) before any is decoded. Re-keys ``files`` when a top folder is stripped."""
+    decoded bytes) before any is decoded. Re-keys ``files`` when shared folders are stripped."""
     paths = [PurePosixPath(p) for p in files]
-    # A zip of a folder usually nests everything under that folder's name: strip that level.
-    while paths and all(len(p.parts) >= 3 for p in paths) and len({p.parts[0] for p in paths}) == 1:
+    if not paths:
+        raise DatasetError(f"'{name}' holds no images (looked for {sorted(IMAGE_SUFFIXES)}).")
+    # A zip of a folder usually nests everything under that folder's name (or deeper): strip
+    # the folders every image shares. What is left is the images themselves (no labels), or
+    # one folder per class.
+    while all(len(p.parts) >= 2 for p in paths) and len({p.parts[0] for p in paths}) == 1:
         paths = [PurePosixPath(*p.parts[1:]) for p in paths]
         renamed = dict(zip((p.as_posix() for p in paths), files.values(), strict=True))
         files.clear()
         files.update(renamed)
-    if not paths:
-        raise DatasetError(f"'{name}' holds no images (looked for {sorted(IMAGE_SUFFIXES)}).")
-    if any(len(p.parts) != 2 for p in paths):
-        raise DatasetError(
-            f"'{name}' must hold one folder of images per class, and nothing deeper."
+    depths = {len(p.parts) for p in paths}
+    if depths != {1} and depths != {2}:
+        shallow = min(paths, key=lambda p: len(p.parts))
+        deep = max(paths, key=lambda p: len(p.parts))
+        where = (
+            f"'{shallow}' and '{deep}' are at different depths"
+            if len(shallow.parts) != len(deep.parts)
+            else f"'{deep}' is {len(deep.parts) - 1} folders deep"
         )
-    classes = sorted({p.parts[0] for p in paths})
+        raise DatasetError(
+            f"'{name}' must hold its images in one folder (a dataset without labels) or in one "
+            f"folder per class (labelled), but {where}."
+        )
+    labelled = depths == {2}
+    classes = sorted({p.parts[0] for p in paths}) if labelled else None
     keys = sorted(files)
     sizes, modes = [], []
     left = budget  # decoded bytes: a small PNG can declare a huge canvas
@@ -507,7 +598,11 @@ def _plan_folder(
     plan = _Folder(
         name=name,
         keys=keys,
-        y=np.asarray([classes.index(PurePosixPath(k).parts[0]) for k in keys], dtype=np.int64),
+        y=(
+            np.asarray([classes.index(PurePosixPath(k).parts[0]) for k in keys], dtype=np.int64)
+            if classes
+            else None
+        ),
         classes=classes,
         sizes=tuple(sizes),
         gray=all(mode in ("1", "L", "I", "I;16", "F") for mode in modes),
@@ -608,7 +703,7 @@ def _check_images(x: np.ndarray, name: str) -> None:
         raise DatasetError(f"'{name}' holds no samples.")
     if 0 in x.shape[1:]:
         raise DatasetError(f"Images of '{name}' have an empty dimension: {x.shape}.")
-    bad = sum(int(np.count_nonzero(~np.isfinite(part))) for part in _slices(x))
+    bad = sum(int(np.count_nonzero(~np.isfinite(part))) for part in array_slices(x))
     if bad:
         raise DatasetError(f"'{name}' has {bad} pixel values that are NaN or infinite.")
 

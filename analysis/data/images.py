@@ -2,9 +2,10 @@
 
 An ImageFolder (directory or zip) may hold JPEG/PNG/WebP files of any sizes and modes
 (grayscale, RGBA, palette). :class:`ImageFiles` keeps every file's original bytes in a fixed
-order (sorted by path) with its label; a comparison decodes them per batch and passes each
-image through each model's own pipeline (:mod:`analysis.data.preprocessing`). Its ``sha256``
-hashes the files' bytes and labels in that order, so it names exactly these images.
+order (sorted by path) with its label, if the files came in class folders; a comparison
+decodes them per batch and passes each image through each model's own pipeline
+(:mod:`analysis.data.preprocessing`). Its ``sha256`` hashes the files' bytes and labels in
+that order, so it names exactly these images.
 """
 
 from __future__ import annotations
@@ -85,9 +86,14 @@ def thumbnail(image: Image.Image, side: int = 96) -> bytes:
     return buf.getvalue()
 
 
-def files_sha256(digests: Iterable[bytes], labels: np.ndarray) -> str:
-    """The content hash of image files: their sha256 digests and labels, in order."""
+def files_sha256(digests: Iterable[bytes], labels: np.ndarray | None) -> str:
+    """The content hash of image files: their sha256 digests and labels (if any), in order."""
     digest = hashlib.sha256(_HASH_VERSION)
+    if labels is None:
+        digest.update(b"no-labels")
+        for file_digest in digests:
+            digest.update(file_digest)
+        return digest.hexdigest()
     for file_digest, label in zip(digests, labels.tolist(), strict=True):
         digest.update(file_digest)
         digest.update(int(label).to_bytes(8, "little", signed=True))
@@ -96,20 +102,22 @@ def files_sha256(digests: Iterable[bytes], labels: np.ndarray) -> str:
 
 @dataclass(frozen=True, eq=False)
 class ImageFiles:
-    """Original image files with labels: the raw form every model's pipeline reads."""
+    """Original image files, with labels where they came in class folders: the raw form every
+    model's pipeline reads."""
 
     name: str
     blobs: tuple[bytes, ...]
     paths: tuple[str, ...]
-    y: np.ndarray
-    classes: list[str]
+    y: np.ndarray | None
+    classes: list[str] | None
     channels: int = 3  # 1 when every image is grayscale
     sizes: tuple[tuple[int, int], ...] = ()
     sha256: str = field(default="")
 
     def __post_init__(self) -> None:
-        if not self.blobs or len(self.blobs) != len(self.y) or len(self.paths) != len(self.y):
-            raise DatasetError(f"'{self.name}' needs one path and one label per image")
+        labels = len(self.blobs) if self.y is None else len(self.y)
+        if not self.blobs or len(self.blobs) != labels or len(self.paths) != len(self.blobs):
+            raise DatasetError(f"'{self.name}' needs one path (and one label, if any) per image")
         if not self.sha256:
             digests = (hashlib.sha256(blob).digest() for blob in self.blobs)
             object.__setattr__(self, "sha256", files_sha256(digests, self.y))
@@ -126,8 +134,8 @@ class ImageFiles:
         return self.channels, 0, 0
 
     @property
-    def num_classes(self) -> int:
-        return len(self.classes)
+    def num_classes(self) -> int | None:
+        return None if self.classes is None else len(self.classes)
 
     def image(self, i: int) -> Image.Image:
         """Image ``i`` decoded, in its own size and mode."""

@@ -1,10 +1,13 @@
 """Feeding each model through its own input pipeline.
 
 A comparison reads one *raw* batch at a time — image files decoded as PIL images, or a
-(b, C, H, W) tensor of pixels in [0, 1] — and every model turns the same raw batch into its
-own input: images go through timm's eval transform built from the model's pipeline (resize,
-crop, to tensor, normalise) after conversion to the model's channel count; tensors must have
-the model's input shape and are normalised. Pipelines are the mappings of
+(b, C, H, W) tensor of an array's images — and every model turns the same raw batch into its
+own input. Images go through timm's eval transform built from the model's pipeline (resize,
+crop, to tensor, normalise) after conversion to the model's channel count. Arrays are images
+too: an array already of the model's input shape reaches it as it is (normalised by the
+pipeline's mean and std, as pixels in [0, 1]: the presets' pipelines leave it unchanged); an
+array of any other shape is mapped from its value range (:mod:`analysis.data.ranges`) to 8-bit
+pixels and goes through the pipeline as decoded images do. Pipelines are the mappings of
 :mod:`models.preprocessing` (``model.atlas_preprocessing`` once loaded).
 """
 
@@ -20,11 +23,14 @@ from PIL import Image
 from timm.data import create_transform
 from torch import nn
 
+from analysis.data.ranges import ValueRange
+from analysis.data.sources import BatchSource
 from analysis.errors import DatasetError
 
-__all__ = ["ModelInput", "model_input", "pipeline_key"]
+__all__ = ["ModelInput", "input_record", "model_input", "pipeline_key"]
 
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+_ARRAY_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}  # an array's channels as an image
 RawBatch = torch.Tensor | Sequence[Image.Image]
 
 
@@ -37,11 +43,20 @@ def pipeline_key(pipeline: Mapping[str, Any] | None) -> str:
 
 
 class ModelInput:
-    """One model's pipeline, applied to raw batches (see the module docstring)."""
+    """One model's pipeline, applied to raw batches (see the module docstring).
 
-    def __init__(self, pipeline: Mapping[str, Any] | None) -> None:
+    ``value_range``: the values of the arrays this model reads that stand for black and white,
+    where they must be resized for it (None: arrays of another shape are refused).
+    """
+
+    def __init__(
+        self, pipeline: Mapping[str, Any] | None, value_range: ValueRange | None = None
+    ) -> None:
         self.pipeline = dict(pipeline) if pipeline is not None else None
+        self.value_range = value_range if pipeline is not None else None
         self.key = pipeline_key(pipeline)
+        if self.value_range is not None:  # resized arrays: their range makes the pixels
+            self.key += f"|range:{self.value_range.low!r},{self.value_range.high!r}"
         self._transform: Any = None
         if self.pipeline is not None:
             cfg = self.pipeline
@@ -78,21 +93,68 @@ class ModelInput:
         if self.pipeline is None:
             return raw
         if tuple(raw.shape[1:]) != self.shape:
-            raise DatasetError(
-                f"the dataset's images are {tuple(raw.shape[1:])} but the model takes "
-                f"{self.shape}; use an image folder, which each model's pipeline resizes"
-            )
+            return torch.stack([self.image(im) for im in self.pictures(raw)])
         if self.identity:
             return raw
         return (raw - self.mean.to(raw)) / self.std.to(raw)
 
+    def pictures(self, raw: torch.Tensor) -> list[Image.Image]:
+        """A batch of an array's images as 8-bit images, mapped from the value range."""
+        if self.value_range is None:
+            raise DatasetError(
+                f"the batches hold images of shape {tuple(raw.shape[1:])} but the model takes "
+                f"{self.shape}; give an array, a dataset or an image folder (whose images "
+                "each model's pipeline resizes), or batches of the model's shape"
+            )
+        channels = int(raw.shape[1])
+        if channels not in _ARRAY_MODES:
+            raise DatasetError(f"images of {channels} channels cannot be read as pictures")
+        low, high = self.value_range.low, self.value_range.high
+        scaled = (raw.detach().to("cpu", torch.float32) - low) / (high - low)
+        data = scaled.clamp(0, 1).mul(255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+        mode = _ARRAY_MODES[channels]
+        return [Image.fromarray(im[..., 0] if channels == 1 else im, mode) for im in data]
 
-def model_input(model: nn.Module, files: bool = False) -> ModelInput:
-    """The input of ``model``: the pipeline :func:`models.load` attached to it, else (for
-    image files, which need one) its timm data config; raw tensors otherwise."""
+
+def model_input(model: nn.Module, source: BatchSource | None = None) -> ModelInput:
+    """The input of ``model`` for the batches of ``source``: the pipeline :func:`models.load`
+    attached to it, else (for image files, and arrays of another shape than the model's, which
+    need one) its timm data config; raw tensors otherwise. Arrays that the pipeline resizes get
+    their value range (:meth:`BatchSource.pixel_range`)."""
     pipeline = getattr(model, "atlas_preprocessing", None)
-    if pipeline is None and files:
+    files = source is not None and source.kind == "files"
+    shape = None if source is None else source.image_shape
+    if pipeline is None and (files or shape is not None):
+        from models.errors import ConfigError
         from models.preprocessing import data_config  # models is the lower library
 
-        pipeline = data_config(model)
-    return ModelInput(pipeline)
+        try:
+            pipeline = data_config(model)
+        except ConfigError:
+            if files:
+                raise
+            pipeline = None  # a network of unknown input: the arrays reach it as they are
+    resized = (
+        pipeline is not None
+        and shape is not None
+        and list(shape) != [int(v) for v in pipeline["input_size"]]
+    )
+    return ModelInput(pipeline, source.pixel_range() if resized and source else None)
+
+
+def input_record(source: BatchSource, inputs: Mapping[str, ModelInput]) -> dict[str, Any]:
+    """What each model read, as a comparison records it (``config["input"]``): the images'
+    kind (``files``, ``array``, ``batches``), the models whose pipelines resized an array (with
+    the array's image shape and value range) or read the files, and the models that read the
+    images as they are."""
+    record: dict[str, Any] = {"images": source.kind}
+    resized = sorted(m for m, i in inputs.items() if i.value_range is not None)
+    if source.kind == "files":
+        record["pipeline"] = sorted(inputs)
+    elif resized:
+        found = inputs[resized[0]].value_range
+        assert found is not None
+        record |= {"shape": list(source.image_shape or ()), "value_range": found.as_dict()}
+        record["pipeline"] = resized
+    record["as_is"] = sorted(set(inputs) - set(record.get("pipeline", ())))
+    return record

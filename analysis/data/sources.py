@@ -15,14 +15,15 @@ import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from PIL import Image
 
-from analysis.data.datasets import ImageDataset, load_dataset
+from analysis.data.datasets import ImageDataset, array_slices, load_dataset
 from analysis.data.images import ImageFiles
+from analysis.data.ranges import ValueRange, infer_range
 from analysis.errors import DatasetError
 
 __all__ = ["BatchSource", "DataLike", "ImageBatch", "batch_source", "image_files"]
@@ -58,7 +59,23 @@ class BatchSource:
     batches: Callable[[int, int | None], Iterator[Any]]
     total: int | None
     key: str | None  # a dataset identity known without work (sha256 of an ImageDataset, or given)
+    kind: Literal["files", "array", "batches"]  # image files, an array, a DataLoader's batches
     array: torch.Tensor | np.ndarray | None = None
+    find_range: Callable[[], ValueRange] | None = None  # an array's, read when first asked
+
+    @property
+    def image_shape(self) -> tuple[int, ...] | None:
+        """(C, H, W) of an array's images; None for image files and iterables."""
+        return None if self.array is None else tuple(int(v) for v in self.array.shape[1:])
+
+    def pixel_range(self) -> ValueRange | None:
+        """The values of an array that stand for black and white (:mod:`analysis.data.ranges`),
+        found once; None for image files and iterables."""
+        if self.find_range is None:
+            return None
+        found = self.find_range()
+        self.find_range = lambda: found
+        return found
 
     def indexed(self, window: range | None = None) -> Iterator[tuple[int, Any]]:
         """(global batch index, raw batch) for the batches in ``window`` (None: all), in order.
@@ -114,20 +131,25 @@ def batch_source(
             for i in range(first * batch_size, _end(len(raw), stop, batch_size), batch_size):
                 yield ImageBatch(raw.batch(i, i + batch_size))
 
-        return BatchSource(decoded, math.ceil(len(raw) / batch_size), dataset_key or raw.sha256)
+        return BatchSource(
+            decoded, math.ceil(len(raw) / batch_size), dataset_key or raw.sha256, "files"
+        )
     if isinstance(data, ImageFiles):
         raise DatasetError(
             f"the images of {data.name} have different sizes; only models with input "
             "pipelines can read them"
         )
+    find_range = None
     if isinstance(data, ImageDataset):
         dataset_key = dataset_key or data.sha256
+        find_range = data.pixel_range
         data = data.x
     if isinstance(data, np.ndarray | torch.Tensor):
         arr = data
         if arr.ndim != 4:
             raise DatasetError(f"images must be shaped (N, C, H, W), not {tuple(arr.shape)}")
         n = int(arr.shape[0])
+        find_range = find_range or (lambda: infer_range(array_slices(arr)))
 
         def batches(first: int, stop: int | None) -> Iterator[torch.Tensor]:
             for i in range(first * batch_size, _end(n, stop, batch_size), batch_size):
@@ -135,7 +157,9 @@ def batch_source(
                 # a copy per batch: the array may be read-only, and then no view may be shared
                 yield part if isinstance(part, torch.Tensor) else torch.from_numpy(np.array(part))
 
-        return BatchSource(batches, math.ceil(n / batch_size), dataset_key, arr)
+        return BatchSource(
+            batches, math.ceil(n / batch_size), dataset_key, "array", arr, find_range
+        )
     if isinstance(data, Iterable):
         loader = data
         total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
@@ -143,5 +167,5 @@ def batch_source(
         def read(first: int, stop: int | None) -> Iterator[torch.Tensor]:
             return (_batch_tensor(b) for b in itertools.islice(loader, first, stop))
 
-        return BatchSource(read, total, dataset_key)
+        return BatchSource(read, total, dataset_key, "batches")
     raise DatasetError(f"cannot read images from a {type(data).__name__}")

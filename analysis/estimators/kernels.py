@@ -46,7 +46,7 @@ from typing import Literal, get_args
 
 import torch
 
-from analysis.errors import EstimatorError
+from analysis.errors import EstimatorError, did_you_mean
 
 __all__ = ["KERNELS", "RBF_T_MAX", "RBF_T_MIN", "Kernel", "KernelName", "gram", "parse_kernel"]
 
@@ -77,7 +77,9 @@ def parse_kernel(spec: str | Kernel) -> Kernel:
         return spec
     name, _, arg = str(spec).strip().lower().partition(":")
     if name not in KERNELS or (name == "linear" and arg):
-        raise EstimatorError(f"unknown kernel {spec!r}; use 'linear', 'rbf' or 'rbf:T'")
+        raise EstimatorError(
+            f"unknown kernel {spec!r}; use 'linear', 'rbf' or 'rbf:T'{did_you_mean(name, KERNELS)}"
+        )
     if not arg:
         return Kernel(name)
     try:

@@ -28,7 +28,7 @@ from torch import nn
 from analysis.atlas import Atlas
 from analysis.batch_statistics import registry
 from analysis.batch_statistics.protocol import BatchStatistic, Finishing, Tick, sum_states
-from analysis.data.preprocessing import model_input
+from analysis.data.preprocessing import input_record, model_input
 from analysis.data.sources import DataLike, batch_source, image_files, load_data
 from analysis.engine.streaming import RunSettings, StreamingRun, diagnostics
 from analysis.errors import AnalysisError, EstimatorError
@@ -114,8 +114,8 @@ def run_partial(
     dev = settings.torch_device
     data = load_data(data)
     files = image_files(data) is not None  # image files: every model through its pipeline
-    inputs = {m: model_input(models[m], files) for m in names}
     src = batch_source(data, opts.batch_size, settings.dataset_key, files=files)
+    inputs = {m: model_input(models[m], src) for m in names}
     model_keys = settings.model_keys
     if model_keys:  # a model's Grams depend on its pipeline as much as on its weights
         model_keys = {m: f"{k}|input:{inputs[m].key}" for m, k in model_keys.items() if m in inputs}
@@ -141,6 +141,7 @@ def run_partial(
         "layers": run.selected if isinstance(layers, Mapping) else _jsonable(layers),
         "device": str(dev),
         "dtype": None if amp is None else str(amp).removeprefix("torch."),
+        "input": input_record(src, inputs),
     }
     training = {m: models[m].training for m in names}
     try:

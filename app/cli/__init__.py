@@ -11,14 +11,24 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from app.cli.commands import CommandError
+from app.cli.commands import CommandError, Parser
 from app.errors import library_error
 
 __all__ = ["SERVICE_MODULES", "main"]
 
 # Each of these modules in app.cli exposes ``register(subparsers)``, which adds its parsers and sets
 # ``func`` on them; importing lazily keeps ``cka-atlas --help`` fast.
-COMMAND_MODULES = ("train", "compare", "export", "hub", "study", "service", "tokens", "gc")
+COMMAND_MODULES = (
+    "train",
+    "compare",
+    "models",
+    "export",
+    "hub",
+    "study",
+    "service",
+    "tokens",
+    "gc",
+)
 # The commands each module adds. A command line that names one builds that module's parsers
 # alone: the parsers of `train` and `compare` list the presets and the comparison options, which
 # imports torch and timm (seconds), and `cka-atlas db current` or `token list` need neither.
@@ -26,6 +36,8 @@ COMMANDS = {
     "train": "train",
     "zoo": "train",
     "compare": "compare",
+    "models": "models",
+    "layers": "models",
     "export": "export",
     "import": "hub",
     "study": "study",
@@ -89,7 +101,7 @@ def _unavailable(exc: ModuleNotFoundError) -> Callable[[argparse.Namespace], int
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The ``cka-atlas`` parser: every command's, or where ``argv`` starts with a command (as
     ``main`` passes it) only the parsers of the module that adds it (:data:`COMMANDS`)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="cka-atlas",
         description="Layer-by-layer CKA between neural networks: train, compare, serve.",
     )
@@ -112,7 +124,29 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             )
             stub.add_argument("rest", nargs="*")
             stub.set_defaults(func=_unavailable(exc))
+    _accept_no_progress(parser)
     return parser
+
+
+def _every_command(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers of every (sub)command under ``parser``, groups' actions included."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                found += _every_command(sub) or [sub]
+    return found
+
+
+def _accept_no_progress(parser: argparse.ArgumentParser) -> None:
+    """``--no-progress`` on every command, so that a script can pass it to any: the commands
+    that draw no progress bar take it and change nothing."""
+    for sub in _every_command(parser):
+        flags = {flag for action in sub._actions for flag in action.option_strings}
+        if "--no-progress" not in flags and sub.add_help:
+            sub.add_argument(
+                "--no-progress", action="store_true", help="(no progress bar here to hide)"
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

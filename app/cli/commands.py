@@ -1,6 +1,8 @@
-"""What the subcommand modules share to add themselves to the ``cka-atlas`` parser: a command
-with its help and what runs it, and the switch that hides progress bars. Standard library only:
-the library-only commands (train, compare) use it without the service extra."""
+"""What the subcommand modules share to add themselves to the ``cka-atlas`` parser: the parser
+(whose refusal of an unknown choice names the closest), a command with its help and what runs
+it, and the switch that hides progress bars. The standard library only (and
+:mod:`analysis.errors` for a refused choice): the library-only commands (train, compare) use it
+without the service extra, and ``--help`` loads nothing heavy."""
 
 from __future__ import annotations
 
@@ -8,7 +10,23 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CommandError", "command", "no_progress_flag"]
+__all__ = ["CommandError", "Parser", "command", "no_progress_flag"]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose refusal of a value that is not among an option's choices also
+    names the closest one (as Python 3.14's ``suggest_on_error`` does)."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        choices = action.choices
+        if choices is not None and value not in choices:
+            from analysis.errors import did_you_mean  # light, but only wanted here
+
+            listed = ", ".join(map(repr, choices))
+            hint = did_you_mean(value, [str(choice) for choice in choices])
+            raise argparse.ArgumentError(
+                action, f"invalid choice: {value!r} (choose from {listed}){hint}"
+            )
 
 
 class CommandError(Exception):

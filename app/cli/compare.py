@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.cli.commands import command
+from app.cli import help_data
+from app.cli.commands import command, no_progress_flag
+from app.cli.models import MODEL_HELP, checkpoint_path
 
 __all__ = ["register", "run"]
 
@@ -21,7 +23,7 @@ def register(subparsers: Any) -> None:
         "Run every checkpoint once per batch over a dataset and write the CKA atlas: every "
         "layer pair of every model pair, each model with itself included.",
     )
-    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help=".safetensors checkpoints")
+    p.add_argument("checkpoints", nargs="+", metavar="MODEL", help=f"{MODEL_HELP}; repeatable")
     p.add_argument("--dataset", required=True, help="'digits' or a .npz / ImageFolder / .zip")
     p.add_argument("--split", default="test", help="split of the built-in digits (default test)")
     p.add_argument(
@@ -32,13 +34,13 @@ def register(subparsers: Any) -> None:
     _add_option_flags(p)
     p.add_argument(
         "--sibling",
-        type=Path,
         action="append",
         default=[],
-        metavar="CKPT",
-        help="a checkpoint that is only a candidate seed sibling (repeatable)",
+        metavar="MODEL",
+        help="a model that is only a candidate seed sibling (repeatable)",
     )
     p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    no_progress_flag(p, "bar")
     p.add_argument("--gram-cache", type=Path, metavar="DIR", help="keep per-batch Grams here")
     p.add_argument("--out", type=Path, help="write the atlas as JSON here")
     p.add_argument("--heatmap", type=Path, help="write the heatmap grid here (.png or .svg)")
@@ -53,54 +55,77 @@ def register(subparsers: Any) -> None:
 def _add_option_flags(p: argparse.ArgumentParser) -> None:
     """One flag per :class:`analysis.CompareOptions` field, typed, bounded and described by it
     (``--layers`` is taken above, with ``nargs``); a deprecated one is hidden from the help
-    but still read. Left out, an option keeps its default (None here: the options' own)."""
-    from analysis import option_specs
-
-    for spec in option_specs().values():
-        flag = "--" + spec.name.replace("_", "-")
-        described = spec.description.replace("%", "%%")  # argparse formats help with %
-        shown = argparse.SUPPRESS if spec.deprecated else f"{described} (default {spec.default})"
-        if spec.name == "measures":  # one name per flag, repeatable (comma lists read too)
+    but still read. Left out, an option keeps its default (None here: the options' own). The
+    specs come from :mod:`app.cli.help_data` (:func:`analysis.option_specs`, kept as data), so
+    that the parser loads no torch."""
+    for spec in help_data.load()["options"]:
+        name, kind, choices = spec["name"], spec["kind"], spec["choices"]
+        flag = "--" + name.replace("_", "-")
+        described = spec["description"].replace("%", "%%")  # argparse formats help with %
+        shown = (
+            argparse.SUPPRESS if spec["deprecated"] else f"{described} (default {spec['default']})"
+        )
+        if name == "measures":  # one name per flag, repeatable (comma lists read too)
             p.add_argument(
                 "--measure",
                 dest="measures",
                 action="append",
-                choices=spec.choices,
+                choices=choices,
                 help=f"{shown}; repeat for several",
             )
-        elif spec.kind == "flag":
+        elif kind == "flag":
             p.add_argument(flag, action="store_true", default=None, help=described)
-        elif spec.kind == "choice":
-            p.add_argument(flag, choices=spec.choices, help=shown)
-        elif spec.kind == "choices":
-            listed = ",".join(spec.choices)
+        elif kind == "choice":
+            p.add_argument(flag, choices=choices, help=shown)
+        elif kind == "choices":
+            listed = ",".join(choices)
             p.add_argument(flag, metavar="LIST", help=f"{shown}; comma-separated: {listed}")
-        elif spec.kind == "int":
+        elif kind == "int":
             p.add_argument(flag, type=int, help=shown)
-        elif spec.kind == "text":
+        elif kind == "text":
             p.add_argument(flag, help=shown)
 
 
-def _names(paths: list[Path], taken: list[str] | None = None) -> list[str]:
+def _names(wanted: list[str], taken: list[str] | None = None) -> list[str]:
+    """``wanted`` made unique (``name-2``, ``name-3``, …), also against ``taken``."""
     names: list[str] = list(taken or [])
-    for p in paths:
-        name, i = p.stem, 2
+    for stem in wanted:
+        name, i = stem, 2
         while name in names:
-            name, i = f"{p.stem}-{i}", i + 1
+            name, i = f"{stem}-{i}", i + 1
         names.append(name)
     return names[len(taken or []) :]
 
 
+def _load(refs: list[str], keys: dict[str, str], taken: list[str]) -> dict[str, tuple[str, Any]]:
+    """The models ``refs`` name (:func:`app.cli.models.checkpoint_path`), by unique name: the
+    argument that named it and the network; their sha256 goes into ``keys``."""
+    import models
+
+    found = [checkpoint_path(ref) for ref in refs]
+    out = {}
+    for name, ref, (_, path) in zip(_names([n for n, _ in found], taken), refs, found, strict=True):
+        net, meta = models.load(path)
+        out[name] = (ref, net)
+        keys[name] = str(meta.get("weights_sha256") or models.file_sha256(path))
+    return out
+
+
+def _check_layers(loaded: dict[str, tuple[str, Any]], layers: Any) -> None:
+    """Each model's layer selection, checked before any forward pass; a bad one points to the
+    command that lists that model's layers."""
+    from analysis.layers import resolve_layers
+
+    if layers is None or isinstance(layers, dict):
+        return
+    for ref, net in loaded.values():
+        resolve_layers(
+            net, layers, model_name=ref, listing=f"`cka-atlas layers {ref}` lists them all"
+        )
+
+
 def _number(v: float | None, digits: int = 4) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
-
-
-def _probability(v: float | None) -> str:
-    """A p- or q-value: three decimals, or its order of magnitude below 0.001 (the analytic
-    null reaches far smaller values than a count of permutations can)."""
-    if v is None or v >= 1e-3:
-        return _number(v, 3)
-    return "<1e-300" if v < 1e-300 else f"{v:.0e}"
 
 
 def _options(args: argparse.Namespace) -> Any:
@@ -127,24 +152,10 @@ def _diagonal_mean(block: Any) -> float | None:
     return float(finite.mean()) if finite.size else None
 
 
-def _siblings(paths: list[Path], keys: dict[str, str], taken: list[str]) -> dict[str, Any]:
-    """The ``--sibling`` checkpoints (candidate seed siblings, never compared), by name; their
-    sha256 goes into ``keys``."""
-    import models
-
-    out = {}
-    for name, path in zip(_names(paths, taken), paths, strict=True):
-        net, meta = models.load(path)
-        out[name] = net
-        keys[name] = str(meta.get("weights_sha256") or models.file_sha256(path))
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    import analysis
-    import models  # heavy imports stay out of `cka-atlas --help`
+    import analysis  # heavy imports stay out of `cka-atlas --help`
     from analysis.plot import render_atlas
-    from app.store.cells import VERDICT_LEGEND, Cells, verdict_marks
+    from app.store.cells import VERDICT_LEGEND, Cells, probability_text, verdict_marks
 
     options = _options(args)
     if args.heatmap_measure not in options.measures:
@@ -153,21 +164,17 @@ def run(args: argparse.Namespace) -> int:
             f"computed ({', '.join(options.measures)}); add --measure {args.heatmap_measure}"
         )
     dataset = analysis.load_dataset(args.dataset, split=args.split)
-    paths = [Path(c) for c in args.checkpoints]
-    loaded = {}
-    keys = {}
-    for name, path in zip(_names(paths), paths, strict=True):
-        model, meta = models.load(path)
-        loaded[name] = model
-        keys[name] = str(meta.get("weights_sha256") or models.file_sha256(path))
-    siblings = _siblings(args.sibling, keys, list(loaded))
+    keys: dict[str, str] = {}
+    loaded = _load(args.checkpoints, keys, [])
+    _check_layers(loaded, options.layers)
+    siblings = _load(args.sibling, keys, list(loaded))
     cache = analysis.DirectoryGramCache(args.gram_cache) if args.gram_cache else None
     atlas = analysis.compare(
-        loaded,
+        {name: net for name, (_, net) in loaded.items()},
         dataset,
         options,
-        siblings=siblings,
-        progress=True,
+        siblings={name: net for name, (_, net) in siblings.items()},
+        progress=not args.no_progress,
         gram_cache=cache,
         model_keys=keys,
         device=args.device,
@@ -203,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
             marks = f"{learned:>8}  {seed:>8}  "
         print(
             f"{a:<{width}}  {b:<{width}}  {_number(sm.cka):>17}  {ci:>16}  "
-            f"{_probability(sm.max_p_value):>6}  {_probability(sm.max_q_value):>6}  {init:>20}  "
+            f"{probability_text(sm.max_p_value):>6}  {probability_text(sm.max_q_value):>6}  "
+            f"{init:>20}  "
             f"{_number(sm.seed_ceiling):>12}  {marks}{sm.kind}"
         )
     if judged:

@@ -46,6 +46,15 @@ def _format(args: argparse.Namespace) -> str:
     return suffix if suffix in FORMATS else "csv"
 
 
+def _rows(cells: Any) -> str:
+    """What the table holds, as the file counts it: one row per cell and measure."""
+    count = sum(len(cells.layers[a]) * len(cells.layers[b]) for a, b in cells.pairs())
+    measures = len(cells.measure_names)
+    if measures == 1:
+        return f"{count} rows (one per cell)"
+    return f"{count * measures} rows ({count} cells × {measures} measures)"
+
+
 def run(args: argparse.Namespace) -> int:
     from app.cli.store import open_store
     from app.store.cells import Cells
@@ -79,6 +88,5 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or f"comparison-{args.comparison_id}-cells.{fmt}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(data)
-    rows = sum(len(cells.layers[a]) * len(cells.layers[b]) for a, b in cells.pairs())
-    print(f"wrote {rows} cells of comparison {args.comparison_id} to {out}", file=sys.stderr)
+    print(f"wrote {_rows(cells)} of comparison {args.comparison_id} to {out}", file=sys.stderr)
     return 0

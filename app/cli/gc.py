@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from app.cli import help_data
 from app.cli.commands import command
 
 __all__ = ["register"]
@@ -12,8 +13,7 @@ __all__ = ["register"]
 
 def register(subparsers: Any) -> None:
     """Add ``gc`` to the ``cka-atlas`` parser."""
-    from app.store.gc import DEFAULT_GRACE_S
-
+    grace = help_data.load()["gc_grace_s"]  # app.store.gc's default, without SQLAlchemy
     gc = command(
         subparsers,
         "gc",
@@ -27,8 +27,8 @@ def register(subparsers: Any) -> None:
     gc.add_argument(
         "--grace",
         type=float,
-        default=DEFAULT_GRACE_S,
-        help=f"keep files modified in the last GRACE seconds (default {DEFAULT_GRACE_S:g})",
+        default=grace,
+        help=f"keep files modified in the last GRACE seconds (default {grace:g})",
     )
 
 

@@ -94,6 +94,7 @@ def run_serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=settings.log_level,
         log_config=log_config,
+        access_log=settings.access_log,
     )
     return 0
 

@@ -68,7 +68,7 @@ def register(subparsers: Any) -> None:
         "how many seeds a study needs, from a pilot run's summary.json",
         "From the variance components of a pilot run of the study (its summary.json), the "
         "seeds per arm that detect --detect (or each undecided difference as observed) at "
-        "80 %% power, and what they cost in trainings.",
+        "80 % power, and what they cost in trainings.",
     )
     planning.add_argument("study", metavar="NAME_OR_SPEC_FILE", help="sparsity, width, or a file")
     planning.add_argument(

@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from app.cli import help_data
 from app.cli.commands import command, no_progress_flag
 
 __all__ = ["device_flags", "parse_sets", "register", "run_train", "run_zoo"]
@@ -29,8 +30,6 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
 
 def device_flags(parser: argparse.ArgumentParser, *, precision: bool = True) -> None:
     """``--device`` (and ``--precision``): where and how a training runs (models.devices)."""
-    from models.devices import PRECISIONS
-
     parser.add_argument(
         "--device",
         default="cpu",
@@ -40,7 +39,7 @@ def device_flags(parser: argparse.ArgumentParser, *, precision: bool = True) -> 
     if precision:
         parser.add_argument(
             "--precision",
-            choices=PRECISIONS,
+            choices=help_data.load()["precisions"],
             default="fp32",
             help="fp32, or bf16 autocast of the forward pass (default: fp32)",
         )
@@ -48,8 +47,7 @@ def device_flags(parser: argparse.ArgumentParser, *, precision: bool = True) -> 
 
 def register(subparsers: Any) -> None:
     """Add the ``train`` and ``zoo`` subcommands to the ``cka-atlas`` parser."""
-    from models import list_presets
-
+    presets = ", ".join(help_data.load()["presets"])
     train = command(
         subparsers,
         "train",
@@ -58,9 +56,7 @@ def register(subparsers: Any) -> None:
         "Train a preset (or any timm model) with AdamW and a cosine schedule; "
         "write DIR/NAME.safetensors and its JSON sidecar with the test accuracy.",
     )
-    train.add_argument(
-        "--arch", required=True, help=f"preset ({', '.join(list_presets())}) or a timm model name"
-    )
+    train.add_argument("--arch", required=True, help=f"preset ({presets}) or a timm model name")
     train.add_argument(
         "--dataset", default="digits", help="'digits' or a .npz/ImageFolder/.zip path"
     )

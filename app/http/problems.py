@@ -24,6 +24,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from analysis.errors import allowed_values, did_you_mean
 from analysis.options import ERROR_TYPES as OPTION_ERRORS
 from app.errors import AtlasError, ProblemError, problem_of
 from app.store.artifacts import StoreError
@@ -145,6 +146,9 @@ def install_problem_handlers(app: FastAPI) -> None:
         ]
         first = errors[0] if errors else {"field": None, "message": "invalid request"}
         message = str(first["message"])
+        if choices := allowed_values(exc.errors()[0]):  # an unknown value of a choice
+            given = exc.errors()[0].get("input")
+            message += f", not {given!r}{did_you_mean(given, choices)}"
         detail = f"{first['field']}: {message}" if first["field"] else message
         # A comparison option's own check (batch too small for the estimator, an interval in
         # full mode, …) has its type as its code, as when analysis.CompareOptions raises it.

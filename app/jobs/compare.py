@@ -110,10 +110,13 @@ def _provenance(
     data: Any,
     atlas: analysis.Atlas,
 ) -> dict[str, Any]:
-    """Where the result comes from: checkpoints, dataset, code, device and precision."""
+    """Where the result comes from: checkpoints, dataset (and what each model read of it: its
+    images as they are, or through the model's pipeline, with an array's value range), code,
+    device and precision."""
     provenance = {
         "checkpoints": {m.label: m.key for m in plan.members},
         "dataset": {"id": ds.id, "name": ds.name, "sha256": data.sha256, "n": len(data)},
+        "input": atlas.config.get("input"),
         "code_version": code_version(),
         "torch": str(torch.__version__),
         "python": platform.python_version(),

@@ -40,7 +40,7 @@ from app.jobs.study import models_by_key
 from app.jobs.submit import submit_comparison, submit_training, training_identity
 from app.jobs.train import register_checkpoint
 from app.store.datasets import register_builtin_datasets
-from app.store.orm import Comparison, Dataset, Job, JobState, utcnow
+from app.store.orm import Comparison, Dataset, Job, JobState, Training, utcnow
 from app.store.services import Services
 
 __all__ = [
@@ -70,8 +70,9 @@ class DemoTraining:
 
 def atlas_request(model_ids: list[int], dataset_id: int) -> ComparisonIn:
     """The demo's atlas: the zoo over the digits, with image intervals and both baselines."""
+    named: list[int | str] = list(model_ids)
     return ComparisonIn(
-        model_ids=model_ids,
+        model_ids=named,
         dataset_id=dataset_id,
         batch_size=DEMO_BATCH_SIZE,
         interval="images",
@@ -191,6 +192,7 @@ def run_demo(services: Services, job: Job, control: JobControl) -> None:
         if not any(c.status.live for c in children):  # else: a restart, its training runs
             submit_training(services, missing[0].request, parent_id=job.id, dispatch=False)
         plan_detail = {**detail, **progress_plan(n + 1, len(done)), "trained": len(done), "of": n}
+        plan_detail["left"] = [t.request.arch for t in missing]  # for the page's estimate
         if not park(services.db, job.id, control.worker_id, detail=plan_detail):
             raise LostJob(f"job {job.id} is no longer owned by {control.worker_id}")
         for child in _children(services, job.id):
@@ -215,22 +217,40 @@ def run_demo(services: Services, job: Job, control: JobControl) -> None:
     control.commit(write)
 
 
-def _minutes_left(children: list[Job], remaining: float) -> int | None:
-    """Whole minutes for ``remaining`` trainings at the pace of the finished (or the
-    running) ones; None before any pace is known."""
-    seconds = [
-        (c.finished_at - c.started_at).total_seconds()
-        for c in children
-        if c.status == JobState.SUCCEEDED and c.started_at and c.finished_at
-    ]
-    if seconds:
-        pace = sum(seconds) / len(seconds)
-    else:
-        running = next((c for c in children if c.status == JobState.RUNNING), None)
-        if running is None or not running.started_at or not running.progress:
+def seconds_left(
+    finished: list[tuple[str, float]],
+    running: tuple[str, float, float] | None,
+    left: list[str],
+) -> float | None:
+    """Seconds until the trainings ``left`` (architectures, in order; the first is the running
+    one, if any) have all run, from what the finished ones took (``(arch, seconds)``) and the
+    running one's pace (``(arch, elapsed, progress)``).
+
+    The presets' trainings take several-fold different times, so each one not started is
+    reckoned at the pace of its architecture where one of it has run, else at the slowest
+    pace known (finished, or the running one's projected whole): never at the mean of cheaper
+    ones, which made "about 1 min left" of two. The running one takes the rest at its own
+    pace. None before any pace is known.
+    """
+    paces: dict[str, float] = {}
+    for arch, seconds in finished:
+        paces[arch] = max(paces.get(arch, 0.0), seconds)
+    rest = 0.0
+    if running is not None:
+        arch, elapsed, progress = running
+        if progress > 0:
+            whole = elapsed / progress
+            paces.setdefault(arch, whole)
+            rest = whole - elapsed
+        elif arch in paces:
+            rest = max(paces[arch] - elapsed, 0.0)
+        else:
             return None
-        pace = _elapsed(running.started_at) / float(running.progress)
-    return max(1, math.ceil(pace * remaining / 60))
+        left = left[1:]
+    if not paces:
+        return None
+    slowest = max(paces.values())
+    return rest + sum(paces.get(arch, slowest) for arch in left)
 
 
 def _elapsed(since: datetime) -> float:
@@ -240,8 +260,8 @@ def _elapsed(since: datetime) -> float:
 
 def demo_status(session: Session) -> dict[str, Any] | None:
     """What the home page says of the demo while it is not done: ``text`` ("demo: training k
-    of 6, about N min left", then the atlas's progress) and ``href``; None once its atlas has
-    succeeded (or there is no demo)."""
+    of 6, about N min of training left", then the atlas's progress) and ``href``; None once
+    its atlas has succeeded (or there is no demo)."""
     job = _latest(session)
     if job is None:
         return None
@@ -260,12 +280,26 @@ def demo_status(session: Session) -> dict[str, Any] | None:
     if not job.status.live:
         return {"text": f"demo: {job.status} ({job.error or 'see the Jobs page'})", "href": "/jobs"}
     children = list(session.scalars(select(Job).where(Job.parent_id == job.id).order_by(Job.id)))
+    query = select(Training.job_id, Training.arch)
+    archs = {
+        job_id: arch
+        for job_id, arch in session.execute(
+            query.where(Training.job_id.in_([c.id for c in children]))
+        )
+    }
     n = int(detail.get("of") or _zoo_size())
     done = int(detail.get("trained") or 0)
-    current = next((c for c in children if c.status.live), None)
-    progress = float(current.progress or 0.0) if current is not None else 0.0
+    finished = [
+        (archs.get(c.id, ""), (c.finished_at - c.started_at).total_seconds())
+        for c in children
+        if c.status == JobState.SUCCEEDED and c.started_at and c.finished_at
+    ]
+    current = next((c for c in children if c.status == JobState.RUNNING), None)
+    running = None
+    if current is not None and current.started_at:
+        running = (archs.get(current.id, ""), _elapsed(current.started_at), current.progress)
     text = f"demo: training {min(done + 1, n)} of {n}"
-    minutes = _minutes_left(children, n - done - progress)
-    if minutes is not None:
-        text += f", about {minutes} min left"
+    seconds = seconds_left(finished, running, list(detail.get("left") or []))
+    if seconds is not None:
+        text += f", about {max(1, math.ceil(seconds / 60))} min of training left"
     return {"text": text + "; then the atlas fills in", "href": "/jobs"}

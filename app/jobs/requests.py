@@ -21,6 +21,7 @@ from pydantic import (
     StringConstraints,
     ValidationError,
     ValidatorFunctionWrapHandler,
+    WrapValidator,
     field_validator,
     model_validator,
 )
@@ -29,7 +30,7 @@ from analysis.estimators.hsic import Estimator
 from analysis.layers import FeaturePolicy as Feature
 from analysis.options import BASELINES, MAX_PERMUTATIONS, Baseline, CompareOptions, Mode
 from analysis.studies.spec import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_LR, MAX_SEED
-from app.store.values import NO_NUL, Id, Text
+from app.store.values import ID_MAX, NO_NUL, Id, Text
 
 __all__ = [
     "BASELINES",
@@ -54,6 +55,24 @@ __all__ = [
 LayerName = Annotated[str, StringConstraints(max_length=200), NO_NUL]
 LayerIndex = Annotated[int, Field(strict=True, ge=-10_000, le=10_000)]
 MAX_MODELS = 32
+
+
+def _one_model_error(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    # A union reports one error per member ("model_ids.0.constrained-int"): one sentence at
+    # the item instead.
+    try:
+        return handler(value)
+    except ValidationError:
+        raise ValueError(
+            f"a model is its id (1 to {ID_MAX}) or its name (1 to 200 characters)"
+        ) from None
+
+
+# A model by its id, or by its name (what a model's name column holds).
+ModelRef = Annotated[
+    Id | Annotated[str, StringConstraints(min_length=1, max_length=200), NO_NUL],
+    WrapValidator(_one_model_error),
+]
 MAX_BATCH = 8192
 MAX_LAYER_ITEMS = 200
 RestLayers = (
@@ -135,8 +154,12 @@ class ComparisonIn(CompareOptions):
         },
     )
 
-    model_ids: list[Id] = Field(
-        min_length=1, max_length=MAX_MODELS, description="One or more models"
+    model_ids: list[ModelRef] = Field(
+        min_length=1,
+        max_length=MAX_MODELS,
+        description="One or more models, each by its id or by its name (or an alias) when "
+        "only one model has it",
+        examples=[[1, 2], ["mixer_digits", 2]],
     )
     dataset_id: Id
     # The library's selection less its per-model mapping, with the column's limits. The length
@@ -203,7 +226,9 @@ class StudyIn(BaseModel):
     spec: dict[str, Any] | None = Field(
         default=None,
         description="A study spec (the YAML document as JSON): name, dataset (built-in), recipe, "
-        "seeds, reference, arms, cka, plot, quick_seeds, identification",
+        "seeds, reference, arms, cka, plot, quick_seeds, identification; an arm may name a "
+        "model of the store (`model`: its id or name) instead of `arch`, to train more seeds "
+        "of its architecture and options",
     )
     seeds: int | None = Field(
         default=None, ge=1, le=MAX_STUDY_SEEDS, description="Seeds 0..N-1 (default: the spec's)"

@@ -100,14 +100,24 @@ def execute(
 
 
 def run_claimed(
-    services: Services, job: Job, worker_id: str, shutdown: threading.Event | None = None
+    services: Services,
+    job: Job,
+    worker_id: str,
+    shutdown: threading.Event | None = None,
+    *,
+    resumed: bool = False,
 ) -> None:
     """Run a job this worker has claimed and record how it ended.
 
     ``shutdown`` set while the job runs stops it at its next batch and puts it back in the
     queue for the next worker. The job runs on the CPU threads that are idle as it starts
-    (:func:`app.jobs.threads.job_threads`).
+    (:func:`app.jobs.threads.job_threads`). ``resumed``: a parked job taken back from its
+    children. Its start and end are logged at INFO for a job of its own first started; a job
+    that is part of another (a study's or the demo's training, a shard) and a parent's
+    parking and resuming log them at DEBUG, so that the terminal of ``make run`` shows the
+    demo's one line per model rather than five.
     """
+    lifecycle = logging.DEBUG if job.parent_id is not None or resumed else logging.INFO
     job_threads()
     interval = min(services.settings.heartbeat_s, 1.0)
     with (
@@ -123,13 +133,17 @@ def run_claimed(
             progress=float(job.progress or 0.0),
         ) as control,
     ):
-        log.info("job %s (%s) started on %s", job.id, job.kind, worker_id)
+        log.log(lifecycle, "job %s (%s) started on %s", job.id, job.kind, worker_id)
         parked = False
         try:
             _run(services, job, control)
-            log.info("job %s succeeded", job.id)
+            log.log(
+                logging.DEBUG if job.parent_id is not None else logging.INFO,
+                "job %s succeeded",
+                job.id,
+            )
         except Parked as waiting:
-            log.info("%s", waiting)
+            log.debug("%s", waiting)
             parked = True
         except Exception as exc:
             try:
@@ -176,7 +190,7 @@ def _settle(
         return
     parent = take_over(services.db, parent_id, worker_id)
     if parent is not None:  # None: another worker took it, or it was cancelled meanwhile
-        run_claimed(services, parent, worker_id, shutdown)
+        run_claimed(services, parent, worker_id, shutdown, resumed=True)
 
 
 def _give_back(services: Services, control: JobControl, why: str, timeout: float) -> None:

@@ -23,7 +23,8 @@ from app.errors import ProblemError
 from app.jobs.cancel import Requester, record
 from app.jobs.queue import enqueue
 from app.jobs.requests import MAX_MODELS, ComparisonIn, StudyIn
-from app.jobs.submit import check_model_budget
+from app.jobs.submit import COMMAND_LISTING, MODELS_LISTING, check_model_budget
+from app.store import repository
 from app.store.checkpoints import LOADER_OPTIONS
 from app.store.datasets import BUILTIN_DATASETS as SERVICE_DATASETS
 from app.store.datasets import builtin_dataset
@@ -156,6 +157,44 @@ def stored_spec(plan: studies.StudyPlan) -> dict[str, Any]:
     return document
 
 
+def named_models(services: Services, body: StudyIn, listing: str = MODELS_LISTING) -> StudyIn:
+    """``body`` with each arm that names a model of the store (``model``: its id, or a name or
+    alias one model has) given that model's architecture and options instead (the arm's own
+    ``options`` over them; the seed is the study's): "train more seeds of this model". A name
+    no model has, or several have, is a 422 on ``spec.arms.N.model`` (or ``spec.reference``),
+    ending with ``listing`` (where the models are listed)."""
+    if body.spec is None:
+        return body
+    document = dict(body.spec)
+    where = [("reference", document.get("reference"))]
+    where += [(f"arms.{i}", arm) for i, arm in enumerate(document.get("arms") or [])]
+    resolved: dict[str, Any] = {}
+    for place, arm in where:
+        if not isinstance(arm, dict) or "model" not in arm:
+            continue
+        field = f"spec.{place}.model"
+        if "arch" in arm:
+            raise _invalid("an arm names a model or an architecture, not both", field)
+        ref = arm["model"]
+        if not isinstance(ref, int | str) or isinstance(ref, bool):
+            raise _invalid("model is a model's id or name", field)
+        with services.db.session(readonly=True) as s:
+            row = repository.model_by_reference(s, ref, listing=listing, field=field)
+            arch, config = row.arch, dict(row.config)
+        config.pop("seed", None)
+        options = {**config, **dict(arm.get("options") or {})}
+        resolved[place] = {k: v for k, v in arm.items() if k != "model"}
+        resolved[place] |= {"arch": arch, "options": options}
+    if not resolved:
+        return body
+    if "reference" in resolved:
+        document["reference"] = resolved["reference"]
+    document["arms"] = [
+        resolved.get(f"arms.{i}", arm) for i, arm in enumerate(document.get("arms") or [])
+    ]
+    return body.model_copy(update={"spec": document})
+
+
 def submit_study(
     services: Services,
     body: StudyIn,
@@ -165,8 +204,10 @@ def submit_study(
     requester: Requester | None = None,
 ) -> tuple[int, int]:
     """Queue a study; returns (study id, job id). ``dispatch=False`` leaves the job for the
-    caller to run; ``requester`` holds its job (:mod:`app.jobs.cancel`)."""
-    plan = plan_study(body, local=local)
+    caller to run; ``requester`` holds its job (:mod:`app.jobs.cancel`). Arms may name models
+    of the store (:func:`named_models`)."""
+    listing = COMMAND_LISTING if local else MODELS_LISTING  # local: the command line
+    plan = plan_study(named_models(services, body, listing), local=local)
     if plan.dataset["name"] not in BUILTIN_DATASETS:  # only ``local`` gets here
         raise _invalid("studies over a dataset file are not supported yet", "spec.dataset")
     ds = builtin_dataset(services, plan.dataset["name"])

@@ -74,6 +74,11 @@ def skeleton(arch: str, config: dict[str, Any]) -> Any:
     return net.eval()
 
 
+# Where a refusal of a model's name sends the client: over REST, and on the command line.
+MODELS_LISTING = "GET /v1/models lists the models (?q=NAME finds names and aliases)"
+COMMAND_LISTING = "`cka-atlas models` lists the store's models"
+
+
 def _invalid(code: str, detail: str, field: str) -> ProblemError:
     return ProblemError(422, code, detail, field=field)
 
@@ -115,7 +120,14 @@ def _labels(rows: list[Model]) -> list[str]:
 def _resolve(row: Model, selection: Any) -> list[str]:
     net = skeleton(row.arch, row.config)
     try:
-        return list(resolve_layers(net, selection, model_name=f"model {row.id} ({row.name})"))
+        return list(
+            resolve_layers(
+                net,
+                selection,
+                model_name=f"model {row.id} ({row.name})",
+                listing=f"GET /v1/models/{row.id}/layers lists them all",
+            )
+        )
     except AnalysisError as exc:
         raise _invalid("invalid_layers", str(exc), "layers") from None
 
@@ -123,7 +135,15 @@ def _resolve(row: Model, selection: Any) -> list[str]:
 def validate_comparison(
     services: Services, body: ComparisonIn
 ) -> tuple[list[Model], Dataset, dict[str, Any]]:
-    """Check the request against the database; returns rows and the canonical params."""
+    """Check the request against the database; returns rows and the canonical params (models
+    by id, however the request named them)."""
+    with services.db.session(readonly=True) as s:
+        rows = [
+            repository.model_by_reference(s, ref, listing=MODELS_LISTING, field=f"model_ids.{i}")
+            for i, ref in enumerate(body.model_ids)
+        ]
+        ds = s.get(Dataset, body.dataset_id)
+    body = body.model_copy(update={"model_ids": [row.id for row in rows]})
     if len(set(body.model_ids)) != len(body.model_ids):
         raise _invalid("duplicate_model", "model_ids lists a model twice", "model_ids")
     try:  # the rules between options (batch size per estimator, …) live in CompareOptions
@@ -137,30 +157,11 @@ def validate_comparison(
             f"shards {body.shards} need mode minibatch (mode full keeps every sample in one place)",
             "shards",
         )
-    with services.db.session(readonly=True) as s:
-        found = repository.models_by_ids(s, body.model_ids)
-        ds = s.get(Dataset, body.dataset_id)
-    for i, mid in enumerate(body.model_ids):
-        if mid not in found:
-            raise _invalid("unknown_model", f"model {mid} does not exist", f"model_ids.{i}")
     if ds is None:
         raise _invalid("unknown_dataset", f"dataset {body.dataset_id} does not exist", "dataset_id")
-    rows = [found[mid] for mid in body.model_ids]
     min_n = 4 if body.estimator == "unbiased" else 2
     if ds.n < min_n:
         raise _invalid("dataset_too_small", f"the dataset has {ds.n} images", "dataset_id")
-    # An image folder's files go through each model's own pipeline (resize, crop); arrays
-    # reach the model as they are, so they must have its input shape.
-    images = ds.file_suffix == ".zip"
-    for row in rows:
-        if not images and list(row.input_shape) != list(ds.shape):
-            raise _invalid(
-                "shape_mismatch",
-                f"dataset {ds.id} has images of shape {tuple(ds.shape)} but model {row.id} "
-                f"({row.name}) takes {tuple(row.input_shape)}",
-                "dataset_id",
-            )
-
     for i, row in enumerate(rows):
         check_model_budget(
             services,
@@ -478,6 +479,14 @@ def submit_training(
         ds = s.get(Dataset, body.dataset_id)
     if ds is None:
         raise _invalid("unknown_dataset", f"dataset {body.dataset_id} does not exist", "dataset_id")
+    if not ds.builtin and ds.classes is None:
+        raise _invalid(
+            "dataset_unlabelled",
+            f"dataset {ds.id} ({ds.name}) has no labels, so no model can be trained on it "
+            "(training needs its images in one folder per class, or an .npz with y; "
+            "comparing needs no labels)",
+            "dataset_id",
+        )
     config = check_config(body.arch, dict(body.config))
     try:
         net = skeleton(body.arch, config)

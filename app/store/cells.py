@@ -56,6 +56,7 @@ __all__ = [
     "Cells",
     "PairSummary",
     "formula_safe",
+    "probability_text",
     "verdict_marks",
 ]
 
@@ -137,6 +138,18 @@ VERDICT_LEGEND = (
     ", ".join(f"{MARKS[q][v]} {WORDS[q][v]}" for q in MARKS for v in MARKS[q] if v != "undecided")
     + ", ? undecided (the interval is too wide to tell); each mark counts the cells averaged"
 )
+
+
+def probability_text(v: float | None) -> str:
+    """A p- or q-value as every view writes it (the command line, the page's tooltip, whose
+    ``formatP`` in heatmap.js follows the same rule): three decimals; below 0.001 its order of
+    magnitude (``3e-05``: the analytic null reaches far smaller values than a count of
+    permutations can); below 1e-300 ``<1e-300`` (it reaches 0 in float64); ``-`` for none."""
+    if v is None:
+        return "-"
+    if v >= 1e-3:
+        return f"{v:.3f}"
+    return "<1e-300" if v < 1e-300 else f"{v:.0e}"
 
 
 def verdict_marks(counts: dict[str, int], question: str) -> str:

@@ -15,6 +15,7 @@ from sqlalchemy import ColumnElement, Select, String, cast, delete, exists, func
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer
 
+from app.errors import ProblemError
 from app.store.orm import (
     ArtifactRef,
     Comparison,
@@ -27,6 +28,7 @@ from app.store.orm import (
     Study,
     Training,
 )
+from app.store.values import ID_MAX
 
 __all__ = [
     "ParamFilter",
@@ -48,8 +50,8 @@ __all__ = [
     "list_models",
     "list_studies",
     "list_trainings",
+    "model_by_reference",
     "model_by_sha",
-    "models_by_ids",
     "page",
     "studies_of_comparisons",
     "study_for_job",
@@ -101,8 +103,37 @@ def has_builtin_dataset(session: Session, spec: str, split: str) -> bool:
     return session.scalar(query.limit(1)) is not None
 
 
-def models_by_ids(session: Session, ids: Sequence[int]) -> dict[int, Model]:
-    return {m.id: m for m in session.scalars(select(Model).where(Model.id.in_(list(ids))))}
+def model_by_reference(
+    session: Session, ref: int | str, *, listing: str, field: str | None = None
+) -> Model:
+    """The model ``ref`` names: its id, or a name (or alias) exactly one model has; a string
+    of digits that names no model is read as an id. Anything else is a 422 of one sentence
+    (``unknown_model``, ``ambiguous_model``) ending with ``listing``: where the models are
+    listed, for the caller's user (a URL, a command)."""
+    if isinstance(ref, str):
+        aliased = select(ModelAlias.model_id).where(ModelAlias.name == ref)
+        named = select(Model).where(or_(Model.name == ref, Model.id.in_(aliased)))
+        rows = list(session.scalars(named.order_by(Model.id)))
+        if len(rows) == 1:
+            return rows[0]
+        if len(rows) > 1:
+            ids = ", ".join(str(m.id) for m in rows)
+            raise ProblemError(
+                422,
+                "ambiguous_model",
+                f"{len(rows)} models are named {ref!r} (ids {ids}): name one by its id; {listing}",
+                field=field,
+            )
+        if not ref.isdigit():
+            raise ProblemError(
+                422, "unknown_model", f"no model is named {ref!r}; {listing}", field=field
+            )
+    row = session.get(Model, int(ref)) if int(ref) <= ID_MAX else None
+    if row is None:
+        raise ProblemError(
+            422, "unknown_model", f"model {ref} does not exist; {listing}", field=field
+        )
+    return row
 
 
 def list_models(

@@ -103,6 +103,11 @@ class Settings(BaseSettings):
         description="Log lines as JSON objects (with the job id) or plain text; auto: plain "
         "text on a terminal, JSON otherwise (a container, a file, a log pipeline).",
     )
+    access_log: bool = Field(
+        default=False,
+        description="One log line per HTTP request (uvicorn's access log); off by default, "
+        "since an open page polls its jobs every second or two.",
+    )
     heartbeat_s: float = Field(default=5.0, gt=0, description="Seconds between job heartbeats.")
     stale_after_s: float = Field(
         default=120.0, gt=0, description="A running job without heartbeat this long is re-queued."

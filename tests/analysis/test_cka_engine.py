@@ -22,6 +22,7 @@ from analysis import (
     default_layers,
     resolve_layers,
 )
+from analysis.layers import available_layers
 from models import create
 
 # timm MlpMixers on 16×16×3 images in 4×4 patches (S = 16 tokens of C = 32 channels), built by
@@ -135,8 +136,16 @@ def test_layer_selection() -> None:
         "blocks.0.mlp_tokens.fc1",
         "blocks.0.mlp_channels.fc1",
     ]
-    with pytest.raises(LayerError, match=r"available: stem, stem\.proj"):
-        resolve_layers(a, ["blocks.0", "block.9"])
+    with pytest.raises(LayerError) as info:
+        resolve_layers(a, ["blocks.0", "block.1"], model_name="model 'a'")
+    assert str(info.value) == (
+        "layer selection 'block.1' matches no layer of model 'a'; closest: blocks.1, blocks.2, "
+        f"blocks.0; its {len(available_layers(a))} layers: stem, stem.proj, stem.norm, blocks, "
+        "blocks.0–blocks.2, blocks.*.norm1, blocks.*.mlp_tokens, blocks.*.drop_path, "
+        "blocks.*.norm2, blocks.*.mlp_channels, norm, head_drop, pre_logits, head and the "
+        "modules inside them (blocks.*.mlp_tokens.fc1, …); "
+        "analysis.available_layers(model) lists them all"
+    )
     with pytest.raises(LayerError, match="out of range"):
         resolve_layers(a, [17])
 

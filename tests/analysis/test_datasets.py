@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from analysis import DatasetError, DatasetTooLarge, describe_dataset, load_dataset, training_data
-from analysis.data.datasets import content_sha256, load_image_folder, load_npz
+from analysis.data.datasets import ImageDataset, content_sha256, load_image_folder, load_npz
 from analysis.data.npz import NpzArchive
 from tests.files import png_bytes, zip_bytes
 
@@ -56,7 +56,8 @@ def test_unknown_digits_split() -> None:
 
 def test_training_data_is_digits_fixed_split_or_a_whole_file(tmp_path: Path) -> None:
     """What models.train gets: digits' (train, test) splits, hashed as the module documents
-    (sklearn's split with seed 0, a quarter for testing); a file whole; mixed sizes refused."""
+    (sklearn's split with seed 0, a quarter for testing); a file whole; mixed sizes and
+    unlabelled images refused."""
     import hashlib
 
     from sklearn.datasets import load_digits
@@ -75,8 +76,11 @@ def test_training_data_is_digits_fixed_split_or_a_whole_file(tmp_path: Path) -> 
             digest.update(repr(a.shape).encode())
             digest.update(a.tobytes())
         assert (data.name, data.sha256) == (name, digest.hexdigest())
-    whole = training_data(_npz(tmp_path / "mine.npz", x=np.zeros((3, 1, 8, 8), np.float32)))
+    x = np.zeros((3, 1, 8, 8), np.float32)
+    whole = training_data(_npz(tmp_path / "mine.npz", x=x, y=np.arange(3)))
     assert not isinstance(whole, tuple) and whole.name == "mine.npz" and len(whole) == 3
+    with pytest.raises(DatasetError, match=r"'bare.npz' has no labels, so no model can be"):
+        training_data(_npz(tmp_path / "bare.npz", x=x))
     mixed = tmp_path / "mixed.zip"
     blobs = [png_bytes(np.zeros(size, np.uint8)) for size in ((4, 6), (5, 5))]
     mixed.write_bytes(zip_bytes([("a/0.png", blobs[0]), ("b/1.png", blobs[1])]))
@@ -205,6 +209,35 @@ def test_npz_errors_are_one_sentence(
     assert "\n" not in str(info.value) and str(info.value).endswith(".")
 
 
+def test_npz_value_range_is_uint8_declared_or_inferred(tmp_path: Path) -> None:
+    """What stands for black and white: uint8 by its type, a declared ``value_range`` (which
+    names other images, so another hash), else the first of [0, 1], [-1, 1], [0, 255] that
+    holds every value, else the values' own [min, max]."""
+    pixels = np.random.default_rng(4).integers(0, 256, size=(3, 4, 4), dtype=np.uint8)
+    assert load_npz(_npz(tmp_path / "u8.npz", x=pixels)).pixel_range().source == "uint8"
+    floats = pixels.astype(np.float32)
+    for scaled, want in [
+        (floats / 255, (0.0, 1.0)),
+        (floats / 127.5 - 1, (-1.0, 1.0)),
+        (floats, (0.0, 255.0)),
+        (floats * 4 - 3, (float(pixels.min()) * 4 - 3, float(pixels.max()) * 4 - 3)),
+    ]:
+        found = load_npz(_npz(tmp_path / "f.npz", x=scaled)).pixel_range()
+        assert (found.low, found.high, found.source) == (*want, "inferred")
+    plain = load_npz(_npz(tmp_path / "plain.npz", x=floats / 255))
+    declared = load_npz(_npz(tmp_path / "d.npz", x=floats / 255, value_range=[0.1, 0.9]))
+    found = declared.pixel_range()
+    assert (found.low, found.high, found.source) == (0.1, 0.9, "declared")
+    assert declared.sha256 != plain.sha256 == content_sha256(plain.x, None)
+    for bad, message in [
+        ({"x": floats, "value_range": [1.0, 0.0]}, "low < high"),
+        ({"x": floats, "value_range": [0.0, 1.0, 2.0]}, "two numbers"),
+        ({"x": pixels, "value_range": [0.0, 1.0]}, "uint8 images"),
+    ]:
+        with pytest.raises(DatasetError, match=message):
+            load_npz(_npz(tmp_path / "bad.npz", **bad))
+
+
 def test_npz_never_unpickles(tmp_path: Path) -> None:
     path = tmp_path / "obj.npz"
     np.savez(path, x=np.array([{"evil": 1}], dtype=object))
@@ -260,6 +293,40 @@ def test_image_folder_zip_with_top_folder_matches_directory(tmp_path: Path) -> N
     assert load_image_folder(archive.read_bytes()).sha256 == data.sha256
 
 
+@pytest.mark.parametrize(
+    "paths",
+    [
+        ["0.png", "1.png", "2.png"],  # at the top of the zip
+        ["photos/0.png", "photos/1.png", "photos/2.png"],  # in one folder
+        ["a/b/0.png", "a/b/1.png", "a/b/2.png", "__MACOSX/a/b/._0.png", "a/.hidden.png"],
+    ],
+)
+def test_images_in_one_folder_are_a_dataset_without_labels(
+    tmp_path: Path, paths: list[str]
+) -> None:
+    """Images at one level are a dataset without classes, wherever that level is; class
+    folders stay the labelled form. Hidden files and macOS's __MACOSX copies are skipped."""
+    rng = np.random.default_rng(5)
+    arrays = [rng.integers(0, 256, size=(4, 4), dtype=np.uint8) for _ in paths]
+    archive = tmp_path / "flat.zip"
+    archive.write_bytes(zip_bytes([(p, png_bytes(a)) for p, a in zip(paths, arrays, strict=True)]))
+    data = load_image_folder(archive)
+    assert isinstance(data, ImageDataset) and len(data) == 3
+    assert data.y is None and data.classes is None and data.num_classes is None
+    np.testing.assert_array_equal(data.x[:, 0], np.stack(arrays[:3]) / np.float32(255))
+    labelled = load_image_folder(
+        zip_bytes(
+            [
+                (f"{c}/{i}.png", png_bytes(a))
+                for i, (c, a) in enumerate(zip("aab", arrays[:3], strict=True))
+            ]
+        )
+    )
+    assert labelled.classes == ["a", "b"] and labelled.sha256 != data.sha256
+    info = describe_dataset(archive)
+    assert (info.classes, info.sha256) == (None, data.sha256)
+
+
 def test_rgb_images_keep_three_channels(tmp_path: Path) -> None:
     rgb = np.random.default_rng(3).integers(0, 256, size=(5, 4, 3), dtype=np.uint8)
     archive = tmp_path / "rgb.zip"
@@ -293,7 +360,15 @@ def test_zip_slip_symlink_and_bomb_are_refused() -> None:
     [
         ([], "holds no images"),
         ([("a/0.png", b"not a png")], "not a readable image"),
-        ([("0.png", "small")], "one folder of images per class"),
+        (
+            [("0.png", "small"), ("a/1.png", "small")],
+            r"in one folder \(a dataset without labels\) or in one folder per class "
+            r"\(labelled\), but '0.png' and 'a/1.png' are at different depths\.",
+        ),
+        (
+            [("a/b/0.png", "small"), ("c/d/1.png", "small")],
+            r"but 'a/b/0.png' is 2 folders deep\.",
+        ),
     ],
 )
 def test_image_folder_errors(entries: list[tuple[str, str | bytes]], message: str) -> None:

@@ -101,6 +101,25 @@ def test_a_bad_option_is_refused_naming_its_field_before_any_forward(
     )
 
 
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (
+            {"feature": "mean_token"},
+            "feature: input should be 'flatten', 'mean_tokens' or 'cls', not 'mean_token'; "
+            "did you mean 'mean_tokens'?",
+        ),
+        ({"measures": ["cka", "pwca"]}, ", not 'pwca'; did you mean 'pwcca'?"),
+        ({"kernel": "rfb"}, "; did you mean 'rbf'?"),
+        ({"feature": "pixels"}, "'cls', not 'pixels'"),  # nothing close: no guess
+    ],
+)
+def test_an_unknown_option_value_names_the_closest(bad: dict[str, Any], message: str) -> None:
+    with pytest.raises(OptionsError) as info:
+        CompareOptions.build(**bad)
+    assert str(info.value).endswith(message)
+
+
 def test_unknown_option_is_a_type_error(images: torch.Tensor) -> None:
     with pytest.raises(TypeError, match="kernal"):
         compare({"a": mixer(0)}, images, kernal="rbf")

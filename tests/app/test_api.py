@@ -73,6 +73,13 @@ def test_problem_json_for_bad_input(
     assert_problem(post(model_ids=ids, layers="nothing.*"), 422, "invalid_layers", "layers")
     # the options' own checks name their problem (as analysis.CompareOptions does)
     assert_problem(post(model_ids=ids, kernel="poly"), 422, "invalid_kernel", "kernel")
+    body = assert_problem(
+        post(model_ids=ids, feature="mean_token"), 422, "validation_error", "feature"
+    )
+    assert body["detail"] == (
+        "feature: Input should be 'flatten', 'mean_tokens' or 'cls', not 'mean_token'; "
+        "did you mean 'mean_tokens'?"
+    )
     assert_problem(post(model_ids=ids, extra=1), 422, "validation_error", "extra")
     r = client.post(
         "/v1/comparisons", content=b"{not json", headers={"content-type": "application/json"}
@@ -89,19 +96,48 @@ def test_problem_json_for_bad_input(
         "sidecar": ("s.json", json.dumps(side).encode()),
     }
     assert client.post("/v1/models", files=files).status_code == 422
-    # A dataset whose images do not fit the model.
+    # Images of another shape than the models' are no mistake: each model's pipeline resizes
+    # them (tests/analysis/test_model_inputs.py, tests/app/test_hub.py).
     buf = io.BytesIO()
     np.savez(buf, x=np.random.default_rng(0).random((8, 3, 16, 16)).astype(np.float32))
     r = client.post("/v1/datasets", files={"file": ("rgb.npz", buf.getvalue())})
     assert r.status_code == 201, r.text
-    assert_problem(
-        client.post("/v1/comparisons", json={"model_ids": ids, "dataset_id": r.json()["id"]}),
-        422,
-        "shape_mismatch",
-        "dataset_id",
-    )
+    r = client.post("/v1/comparisons", json={"model_ids": ids, "dataset_id": r.json()["id"]})
+    assert r.status_code == 202, r.text
     bad = client.post("/v1/datasets", files={"file": ("x.npz", b"not an archive")})
     assert bad.status_code == 422 and bad.headers["content-type"] == "application/problem+json"
+
+
+def test_models_are_named_by_name_alias_or_id(
+    idle_client: TestClient, zoo: dict[str, Path]
+) -> None:
+    """A comparison names its models by id, by name or by alias (issue 47); the stored
+    request holds ids, so naming them another way finds the same comparison. A name no model
+    has, or that several have, is refused in one sentence that says where models are listed."""
+    client = idle_client
+    mixer, sw = register(client, zoo, "mixer_digits", "sw_mlp_digits")
+    assert upload(client, zoo["mixer_digits"], name="my_mixer").status_code == 200  # an alias
+    ds = digits_id(client)
+    post = lambda models: client.post(  # noqa: E731
+        "/v1/comparisons", json={"model_ids": models, "dataset_id": ds, "batch_size": 150}
+    )
+    first = post(["mixer_digits", sw])
+    assert first.status_code == 202, first.text
+    view = client.get(first.headers["location"]).json()
+    assert [m["id"] for m in view["models"]] == [mixer, sw]
+    for same in (["my_mixer", "sw_mlp_digits"], [mixer, str(sw)]):
+        again = post(same)
+        assert again.status_code == 200 and again.json()["id"] == view["id"], same
+    body = assert_problem(post(["mixr_digits"]), 422, "unknown_model", "model_ids.0")
+    assert body["detail"] == (
+        "no model is named 'mixr_digits'; GET /v1/models lists the models "
+        "(?q=NAME finds names and aliases)"
+    )
+    assert upload(client, zoo["rp_mixer_digits"], name="twin").status_code == 201
+    other = upload(client, zoo["gmlp_digits"], name="twin").json()["id"]
+    body = assert_problem(post([mixer, "twin"]), 422, "ambiguous_model", "model_ids.1")
+    assert body["detail"].startswith(f"2 models are named 'twin' (ids {other - 1}, {other}): ")
+    assert_problem(post([mixer, "my_mixer"]), 422, "duplicate_model", "model_ids")
 
 
 def test_model_options_that_fetch_weights_are_refused(

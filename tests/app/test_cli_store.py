@@ -19,11 +19,12 @@ from tests.test_docs_examples import ROOT, _console, blocks
 
 # Commands that read or change an existing store: they must never create one.
 READS_STORE = {"export", "study list", "db current", "token list", "token create"}
-READS_STORE |= {"token revoke", "gc"}
+READS_STORE |= {"token revoke", "gc", "models"}
 # Commands that use no store, or whose job is to make one (the service, its worker, the demo,
 # a study run, the upgrade).
 OTHERS = {"train", "zoo", "compare", "import", "demo", "serve", "worker", "study run"}
 OTHERS |= {"db upgrade", "study plan"}  # study plan reads a pilot's summary.json
+OTHERS |= {"layers"}  # of a checkpoint file (a model of the store by name reads the store)
 GROUPS = {"study", "db", "token"}  # commands whose action is their second word
 
 

@@ -17,7 +17,7 @@ from app.http.main import create_app
 from app.store.settings import Settings
 from tests.app.payloads import assert_problem
 from tests.app.upload_memory import make
-from tests.files import npz_bytes
+from tests.files import npz_bytes, png_bytes, zip_bytes
 
 
 def test_a_file_that_is_not_an_npz_archive_says_so_in_one_sentence(client: TestClient) -> None:
@@ -38,6 +38,31 @@ def test_an_npz_with_labels_reports_its_classes(client: TestClient) -> None:
     assert r.status_code == 201, r.text
     ds = client.get(r.headers["location"]).json()
     assert ds["classes"] == ["0", "1", "2", "3"]
+
+
+def test_a_flat_zip_is_a_dataset_to_compare_but_not_to_train_on(
+    client: TestClient, zoo: dict[str, Path]
+) -> None:
+    """Images at the top of a zip are a dataset without classes: uploaded, compared, and
+    refused for training in one sentence (issue 47)."""
+    rng = np.random.default_rng(0)
+    pngs = [(f"{i}.png", png_bytes(rng.integers(0, 256, (8, 8), np.uint8))) for i in range(6)]
+    r = client.post("/v1/datasets", files={"file": ("random_flat.zip", zip_bytes(pngs))})
+    assert r.status_code == 201, r.text
+    ds = r.json()
+    assert (ds["n"], ds["classes"], ds["shape"]) == (6, None, [1, 8, 8])
+    files = {
+        "weights": ("w.safetensors", zoo["mlp_digits"].read_bytes()),
+        "sidecar": ("s.json", zoo["mlp_digits"].with_suffix(".json").read_bytes()),
+    }
+    model = client.post("/v1/models", files=files).json()["id"]
+    body = {"model_ids": [model], "dataset_id": ds["id"], "batch_size": 6}
+    assert client.post("/v1/comparisons", json=body).status_code == 202
+    training = {"arch": "mlp_digits", "dataset_id": ds["id"], "epochs": 1}
+    refused = assert_problem(
+        client.post("/v1/trainings", json=training), 422, "dataset_unlabelled", "dataset_id"
+    )
+    assert refused["detail"].startswith(f"dataset {ds['id']} (random_flat) has no labels")
 
 
 def test_uploads_that_unpack_to_100_mb_take_less_than_twice_that(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ builds it, without the optimisation) and jobs are run one by one with
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -21,6 +22,7 @@ from sqlalchemy import select, update
 
 from app.cli.demo import setup_demo
 from app.http.main import create_app
+from app.jobs.demo import seconds_left
 from app.jobs.run import execute
 from app.store.orm import Comparison, Job, JobState, Model
 from app.store.services import Services
@@ -38,8 +40,12 @@ def _banner(client: TestClient) -> str | None:
 
 
 def test_demo_is_queued_once_and_the_home_page_follows_it(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="app")
     fake = FakeTrainer()
     monkeypatch.setattr("app.jobs.train.train", fake)
     idle = settings.model_copy(update={"worker_threads": 0})
@@ -66,7 +72,8 @@ def test_demo_is_queued_once_and_the_home_page_follows_it(
             assert execute(services, "w:1:test") is not None
             banner = _banner(client) or ""
             assert re.fullmatch(
-                r"demo: training 2 of 6, about \d+ min left; then the atlas fills in", banner
+                r"demo: training 2 of 6, about \d+ min of training left; then the atlas fills in",
+                banner,
             ), banner
             while len(fake.calls) < len(ZOO):
                 assert execute(services, "w:1:test") is not None
@@ -85,6 +92,14 @@ def test_demo_is_queued_once_and_the_home_page_follows_it(
                 assert atlas is not None
                 assert [m.model_id for m in atlas.members] == sorted(s.scalars(select(Model.id)))
             assert names == {name for name, _, _ in ZOO}
+            # What the terminal of `make run` shows of it (README.md): one line per model
+            # trained, not each training's start and end or the demo's parking and resuming.
+            said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+            assert [m for m in said if m.startswith("demo: model")] == [
+                f"demo: model {k} of {len(ZOO)} trained ({ZOO[k - 1][0]})"
+                for k in range(1, len(ZOO) + 1)
+            ]
+            assert not [m for m in said if re.match(r"job \d+ \(training\)|the demo waits", m)]
             assert _banner(client) == "demo: all models trained; the atlas is 0 % done"
             # Found, not queued again, once it has run.
             assert setup_demo(idle, tmp_path / "no-zoo", epochs=1) == (job_id, False)
@@ -136,3 +151,17 @@ def test_serve_demo_answers_while_the_demo_trains(tmp_path: Path) -> None:
     first = next(i for i, line in enumerate(lines) if "serving on" in line)
     assert lines[first] == f"cka-atlas: serving on {url}" and first <= 1, lines[:5]
     assert lines[first + 1].startswith("cka-atlas: demo queued (job 1)"), lines[:5]
+
+
+def test_the_time_left_reckons_each_training_at_its_own_pace() -> None:
+    """Issue 47: "about 1 min left" with 2 min to go. A cheap training done (10 s), a Mixer a
+    quarter through after 20 s (80 s in all), then a gMLP and a Mixer: the Mixer at the running
+    one's pace, the gMLP (none run yet) at the slowest pace known, not at the cheap one's."""
+    finished = [("mlp_digits", 10.0)]
+    running = ("mixer_digits", 20.0, 0.25)
+    left = ["mixer_digits", "gmlp_digits", "mixer_digits"]
+    assert seconds_left(finished, running, left) == pytest.approx(60 + 80 + 80)
+    assert seconds_left([], None, left) is None  # no pace yet
+    assert seconds_left([], ("mlp_digits", 5.0, 0.0), left) is None
+    # the same architecture again: the slower of its runs
+    assert seconds_left([("mlp_digits", 10.0), ("mlp_digits", 14.0)], None, ["mlp_digits"]) == 14.0

@@ -333,25 +333,29 @@ def test_dataset_that_is_not_an_image_batch(
     assert needle in assert_refused_dataset(api, root, npz_bytes(**arrays), "bad.npz")
 
 
-def test_images_that_do_not_fit_the_model_are_refused_up_front(api: TestClient, mixer: int) -> None:
-    payload = npz_bytes(x=np.random.default_rng(0).random((8, 3, 16, 16)).astype(np.float32))
-    ds = post_dataset(api, payload, "rgb.npz").json()["id"]
-    r = api.post("/v1/comparisons", json={"model_ids": [mixer], "dataset_id": ds})
-    body = assert_problem(r, 422, "shape_mismatch", "dataset_id")
-    assert "(3, 16, 16)" in body["detail"] and "(1, 8, 8)" in body["detail"]
-    assert api.get("/v1/comparisons").json()["total"] == 0
-
-
 # --- comparison requests ------------------------------------------------------------------------
 
 
-def test_layer_pattern_that_matches_nothing_lists_available_names(
+def test_a_layer_that_matches_nothing_is_answered_with_where_to_look(
     api: TestClient, mixer: int
 ) -> None:
+    """One line: the closest names, the model's layers folded into ranges, and the URL that
+    lists them all, which does."""
     body = assert_problem(
-        post_comparison(api, model_ids=[mixer], layers="nothing.*"), 422, "invalid_layers", "layers"
+        post_comparison(api, model_ids=[mixer], layers="blocks.20"), 422, "invalid_layers", "layers"
     )
-    assert "available: " in body["detail"] and "blocks.0" in body["detail"]
+    detail = body["detail"]
+    listed = api.get(f"/v1/models/{mixer}/layers").json()
+    blocks = [f"blocks.{i}" for i in range(4)]
+    assert listed["default_layers"] == ["stem", *blocks, "norm", "pre_logits"]
+    assert {"blocks.3.mlp_tokens.fc1", "pre_logits", "head"} <= set(listed["layers"])
+    assert "\n" not in detail and detail.startswith(
+        f"layer selection 'blocks.20' matches no layer of model {mixer} (mixer_digits); "
+        "closest: blocks.2, blocks.0, blocks.3; "
+        f"its {len(listed['layers'])} layers: stem, stem.proj, stem.norm, blocks, "
+        "blocks.0–blocks.3, blocks.*.norm1,"
+    )
+    assert detail.endswith(f"; GET /v1/models/{mixer}/layers lists them all")
 
 
 @pytest.mark.timeout(60)

@@ -94,6 +94,49 @@ def test_hub_folders_compared_on_mixed_photos_through_rest(
         assert torch.equal(rec.first, timm_input(name, first)), name
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_64_px_npz_is_compared_with_a_224_px_model_through_its_pipeline(
+    client: TestClient, tmp_path: Path
+) -> None:
+    """The issue's case: a 3×64×64 ``.npz`` and a 224-px timm model. The request is accepted,
+    the model reads the array as its pipeline reads a PNG of the same pixels, and the
+    comparison's provenance says so, with the array's value range."""
+    _, folder = hub_folder("mixer_s16_224", tmp_path)
+    archive = zip_dir(folder, tmp_path / "mixer.zip")
+    r = client.post("/v1/models", files={"hub": (archive.name, archive.read_bytes())})
+    assert r.status_code == 201, r.text
+    model_id, sha = r.json()["id"], r.json()["sha256"]
+    pixels = np.random.default_rng(1).integers(0, 256, size=(4, 64, 64, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    np.savez(buf, x=pixels)
+    r = client.post("/v1/datasets", files={"file": ("random64.npz", buf.getvalue())})
+    assert r.status_code == 201, r.text
+    assert r.json()["shape"] == [3, 64, 64]
+    Image.fromarray(pixels[0], "RGB").save(tmp_path / "first.png")
+
+    services = client.app.state.services  # type: ignore[attr-defined]
+    recorder = StemRecorder(services.models.get(sha))
+    try:
+        r = client.post(
+            "/v1/comparisons",
+            json={"model_ids": [model_id], "dataset_id": r.json()["id"], "batch_size": 4},
+        )
+        assert r.status_code == 202, r.text
+        done = wait(client, r.headers["location"], timeout=900)
+    finally:
+        recorder.close()
+    assert done["status"] == "succeeded", done
+    assert recorder.first is not None
+    assert torch.equal(recorder.first, timm_input("mixer_s16_224", tmp_path / "first.png"))
+    assert done["provenance"]["input"] == {
+        "images": "array",
+        "shape": [3, 64, 64],
+        "value_range": {"low": 0.0, "high": 255.0, "from": "uint8"},
+        "pipeline": ["mixer_s16_224"],
+        "as_is": [],
+    }
+
+
 def test_pickle_folders_are_refused_with_the_conversion(client: TestClient, tmp_path: Path) -> None:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:

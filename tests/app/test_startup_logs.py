@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -90,3 +91,30 @@ def test_auto_is_text_on_a_terminal_and_json_elsewhere(monkeypatch: pytest.Monke
     assert resolved_format("auto") == "text" and resolved_format("json") == "json"
     monkeypatch.setattr(sys, "stderr", _Stream(tty=False))
     assert resolved_format("auto") == "json" and resolved_format("text") == "text"
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, False), ("true", True)])
+def test_serve_logs_each_request_only_when_asked(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    restore_logging: None,
+    value: str | None,
+    expected: bool,
+) -> None:
+    """Issue 47: `make run`'s terminal showed 235 access-log lines (a page polls its jobs);
+    uvicorn's access log is off unless CKA_ACCESS_LOG turns it on."""
+    import uvicorn
+
+    from app.cli import main
+
+    for name in [n for n in os.environ if n.startswith("CKA_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("CKA_DATA_DIR", str(tmp_path / "var"))
+    if value is not None:
+        monkeypatch.setenv("CKA_ACCESS_LOG", value)
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw))
+    # no app is built: uvicorn is not run, and building one starts a thread (its OpenAPI)
+    monkeypatch.setattr("app.http.main.create_app", lambda settings: object())
+    assert main(["serve", "--port", "8799"]) == 0
+    assert seen["access_log"] is expected

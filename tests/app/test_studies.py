@@ -35,7 +35,7 @@ from models.errors import TrainingCancelled
 from tests.app.payloads import assert_problem
 from tests.app.study_tools import TINY, FakeTrainer, fake_accuracy
 from tests.deadline import Deadline
-from tests.helpers import digits_id, register, wait
+from tests.helpers import digits_id, register, upload, wait
 
 # mixer_digits: S = 16 tokens of C = 32 channels, γ = 2.
 S, C, GAMMA = 16, 32, 2.0
@@ -167,6 +167,48 @@ def test_study_requests_are_checked_before_queuing(idle_client: TestClient) -> N
         post(spec={**TINY, "cka": {"kernel": "poly"}}), 422, "invalid_study", "spec.cka.kernel"
     )
     assert idle_client.get("/v1/studies").json()["total"] == 0
+
+
+def test_a_spec_arm_names_a_model_of_the_store_by_name_or_id(
+    idle_client: TestClient, zoo: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 47: an arm's ``model`` (a stored model's id or name) trains more seeds of that
+    model's architecture and options; an unknown one is refused naming where models are."""
+    import models
+
+    sparse = models.save(
+        models.create("sw_mlp_digits", density=0.125), tmp_path / "sparse.safetensors"
+    )
+    (mixer,) = register(idle_client, zoo, "mixer_digits")
+    assert upload(idle_client, sparse, name="sparse_sw").status_code == 201
+    spec = {
+        **TINY,
+        "reference": {"name": "mixer", "model": mixer},
+        "arms": [{"name": "sw", "model": "sparse_sw"}],
+    }
+    r = idle_client.post("/v1/studies", json={"spec": spec, "quick": True})
+    assert r.status_code == 202, r.text
+    stored = idle_client.get(r.headers["location"]).json()["spec"]
+    assert stored["reference"]["arch"] == "mixer_digits"
+    assert (stored["arms"][0]["arch"], stored["arms"][0]["options"]["density"]) == (
+        "sw_mlp_digits",
+        0.125,
+    )
+    unknown = {**spec, "arms": [{"name": "sw", "model": "sparse"}]}
+    body = assert_problem(
+        idle_client.post("/v1/studies", json={"spec": unknown}),
+        422,
+        "unknown_model",
+        "spec.arms.0.model",
+    )
+    assert body["detail"].startswith("no model is named 'sparse'; GET /v1/models lists")
+    both = {**spec, "arms": [{"name": "sw", "model": "sparse_sw", "arch": "sw_mlp_digits"}]}
+    assert_problem(
+        idle_client.post("/v1/studies", json={"spec": both}),
+        422,
+        "invalid_study",
+        "spec.arms.0.model",
+    )
 
 
 # The built-in study end to end (16 trainings, a 16-model atlas) on PostgreSQL, the GPU host's

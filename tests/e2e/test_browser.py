@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from app.store.cells import probability_text
 from tests.e2e.e2e_tools import MODELS, TOKEN, Server, sign_in
 
 pytestmark = pytest.mark.slow
@@ -209,6 +210,12 @@ def test_calibrated_cell_tooltip_summary_and_profile(
         }"""
     )
     assert marked == ["0,1", "1,0"]
+    # p- and q-values follow the command line's one rule (issue 47: the tooltip said
+    # "p = 0.0e+0" where the CLI says "<1e-300").
+    probabilities = [0.0, 1e-301, 3.2e-5, 4.6e-4, 0.001, 0.0123, 0.5, 1.0]
+    shown = page.evaluate("(ps) => ps.map(window.CkaHeatmap.formatP)", probabilities)
+    assert shown == [probability_text(p) for p in probabilities]
+    assert shown[:3] == ["<1e-300", "<1e-300", "3e-05"]
 
     # The K×K summary opens the atlas: the mean diagonal CKA of (a, b) with its interval.
     summary = page.locator("#summary .summary-cell")

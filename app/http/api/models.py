@@ -18,6 +18,7 @@ from app.http.api.uploads import answer_registered, register_route, save_upload
 from app.http.problems import ProblemError
 from app.http.schemas import NO_NUL, ModelOut, Page
 from app.http.security import ADMIN, READ
+from app.jobs.submit import skeleton
 from app.jobs.train import register_checkpoint
 from app.store import gc, repository
 from app.store.checkpoints import (
@@ -266,6 +267,20 @@ def download_weights(services: Svc, model_id: ModelId) -> FileResponse:
         media_type="application/octet-stream",
         filename=f"{safe}.safetensors",
     )
+
+
+@router.get("/{model_id}/layers", **READ)
+def model_layers(services: Svc, model_id: ModelId) -> dict[str, Any]:
+    """Every layer name a comparison's ``layers`` can select of this model, in module order,
+    and its default layers (what ``layers: null`` compares)."""
+    from analysis.layers import available_layers
+
+    row = _get(services, model_id)
+    return {
+        "model_id": row.id,
+        "default_layers": list(row.default_layers),
+        "layers": available_layers(skeleton(row.arch, row.config)),
+    }
 
 
 @router.get("/{model_id}/sidecar", **READ)

@@ -82,17 +82,29 @@ def _in_context(name: str, chosen: Mapping[str, Any]) -> Any:
 def differing_options(params: Mapping[str, Any]) -> dict[str, Any]:
     """The options in a comparison's ``params`` that are not their defaults, in option order.
 
-    An option the comparison does not record, or records as None (``random_init_draws``
-    without the random-init baseline), is not shown.
+    An option the comparison does not record, records as None, or does not use given the others
+    (:attr:`CompareOptions.unused`: the demo's ``resamples`` with image intervals) is not shown.
     """
     known = options()
     chosen = {k: params[k] for k in known if params.get(k) is not None}
     differ = {k: v for k, v in chosen.items() if v != known[k].default}
+    for name in _unused(chosen):
+        differ.pop(name, None)
     for name in [k for k in differ if k in CompareOptions.model_fields]:
         default = _in_context(name, chosen)
         if differ[name] == default:
             del differ[name]
     return differ
+
+
+def _unused(chosen: Mapping[str, Any]) -> frozenset[str]:
+    """:attr:`CompareOptions.unused` of stored options (none for options of an older release
+    that no longer validate)."""
+    known = CompareOptions.model_fields
+    try:
+        return CompareOptions.model_validate({k: v for k, v in chosen.items() if k in known}).unused
+    except ValidationError:
+        return frozenset()
 
 
 def _refuse(detail: str) -> ProblemError:

@@ -18,6 +18,7 @@ from typing import Any
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup, escape
 
+from app.store.cells import probability_text
 from app.store.orm import JobState
 
 __all__ = [
@@ -162,6 +163,7 @@ def _make() -> Jinja2Templates:
     env.globals["LIVE_STATES"] = tuple(s for s in JobState if s.live)
     env.globals["job_states"] = job_states()
     env.filters["num"] = fmt_number
+    env.filters["p"] = probability_text
     env.filters["pct"] = fmt_percent
     env.filters["bytes"] = fmt_bytes
     env.filters["when"] = fmt_time

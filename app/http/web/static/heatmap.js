@@ -117,8 +117,15 @@
     parent.appendChild(row);
   }
 
+  /* A p- or q-value as every view writes it (app/store/cells.py, probability_text: one rule,
+     tests/e2e/test_browser.py holds them equal): three decimals; below 0.001 its order of
+     magnitude (3e-05); below 1e-300 "<1e-300" (the analytic null reaches 0 in float64). */
   function formatP(p) {
-    return p < 0.001 ? p.toExponential(1) : p.toFixed(3);
+    if (p >= 0.001) return p.toFixed(3);
+    if (p < 1e-300) return "<1e-300";
+    const parts = p.toExponential(0).split("e");
+    const power = Number(parts[1]);
+    return parts[0] + "e" + (power < 0 ? "-" : "+") + String(Math.abs(power)).padStart(2, "0");
   }
 
   function signed(v) {
@@ -424,6 +431,7 @@
     color: color,
     divergingColor: divergingColor,
     formatValue: formatValue,
+    formatP: formatP,
     SIGNIFICANCE: SIGNIFICANCE,
   };
 })();
