@@ -19,7 +19,7 @@ from tests.test_docs_examples import ROOT, _console, blocks
 
 # Commands that read or change an existing store: they must never create one.
 READS_STORE = {"export", "study list", "db current", "token list", "token create"}
-READS_STORE |= {"token revoke", "gc", "models"}
+READS_STORE |= {"token revoke", "token purge", "gc", "models"}
 # Commands that use no store, or whose job is to make one (the service, its worker, the demo,
 # a study run, the upgrade).
 OTHERS = {"train", "zoo", "compare", "import", "demo", "serve", "worker", "study run"}

@@ -299,7 +299,9 @@ def test_the_access_log_names_the_token_and_never_a_secret(tmp_path: Path, fmt: 
     with db.session() as s:
         _, secret = create_token(s, "ci-bot", "write")
     db.dispose()
-    env = service_env(db_url, tmp_path / "data", CKA_WORKER_THREADS="0", CKA_LOG_FORMAT=fmt)
+    env = service_env(
+        db_url, tmp_path / "data", CKA_WORKER_THREADS="0", CKA_LOG_FORMAT=fmt, CKA_ACCESS_LOG="true"
+    )
     port = free_port()
     server = Proc(["serve", "--port", str(port)], env, tmp_path / "serve.log")
     try:

@@ -196,11 +196,14 @@ def test_a_heatmap_coloured_by_what_training_added(run: Run) -> None:
 
 def test_progress_reaches_one_only_at_the_end(run: Run) -> None:
     """Progress counts the baselines' work: the comparison's own batches are its first part,
-    the twins' and the siblings' the rest, and 1 comes with the last batch of the last."""
+    the twins' and the siblings' the rest; the last batch of the last stops one unit short, and
+    1 comes only once the result is complete."""
     values = run.progress
     batches = N // BATCH
-    # phases: the 2 members, then DRAWS draws of 2 twins of each, then the ceiling's stand-ins
-    assert len(values) == batches * (1 + DRAWS + 1), values
+    # phases: the 2 members, then DRAWS draws of 2 twins of each, then the ceiling's stand-ins;
+    # then the one report of the finished result
+    assert len(values) == batches * (1 + DRAWS + 1) + 1, values
+    assert values[-2] < 1.0
     assert values == sorted(values)
     members, twins = 2, DRAWS * 2 * 2
     stand_ins = round(members / values[batches - 1]) - members - twins
