@@ -43,10 +43,11 @@ today they are these, present only when computed (so an atlas without them seria
     ``cka`` the mean over the draws, ``sd``, ``min``, ``max``, ``draws``, ``seeds``;
     ``seed_ceiling``: ``cka`` and, with intervals, ``ci_low``/``ci_high``) and per block what
     stood in, or the ``reason`` it is undefined.
-``measures``, ``cca_degenerate``
+``measures``, and its flags ``cca_degenerate``, ``linreg_saturated``, ``procrustes_saturated``, …
     with ``measures`` beyond CKA (:mod:`analysis.measures`): per measure its full
     (L_total, L_total) matrix, whose blocks the ``matrices`` entries carry under the measure's
-    name; with a CCA-family measure, per cell whether CCA is degenerate there.
+    name; per flag the computed measures declare (:data:`analysis.measures.FLAGS`), per cell
+    whether it is raised there (``cca_degenerate`` with a CCA-family measure: :meth:`flagged`).
 ``verdicts``
     with baselines and intervals: each cell's difference from its baselines with its interval
     and verdict (:func:`analysis.inference.verdicts.cell_verdicts`, the arrays of
@@ -74,6 +75,7 @@ from analysis.inference.verdicts import (
     cell_verdicts,
     verdicts_json,
 )
+from analysis.measures.registry import flags_of
 
 __all__ = ["Atlas"]
 
@@ -192,6 +194,15 @@ class Atlas:
         """Per cell, whether CCA is degenerate there (some canonical correlations are 1
         whatever the data, docs/measures.md); None without a CCA-family measure."""
         return self._optional(self.cca_flags, a, b)
+
+    def flagged(self, measure: str, a: str, b: str | None = None) -> dict[str, np.ndarray]:
+        """Per flag ``measure`` declares that this atlas carries (:mod:`analysis.measures`), its
+        cells of (a, b): True where it is raised; empty for CKA and for a measure without."""
+        out = {}
+        for flag in flags_of(measure):
+            if (full := self.values.get(flag.name)) is not None:
+                out[flag.name] = self._block(full, a, a if b is None else b)
+        return out
 
     def hsic_block(self, a: str, b: str | None = None) -> np.ndarray:
         """The accumulated HSIC terms behind :meth:`matrix` (summed over batches)."""

@@ -63,7 +63,14 @@ from analysis.estimators.hsic import MIN_SAMPLES, Estimator
 from analysis.estimators.kernels import RBF_T_MAX, RBF_T_MIN, Kernel, parse_kernel
 from analysis.inference.bootstrap import MIN_BOOTSTRAP_BATCHES, check_bootstrap_batches
 from analysis.layers import FeaturePolicy
-from analysis.measures import DEFAULT_K, MEASURES, MeasureName, budget_bytes, estimate_bytes
+from analysis.measures import (
+    DEFAULT_K,
+    MEASURES,
+    REGISTERED,
+    MeasureName,
+    budget_bytes,
+    estimate_bytes,
+)
 from analysis.measures.budget import BUDGET_ENV, gib
 
 __all__ = [
@@ -316,8 +323,9 @@ class CompareOptions(BaseModel):
         default=("cka",),
         description=(
             "Similarity measures per cell: `cka` (always computed: the atlas rests on it) and "
-            "any of `cca` (mean squared canonical correlation), `cca_mean`, `svcca`, `pwcca`, "
-            "`linreg`, `procrustes`, `mutual_knn` (docs/measures.md). These need every image's "
+            "any of "
+            + ", ".join(f"`{m.name}` ({m.title})" for m in REGISTERED if not m.streamed)
+            + " (docs/measures.md). These need every image's "
             "features of every layer at once: a run whose estimate passes "
             f"{BUDGET_ENV} (GiB) is refused before it keeps them. Each name once; a "
             "comma-separated string is read too."
@@ -400,7 +408,7 @@ class CompareOptions(BaseModel):
     @classmethod
     def _canonical_measures(cls, value: tuple[MeasureName, ...]) -> tuple[MeasureName, ...]:
         # CKA always runs; order changes nothing: one canonical tuple (one request hash).
-        return tuple(m for m in MEASURES if m == "cka" or m in value)  # type: ignore[misc]
+        return tuple(m for m in MEASURES if m == "cka" or m in value)
 
     @field_validator("interval")
     @classmethod

@@ -1,7 +1,8 @@
 """Heatmaps of an atlas: a K×K grid, one panel per model pair, with layer labels and a colour bar.
 
 Uses matplotlib's object API only (``Figure`` + ``FigureCanvasAgg``), never pyplot: no global
-state, safe in threads and servers. Undefined cells are drawn grey. Output is deterministic:
+state, safe in threads and servers. Undefined cells are drawn grey; a measure's flagged cells
+(its value fixed by the sample's size, docs/measures.md) hatched. Output is deterministic:
 no timestamps in the file metadata. Names (models, layers) are drawn as typed: before a
 figure is saved :func:`plain_text` turns math text (``$...$``) and TeX off on every text
 artist, so a name like ``$\\undefinedmacro{$`` is a label, not an error. matplotlib is imported
@@ -17,12 +18,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from analysis.atlas import Atlas
+from analysis.measures import TITLES
+from analysis.measures.registry import flags_of
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 __all__ = [
     "COLOURS",
+    "FLAG_HATCH",
     "HEATMAP_COLORMAP",
     "LEARNED_COLORMAP",
     "MEASURE_TITLES",
@@ -39,17 +44,12 @@ __all__ = [
 HEATMAP_COLORMAP = "viridis"
 LEARNED_COLORMAP = "RdBu_r"
 UNDEFINED_COLOR = "#bbbbbb"
-# How a heatmap names each measure (analysis.measures; docs/measures.md).
-MEASURE_TITLES = {
-    "cka": "CKA",
-    "cca": "CCA R²",
-    "cca_mean": "CCA mean ρ",
-    "svcca": "SVCCA R²",
-    "pwcca": "PWCCA",
-    "linreg": "linear regression R²",
-    "procrustes": "Procrustes similarity",
-    "mutual_knn": "mutual k-NN",
-}
+# How a heatmap names each measure (each measure's declaration: analysis.measures.registry).
+MEASURE_TITLES = TITLES
+# How a cell is marked where a flag of its measure is raised (docs/measures.md, "Flags"): hatched
+# over its colour, the page's heatmap.js the same; each mark is an element with the id
+# "flagged-<row panel>-<column panel>-<i>-<j>" in an SVG.
+FLAG_HATCH = "xxx"
 # What a heatmap's colour can show: the value, or how far it lies above untrained twins.
 COLOURS = ("cka", "learned")
 # The learned scale runs over ±limit, the largest |learned| rounded up to this step.
@@ -89,6 +89,27 @@ def learned_limit(values: np.ndarray) -> float:
     return max(LEARNED_STEP, round(steps * LEARNED_STEP, 6))
 
 
+def _mark(ax: Axes, flags: dict[str, np.ndarray], panel: str) -> None:
+    """Hatch the cells where any of ``flags`` is raised (:data:`FLAG_HATCH`)."""
+    from matplotlib.patches import Rectangle
+
+    if not flags:
+        return
+    for i, j in zip(*np.logical_or.reduce(list(flags.values())).nonzero(), strict=True):
+        ax.add_patch(
+            Rectangle(
+                (j - 0.5, i - 0.5),
+                1,
+                1,
+                fill=False,
+                hatch=FLAG_HATCH,
+                edgecolor="white",
+                linewidth=0,
+                gid=f"flagged-{panel}-{i}-{j}",
+            )
+        )
+
+
 def render_atlas(
     atlas: Atlas, fmt: str = "png", *, dpi: int = 100, colour: str = "cka", measure: str = "cka"
 ) -> bytes:
@@ -97,7 +118,8 @@ def render_atlas(
     its untrained twins' mean (:meth:`Atlas.verdicts`) on a diverging scale centred at 0; it
     needs the random-init baseline (a :class:`ValueError` without it). ``measure``: another
     measure the atlas has (:attr:`Atlas.measure_names`), drawn over [0, 1] and named in the
-    title and the colour bar."""
+    title and the colour bar; the cells where one of its flags is raised (:meth:`Atlas.flagged`)
+    are hatched, and the title says what the hatching means."""
     from matplotlib import colormaps, rc_context
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -116,6 +138,12 @@ def render_atlas(
         raise ValueError(f"colour {colour!r} is CKA's alone, not {measure}'s")
     blocks = {(a, b): atlas.matrix(a, b, measure) for a in atlas.models for b in atlas.models}
     title = MEASURE_TITLES.get(measure, measure)
+    flagged = {(a, b): atlas.flagged(measure, a, b) for a, b in blocks}
+    raised = [
+        f
+        for f in flags_of(measure)
+        if any(f.name in v and v[f.name].any() for v in flagged.values())
+    ]
     low, high, name, label = 0.0, 1.0, HEATMAP_COLORMAP, title
     if colour == "learned":
         for a, b in blocks:
@@ -137,6 +165,7 @@ def render_atlas(
             m = np.ma.masked_invalid(blocks[a, b])
             # Row 0 (the input side) on top, as on the page.
             image = ax.imshow(m, vmin=low, vmax=high, cmap=cmap, origin="upper", aspect="auto")
+            _mark(ax, flagged[a, b], f"{i}-{j}")
             ys, ylabels = _ticks(atlas.layers[a])
             xs, xlabels = _ticks(atlas.layers[b])
             ax.set_yticks(ys, ylabels, fontsize=6)
@@ -150,7 +179,10 @@ def render_atlas(
     how = f"{cfg.get('kernel', '?')}, {cfg.get('estimator', '?')}, {cfg.get('mode', '?')}"
     if measure != "cka":
         how = "centred features, whole sample"
-    fig.suptitle(f"{what} ({how}), n = {atlas.n}", fontsize=10)
+    heading = f"{what} ({how}), n = {atlas.n}"
+    if raised:
+        heading += "\nhatched: " + "; ".join(f.label for f in raised)
+    fig.suptitle(heading, fontsize=10)
     plain_text(fig)
     buf = io.BytesIO()
     with rc_context({"svg.hashsalt": "cka-atlas"}):  # stable SVG element ids

@@ -4,9 +4,11 @@ They need every layer's features over the whole sample at once: the kept feature
 (:mod:`analysis.batch_statistics.kept_features`, shared with the sensitivity when both are
 asked for), whose memory the engine checks against the budget before it keeps them
 (:meth:`analysis.options.CompareOptions.check_memory`). The finish computes every measure's
-matrix (:func:`analysis.measures.measure_matrices`) into :attr:`analysis.Atlas.measures`, the
-CCA-degenerate cells into :attr:`analysis.Atlas.cca_flags`, and says which cells those are in
-``diagnostics["measures"]`` with one warning. A run with CKA alone does not start it.
+matrix (:func:`analysis.measures.measure_matrices`) into :attr:`analysis.Atlas.measures`, each
+flag the computed measures declare (:data:`analysis.measures.FLAGS`: the CCA-degenerate cells,
+saturated linear regression or Procrustes, too few images for mutual k-NN's k) as an output of
+its own, and says which cells those are in ``diagnostics["measures"]`` with one warning per flag
+raised. A run with CKA alone does not start it.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from analysis.batch_statistics.protocol import (
     Switch,
     Tick,
 )
-from analysis.measures import DEFAULT_K, measure_matrices
-from analysis.measures.report import degenerate_warning, measures_diagnostics
+from analysis.measures import DEFAULT_K, FLAGS, measure_matrices
+from analysis.measures.report import flag_warnings, measures_diagnostics
 
 __all__ = ["WholeSampleMeasures"]
 
@@ -35,11 +37,11 @@ class WholeSampleMeasures(FeatureStatistic):
     """The kept features (``layer.<k>``: (n, d)) and the samples of each kept batch (``sizes``)."""
 
     key: ClassVar[str] = "measures"
-    # per measure its (L, L) matrix (the atlas's "measures/<name>"); per cell whether the CCA
-    # family is degenerate there
+    # per measure its (L, L) matrix (the atlas's "measures/<name>"); per flag the measures
+    # declare (analysis.measures.registry), per cell whether it is raised there
     outputs: ClassVar[tuple[Output, ...]] = (
         Output("measures", "cells", blocks=True, grouped=True),
-        Output("cca_degenerate", "flags"),
+        *(Output(flag.name, "flags") for flag in FLAGS),
     )
     switches: ClassVar[tuple[Switch, ...]] = ()
 
@@ -59,14 +61,13 @@ class WholeSampleMeasures(FeatureStatistic):
             kept_layers(state), wanted, k=int(config.get("knn_k") or DEFAULT_K), tick=tick
         )
         done.values |= {f"measures/{name}": full for name, full in found.values.items()}
-        if found.degenerate is not None:
-            done.values["cca_degenerate"] = found.degenerate
+        done.values |= found.flags
 
         def diagnose(atlas: AtlasView) -> dict[str, Any]:
             owners = [(m, layer) for m in atlas.models for layer in atlas.layers[m]]
             return {
                 "measures": measures_diagnostics(owners, found),
-                "warnings": [*atlas.warnings, *degenerate_warning(found)],
+                "warnings": [*atlas.warnings, *flag_warnings(found.flags)],
             }
 
         return diagnose

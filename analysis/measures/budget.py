@@ -12,16 +12,44 @@ before the run keeps anything;
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from analysis.measures.mutual_knn import KNN_CHUNK
-from analysis.measures.projected import PROJECTED, projector_forms, use_projectors
+from analysis.measures.projected import use_projectors
+from analysis.measures.protocol import Need
+from analysis.measures.registry import measure
 
-__all__ = ["BUDGET_ENV", "DEFAULT_BUDGET_GB", "budget_bytes", "estimate_bytes", "gib"]
+__all__ = ["BUDGET_ENV", "DEFAULT_BUDGET_GB", "NEED_BYTES", "budget_bytes", "estimate_bytes", "gib"]
 
 BUDGET_ENV = "CKA_MEASURES_MEMORY_GB"
 DEFAULT_BUDGET_GB = 8.0
 _F64 = 8
+
+
+def _factor(n: int, d: int, k: int) -> tuple[int, int]:
+    """A layer's factorisation: its basis and singular values held; its centred float64
+    copy, that basis and the right factor while it is made."""
+    r = min(n, d)
+    return (n * r + r) * _F64, (2 * n * d + n * r + r * d) * _F64
+
+
+def _loadings(n: int, d: int, k: int) -> tuple[int, int]:
+    """The loadings Qᵀ X (r × d) held beside the factorisation."""
+    return min(n, d) * d * _F64, 0
+
+
+def _neighbours(n: int, d: int, k: int) -> tuple[int, int]:
+    """Each sample's k neighbours held; the centred copy and a chunk of similarities meanwhile."""
+    return n * k * _F64, (2 * n * d + min(n, KNN_CHUNK) * n) * _F64
+
+
+# Per need of a measure (analysis.measures.protocol.Need): the bytes one layer of d features
+# over n samples holds for all its pairs, and its working set while it is prepared.
+NEED_BYTES: dict[Need, Callable[[int, int, int], tuple[int, int]]] = {
+    "factor": _factor,
+    "loadings": _loadings,
+    "neighbours": _neighbours,
+}
 
 
 def budget_bytes() -> int:
@@ -43,23 +71,22 @@ def estimate_bytes(
     n: int, widths: Sequence[int], measures: Sequence[str], *, itemsize: int = 4, k: int = 10
 ) -> int:
     """Peak bytes of the whole-sample ``measures`` over ``n`` samples of layers of ``widths``
-    features each (kept at ``itemsize`` bytes): the kept features, every layer's factorisation
-    held at once (and its projectors, where the R² measures take that route), and the largest
-    layer's float64 working set (its centred copy and SVD)."""
-    wanted = set(measures)
-    if not widths or not wanted - {"cka"}:
+    features each (kept at ``itemsize`` bytes): the kept features, what every layer holds for
+    the needs of the measures (:data:`NEED_BYTES`, each need once) and their projectors, where
+    the measures with that route take it, and the largest working set of one layer's
+    preparation (its centred float64 copy and SVD)."""
+    wanted = [measure(m) for m in dict.fromkeys(measures) if m != "cka"]
+    if not widths or not wanted:
         return 0
     kept = n * sum(widths) * itemsize
+    needs = [need for need in NEED_BYTES if any(need in m.needs for m in wanted)]
     held, working = 0, 0
-    factored = wanted & {"cca", "cca_mean", "svcca", "pwcca", "linreg", "procrustes"}
     for d in widths:
-        r = min(n, d)
-        if factored:
-            held += (n * r + r) * _F64 + (r * d * _F64 if "pwcca" in wanted else 0)
-            working = max(working, (2 * n * d + n * r + r * d) * _F64)
-        if "mutual_knn" in wanted:
-            held += n * k * _F64
-            working = max(working, (2 * n * d + min(n, KNN_CHUNK) * n) * _F64)
-    if use_projectors(n, len(widths), wanted & PROJECTED):
-        held += projector_forms(wanted & PROJECTED) * len(widths) * n * n * _F64
+        for need in needs:
+            h, w = NEED_BYTES[need](n, d, k)
+            held += h
+            working = max(working, w)
+    forms = len({form for m in wanted if m.projected is not None for form in m.projectors})
+    if use_projectors(n, len(widths), forms):
+        held += forms * len(widths) * n * n * _F64
     return kept + held + working

@@ -20,11 +20,13 @@ r_X + r_Y − (n − 1) canonical correlations are 1 — all of them once a side
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from analysis.measures.factor import Factor
+from analysis.measures.protocol import Flag, Layer, Measure, Pair
 
-__all__ = ["cca_family", "degenerate"]
+__all__ = ["CCA", "CCA_MEAN", "DEGENERATE", "PWCCA", "SVCCA", "degenerate"]
 
 
 def degenerate(fx: Factor, fy: Factor) -> bool:
@@ -32,28 +34,58 @@ def degenerate(fx: Factor, fy: Factor) -> bool:
     return fx.rank + fy.rank > fx.n - 1
 
 
-def cca_family(fx: Factor, fy: Factor, names: set[str]) -> dict[str, float]:
-    """The CCA-family measures in ``names`` between the layers ``fx`` and ``fy`` (NaN where a
-    side has rank 0)."""
-    c = min(fx.rank, fy.rank)
+def _degenerate(x: Layer, y: Layer) -> bool:
+    assert x.factor is not None and y.factor is not None
+    return degenerate(x.factor, y.factor)
+
+
+# Every measure of the family reads the canonical correlations, and so shares the flag.
+DEGENERATE = Flag(
+    "cca_degenerate",
+    "CCA degenerate: the layers' ranks add up past n − 1",
+    "CCA is degenerate in {count} cells: their layers' ranks add up past n − 1, so some "
+    "canonical correlations are 1 whatever the data (all of them where a layer is as wide as "
+    "the sample); use more images than features (docs/measures.md)",
+    _degenerate,
+)
+
+
+def _sides(pair: Pair) -> tuple[Factor, Factor, int]:
+    fx, fy = pair.x.factor, pair.y.factor
+    assert fx is not None and fy is not None
+    return fx, fy, min(fx.rank, fy.rank)
+
+
+def _r2(pair: Pair) -> float:
+    _, _, c = _sides(pair)
+    return float((pair.cross**2).sum()) / c if c else float("nan")
+
+
+def _svcca(pair: Pair) -> float:
+    fx, fy, c = _sides(pair)
     if c == 0:
-        return dict.fromkeys(names, float("nan"))
-    m = fx.q.T @ fy.q
-    out: dict[str, float] = {}
-    if "cca" in names:
-        out["cca"] = float((m**2).sum()) / c
-    if "svcca" in names:
-        kx, ky = fx.svcca_rank, fy.svcca_rank
-        out["svcca"] = float((m[:kx, :ky] ** 2).sum()) / min(kx, ky)
-    if names & {"cca_mean", "pwcca"}:
-        a, rho, bh = torch.linalg.svd(m, full_matrices=False)
-        rho = rho[:c].clamp(0.0, 1.0)
-        if "cca_mean" in names:
-            out["cca_mean"] = float(rho.sum()) / c
-        if "pwcca" in names:
-            assert fx.loadings is not None and fy.loadings is not None
-            out["pwcca"] = (_weighted(a[:, :c].T, fx, rho) + _weighted(bh[:c], fy, rho)) / 2
-    return out
+        return float("nan")
+    kx, ky = fx.svcca_rank, fy.svcca_rank
+    return float((pair.cross[:kx, :ky] ** 2).sum()) / min(kx, ky)
+
+
+def _rho(pair: Pair) -> torch.Tensor:
+    _, _, c = _sides(pair)
+    return pair.canonical[1][:c].clamp(0.0, 1.0)
+
+
+def _mean_rho(pair: Pair) -> float:
+    _, _, c = _sides(pair)
+    return float(_rho(pair).sum()) / c if c else float("nan")
+
+
+def _pwcca(pair: Pair) -> float:
+    fx, fy, c = _sides(pair)
+    if c == 0:
+        return float("nan")
+    a, _, bh = pair.canonical
+    rho = _rho(pair)
+    return (_weighted(a[:, :c].T, fx, rho) + _weighted(bh[:c], fy, rho)) / 2
 
 
 def _weighted(directions: torch.Tensor, side: Factor, rho: torch.Tensor) -> float:
@@ -62,3 +94,46 @@ def _weighted(directions: torch.Tensor, side: Factor, rho: torch.Tensor) -> floa
     assert side.loadings is not None
     alpha = (directions @ side.loadings).abs().sum(dim=1)
     return float((alpha * rho).sum() / alpha.sum())
+
+
+def _symmetric(full: np.ndarray) -> np.ndarray:
+    out: np.ndarray = (full + full.T) / 2
+    return out
+
+
+CCA = Measure(
+    "cca",
+    "CCA R²",
+    "analysis.measures.cca: mean squared canonical correlation R²_CCA",
+    _r2,
+    needs=frozenset({"factor"}),
+    flags=(DEGENERATE,),
+    projected=lambda f: _symmetric(f.inner("p", "p") / np.minimum.outer(f.ranks, f.ranks)),
+    projectors=frozenset({"p"}),
+)
+CCA_MEAN = Measure(
+    "cca_mean",
+    "CCA mean ρ",
+    "analysis.measures.cca: mean canonical correlation ρ̄",
+    _mean_rho,
+    needs=frozenset({"factor"}),
+    flags=(DEGENERATE,),
+)
+SVCCA = Measure(
+    "svcca",
+    "SVCCA R²",
+    "analysis.measures.cca: R²_CCA on the top directions with 99 % of the variance",
+    _svcca,
+    needs=frozenset({"factor"}),
+    flags=(DEGENERATE,),
+    projected=lambda f: _symmetric(f.inner("sv", "sv") / np.minimum.outer(f.kept, f.kept)),
+    projectors=frozenset({"sv"}),
+)
+PWCCA = Measure(
+    "pwcca",
+    "PWCCA",
+    "analysis.measures.cca: projection-weighted CCA, both directions' mean",
+    _pwcca,
+    needs=frozenset({"factor", "loadings"}),
+    flags=(DEGENERATE,),
+)

@@ -1,10 +1,12 @@
 """Every requested whole-sample measure between every pair of layers of an atlas.
 
-Each layer is factorised once (:func:`analysis.measures.factor.factorise`) and, for mutual k-NN,
-given its neighbours once; each pair then costs a small product and SVD, except the R² measures,
-which come for every pair at once from the layers' projectors where those fit
+Each layer is prepared once for what the wanted measures need (:class:`Need`: factorised by
+:func:`analysis.measures.factor.factorise`, given its neighbours by
+:func:`analysis.measures.mutual_knn.neighbours`); each pair then costs what its measures'
+``pair`` read (:class:`analysis.measures.protocol.Pair` computes the shared products once),
+except the measures with a projector route, which come for every pair at once where those fit
 (:mod:`analysis.measures.projected`). Every measure is symmetric, so the upper triangle is
-computed and mirrored.
+computed and mirrored; so are the flags the measures declare.
 """
 
 from __future__ import annotations
@@ -16,27 +18,29 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from analysis.measures.cca import cca_family, degenerate
 from analysis.measures.factor import factorise
-from analysis.measures.linreg import linreg
-from analysis.measures.mutual_knn import mutual_knn, neighbours
-from analysis.measures.procrustes import procrustes
-from analysis.measures.projected import PROJECTED, projected_measures, use_projectors
+from analysis.measures.mutual_knn import neighbours
+from analysis.measures.projected import projected_measures, use_projectors
+from analysis.measures.protocol import Flag, Layer, Measure, Pair
+from analysis.measures.registry import measure
 
-__all__ = ["CCA_FAMILY", "MeasureMatrices", "measure_matrices"]
-
-CCA_FAMILY = frozenset({"cca", "cca_mean", "svcca", "pwcca"})
+__all__ = ["MeasureMatrices", "measure_matrices"]
 
 
 @dataclass
 class MeasureMatrices:
-    """Per measure, its (L, L) matrix over the layers; ``degenerate`` (L, L) marks the cells
-    where the CCA family meets its d ≥ n regime (None without it); ``ranks``: each layer's
-    centred rank (None without a factorisation)."""
+    """Per measure, its (L, L) matrix over the layers; ``flags``: per flag the wanted measures
+    declare, its (L, L) booleans (:class:`analysis.measures.protocol.Flag`); ``ranks``: each
+    layer's centred rank (None without a factorisation)."""
 
     values: dict[str, np.ndarray]
-    degenerate: np.ndarray | None
+    flags: dict[str, np.ndarray]
     ranks: list[int] | None
+
+    @property
+    def degenerate(self) -> np.ndarray | None:
+        """The cells where the CCA family meets its d ≥ n regime (None without it)."""
+        return self.flags.get("cca_degenerate")
 
 
 def measure_matrices(
@@ -48,9 +52,10 @@ def measure_matrices(
 ) -> MeasureMatrices:
     """The ``measures`` (names other than ``cka``) between every pair of ``features`` (each
     (n, d_i) over the same n samples, in the same order). ``tick(done, total)`` runs after each
-    layer's factorisation and each pair of layers (it may raise to stop the work there)."""
+    layer's preparation and each pair of layers (it may raise to stop the work there)."""
+    wanted = [measure(m) for m in measures if m != "cka"]
     with flushed_denormals():
-        return _matrices(features, [m for m in measures if m != "cka"], k, tick or _no_tick)
+        return _matrices(features, wanted, k, tick or _no_tick)
 
 
 def _no_tick(done: int, total: int) -> None:
@@ -70,12 +75,15 @@ def flushed_denormals() -> Iterator[None]:
 
 
 def _matrices(
-    features: Sequence[torch.Tensor], wanted: list[str], k: int, tick: Callable[[int, int], None]
+    features: Sequence[torch.Tensor],
+    wanted: list[Measure],
+    k: int,
+    tick: Callable[[int, int], None],
 ) -> MeasureMatrices:
     size = len(features)
-    factored = set(wanted) - {"mutual_knn"}
+    needs = {need for m in wanted for need in m.needs}
     # the steps: each layer factorised, each given its neighbours, each pair of layers
-    per_layer = bool(factored) + ("mutual_knn" in wanted)
+    per_layer = ("factor" in needs) + ("neighbours" in needs)
     steps, done = per_layer * size + size * (size + 1) // 2, 0
 
     def step() -> None:
@@ -83,41 +91,40 @@ def _matrices(
         done += 1
         tick(done, steps)
 
-    values = {m: np.full((size, size), np.nan) for m in wanted}
+    values = {m.name: np.full((size, size), np.nan) for m in wanted}
+    n = len(features[0]) if size else 0
     factors = None
-    if factored:
+    if "factor" in needs:
         factors = []
         for f in features:
-            factors.append(factorise(f, loadings="pwcca" in factored))
+            factors.append(factorise(f, loadings="loadings" in needs))
             step()
     knn = None
-    if "mutual_knn" in wanted:
+    if "neighbours" in needs:
         knn = []
         for f in features:
             knn.append(neighbours(f, k))
             step()
-    flags = np.zeros((size, size), dtype=bool) if factored & CCA_FAMILY else None
-    per_pair = set(factored)
-    if factors is not None and use_projectors(len(features[0]), size, factored & PROJECTED):
-        values |= projected_measures(factors, factored & PROJECTED)
-        per_pair -= PROJECTED
+    layers = [
+        Layer(n, k, None if factors is None else factors[i], None if knn is None else knn[i])
+        for i in range(size)
+    ]
+    declared: dict[str, Flag] = {flag.name: flag for m in wanted for flag in m.flags}
+    flags = {name: np.zeros((size, size), dtype=bool) for name in declared}
+    per_pair = list(wanted)
+    projected = [m for m in wanted if m.projected is not None]
+    forms = {form for m in projected for form in m.projectors}
+    if factors is not None and use_projectors(n, size, len(forms)):
+        formulas = [(m.name, m.projected) for m in projected if m.projected is not None]
+        values |= projected_measures(factors, formulas)
+        per_pair = [m for m in wanted if m.projected is None]
     for i in range(size):
         for j in range(i, size):
-            cell: dict[str, float] = {}
-            if factors is not None:
-                fx, fy = factors[i], factors[j]
-                if flags is not None:
-                    flags[i, j] = flags[j, i] = degenerate(fx, fy)
-                if per_pair & CCA_FAMILY:
-                    cell |= cca_family(fx, fy, per_pair & CCA_FAMILY)
-                if "linreg" in per_pair:
-                    cell["linreg"] = linreg(fx, fy)
-                if "procrustes" in per_pair:
-                    cell["procrustes"] = procrustes(fx, fy)
-            if knn is not None:
-                cell["mutual_knn"] = mutual_knn(knn[i], knn[j])
-            for name, value in cell.items():
-                values[name][i, j] = values[name][j, i] = value
+            pair = Pair(layers[i], layers[j])
+            for name, flag in declared.items():
+                flags[name][i, j] = flags[name][j, i] = flag.raised(layers[i], layers[j])
+            for m in per_pair:
+                values[m.name][i, j] = values[m.name][j, i] = m.pair(pair)
             step()
     ranks = None if factors is None else [f.rank for f in factors]
     return MeasureMatrices(values, flags, ranks)

@@ -5,41 +5,33 @@ and ‖Q_Xᵀ Y‖²_F = ⟨P_X, K_Y⟩_F with K = Y Yᵀ its centred Gram. So R
 directions) and linear regression of all L² pairs come from one (L, n²) × (n², L) product per
 form instead of an n · r_X · r_Y product per pair: far cheaper when layers are wide (r near n),
 at L · n² floats per form held at once — :func:`use_projectors` says when that fits.
+
+A measure with this route declares the forms it reads (``projectors``, names of
+:data:`FORMS`) and its matrix from them (``projected``, given a :class:`Projectors`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import cached_property
 
 import numpy as np
 import torch
 
 from analysis.measures.factor import Factor
 
-__all__ = [
-    "PROJECTED",
-    "PROJECTOR_BYTES",
-    "projected_measures",
-    "projector_forms",
-    "use_projectors",
-]
+__all__ = ["FORMS", "PROJECTOR_BYTES", "Projectors", "projected_measures", "use_projectors"]
 
-# The R² measures this route computes, and the most memory its stacked projectors may take.
-PROJECTED = frozenset({"cca", "svcca", "linreg"})
+# The most memory the stacked projectors may take.
 PROJECTOR_BYTES = 2**30
+# The (L, n²) stacks a measure may read: P, the projector onto the centred column space; ``sv``,
+# P of SVCCA's kept directions; ``k``, the centred Gram.
+FORMS = ("p", "sv", "k")
 
 
-def projector_forms(measures: Sequence[str] | set[str]) -> int:
-    """How many (L, n²) stacks ``measures`` need: P (cca, linreg), P of SVCCA's directions,
-    the Grams K (linreg)."""
-    wanted = set(measures)
-    return int(bool(wanted & {"cca", "linreg"})) + ("svcca" in wanted) + ("linreg" in wanted)
-
-
-def use_projectors(n: int, layers: int, measures: Sequence[str] | set[str]) -> bool:
-    """Whether the projector route fits :data:`PROJECTOR_BYTES` for ``layers`` layers over
-    ``n`` samples (else each pair is computed from its bases)."""
-    forms = projector_forms(measures)
+def use_projectors(n: int, layers: int, forms: int) -> bool:
+    """Whether the projector route fits :data:`PROJECTOR_BYTES` for ``forms`` stacks of
+    ``layers`` layers over ``n`` samples (else each pair is computed from its bases)."""
     return forms > 0 and forms * layers * n * n * 8 <= PROJECTOR_BYTES
 
 
@@ -47,29 +39,46 @@ def _stack(mats: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([m.reshape(-1) for m in mats])
 
 
-def projected_measures(factors: list[Factor], wanted: set[str]) -> dict[str, np.ndarray]:
-    """The measures of ``wanted`` ∩ :data:`PROJECTED` between every pair of ``factors`` (NaN
-    where a side has rank 0)."""
-    ranks = np.array([f.rank for f in factors], dtype=np.float64)
+class Projectors:
+    """The layers' stacked forms, each made when first read; ``inner(f, g)`` is the (L, L)
+    matrix of ⟨f_i, g_j⟩_F."""
+
+    def __init__(self, factors: Sequence[Factor]) -> None:
+        self.factors = factors
+        self.ranks = np.array([f.rank for f in factors], dtype=np.float64)
+        self.kept = np.array([f.svcca_rank for f in factors], dtype=np.float64)
+        self.total = np.array([float((f.s**2).sum()) for f in factors])
+
+    @cached_property
+    def p(self) -> torch.Tensor:
+        return _stack([f.q @ f.q.T for f in self.factors])
+
+    @cached_property
+    def sv(self) -> torch.Tensor:
+        return _stack([f.q[:, : f.svcca_rank] @ f.q[:, : f.svcca_rank].T for f in self.factors])
+
+    @cached_property
+    def k(self) -> torch.Tensor:
+        return _stack([(f.q * f.s**2) @ f.q.T for f in self.factors])
+
+    def inner(self, f: str, g: str) -> np.ndarray:
+        """[i, j]: ⟨f_i, g_j⟩_F of the forms named ``f`` and ``g``."""
+        left: torch.Tensor = getattr(self, f)
+        right: torch.Tensor = getattr(self, g)
+        return (left @ right.T).cpu().numpy()
+
+
+def projected_measures(
+    factors: Sequence[Factor], formulas: Iterable[tuple[str, Callable[[Projectors], np.ndarray]]]
+) -> dict[str, np.ndarray]:
+    """Each ``(name, formula)``'s matrix between every pair of ``factors`` (NaN where a side
+    has rank 0); a formula returns its symmetric (L, L) matrix."""
+    forms = Projectors(factors)
     out: dict[str, np.ndarray] = {}
     with np.errstate(divide="ignore", invalid="ignore"):
-        if wanted & {"cca", "linreg"}:
-            p = _stack([f.q @ f.q.T for f in factors])
-            if "cca" in wanted:
-                inner = (p @ p.T).cpu().numpy()
-                out["cca"] = inner / np.minimum.outer(ranks, ranks)
-            if "linreg" in wanted:
-                k = _stack([(f.q * f.s**2) @ f.q.T for f in factors])
-                cross = (p @ k.T).cpu().numpy()  # [i, j]: ‖Q_iᵀ Y_j‖², Y_j fitted from X_i
-                total = np.array([float((f.s**2).sum()) for f in factors])
-                fit = cross / total[None, :]
-                out["linreg"] = (fit + fit.T) / 2
-            del p
-        if "svcca" in wanted:
-            kept = np.array([f.svcca_rank for f in factors], dtype=np.float64)
-            sv = _stack([f.q[:, : f.svcca_rank] @ f.q[:, : f.svcca_rank].T for f in factors])
-            out["svcca"] = (sv @ sv.T).cpu().numpy() / np.minimum.outer(kept, kept)
-    for name, full in out.items():
-        full[(ranks == 0)[:, None] | (ranks == 0)[None, :]] = np.nan
-        out[name] = (full + full.T) / 2 if name != "linreg" else full
+        for name, formula in formulas:
+            out[name] = formula(forms)
+    empty = forms.ranks == 0
+    for full in out.values():
+        full[empty[:, None] | empty[None, :]] = np.nan
     return out

@@ -1,44 +1,56 @@
-"""What an atlas's diagnostics say about its whole-sample measures."""
+"""What an atlas's diagnostics say about its whole-sample measures and their flags."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from analysis.measures.matrices import MeasureMatrices
+import numpy as np
 
-__all__ = ["degenerate_warning", "measures_diagnostics"]
+from analysis.measures.matrices import MeasureMatrices
+from analysis.measures.registry import FLAGS
+
+__all__ = ["flag_count", "flag_warnings", "measures_diagnostics"]
+
+
+def _cells(owners: Sequence[tuple[str, str]], flagged: np.ndarray) -> list[dict[str, str]]:
+    """``{"a", "layer_a", "b", "layer_b"}`` per flagged cell of the upper triangle."""
+    cells = []
+    for i, j in zip(*flagged.nonzero(), strict=True):
+        if i <= j:
+            (a, la), (b, lb) = owners[i], owners[j]
+            cells.append({"a": a, "layer_a": la, "b": b, "layer_b": lb})
+    return cells
 
 
 def measures_diagnostics(
     owners: Sequence[tuple[str, str]], found: MeasureMatrices
 ) -> dict[str, Any]:
     """``diagnostics["measures"]``: the measures computed, each layer's centred rank (by model,
-    in layer order; ``owners`` names each row's model and layer) and the CCA-degenerate cells:
-    ``{"a", "layer_a", "b", "layer_b"}`` per cell of the upper triangle."""
+    in layer order; ``owners`` names each row's model and layer), the CCA-degenerate cells
+    (``cca_degenerate``) and per flag of the measures computed its cells (``flags``)."""
     ranks: dict[str, list[int]] = {}
     for (model, _), rank in zip(owners, found.ranks or [], strict=False):
         ranks.setdefault(model, []).append(rank)
-    cells = []
-    if found.degenerate is not None:
-        for i, j in zip(*found.degenerate.nonzero(), strict=True):
-            if i <= j:
-                (a, la), (b, lb) = owners[i], owners[j]
-                cells.append({"a": a, "layer_a": la, "b": b, "layer_b": lb})
+    degenerate = found.degenerate
     return {
         "computed": list(found.values),
         "ranks": ranks if found.ranks is not None else None,
-        "cca_degenerate": cells,
+        "cca_degenerate": [] if degenerate is None else _cells(owners, degenerate),
+        "flags": {name: _cells(owners, flagged) for name, flagged in found.flags.items()},
     }
 
 
-def degenerate_warning(found: MeasureMatrices) -> list[str]:
-    """One sentence when some cell's CCA is degenerate, else none."""
-    if found.degenerate is None or not found.degenerate.any():
-        return []
-    count = int(found.degenerate.sum() + found.degenerate.diagonal().sum()) // 2
+def flag_count(flagged: np.ndarray) -> int:
+    """How many cells of a symmetric (L, L) flag matrix are flagged, each layer pair once."""
+    return int(flagged.sum() + flagged.diagonal().sum()) // 2
+
+
+def flag_warnings(flags: dict[str, np.ndarray]) -> list[str]:
+    """One sentence per flag raised somewhere (:meth:`analysis.measures.Flag.sentence`), in the
+    registry's order."""
     return [
-        f"CCA is degenerate in {count} cells: their layers' ranks add up past n − 1, so some "
-        "canonical correlations are 1 whatever the data (all of them where a layer is as wide "
-        "as the sample); use more images than features (docs/measures.md)"
+        flag.sentence(flag_count(flags[flag.name]))
+        for flag in FLAGS
+        if flag.name in flags and flags[flag.name].any()
     ]

@@ -24,7 +24,9 @@ The long table has one row per cell of every model pair (a, b) with a at or befo
 comparison's order (a model's block with itself included), the order of ``matrices``:
 :data:`COLUMNS`, NaN where a quantity was not computed or is undefined; a comparison with other
 measures than CKA (``measures``, with ``cca_degenerate`` per cell for the CCA family) repeats
-the rows once per measure, named in ``measure``.
+the rows once per measure, named in ``measure``; its last column, ``flags``, names the flags of
+that measure raised at the cell (:data:`analysis.measures.FLAGS`, ``;`` between two; empty where
+none is).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from analysis.inference.verdicts import (
     cell_verdicts,
     verdicts_from_json,
 )
-from analysis.measures.matrices import CCA_FAMILY
+from analysis.measures import FLAGS, flags_of
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -87,6 +89,7 @@ COLUMNS = (
     "cca_degenerate",
     "cka",
     *QUANTITIES,
+    "flags",
 )
 LABEL_COLUMNS = ("model_a", "layer_a", "model_b", "layer_b")
 # Quantities that are words per cell (object arrays: a string, or None where there is none).
@@ -126,6 +129,16 @@ def _words(rows: Any) -> np.ndarray | None:
     if rows is None:
         return None
     return np.array([[v or None for v in row] for row in rows], dtype=object).reshape(len(rows), -1)
+
+
+def _flag_names(raised: dict[str, np.ndarray], size: int) -> list[str | None]:
+    """Per cell of a block (row-major), the names of the flags raised there joined by ``;``,
+    or None where none is."""
+    names: list[list[str]] = [[] for _ in range(size)]
+    for name, block in raised.items():
+        for cell in np.flatnonzero(block):
+            names[cell].append(name)
+    return [";".join(found) or None for found in names]
 
 
 def _mean(values: np.ndarray) -> float | None:
@@ -240,8 +253,13 @@ class Cells:
             for name, rows in (result.get("measures") or {}).items()
             if (full := _array(rows)) is not None
         }
-        flags = result.get("cca_degenerate")
-        self.cca_flags = None if flags is None else np.array(flags, dtype=bool)
+        # per flag of the measures (analysis.measures.FLAGS) the result carries, its cells
+        self.flags: dict[str, np.ndarray] = {
+            flag.name: np.array(result[flag.name], dtype=bool)
+            for flag in FLAGS
+            if result.get(flag.name) is not None
+        }
+        self.cca_flags = self.flags.get("cca_degenerate")
         drop = _array(result.get("cka_without_top_pc"))
         self.full["sensitivity"] = (
             None if drop is None else np.fmax(np.abs(drop - cka), np.abs(drop.T - cka))
@@ -300,6 +318,18 @@ class Cells:
             return None
         return self.cca_flags[self._slices[a], self._slices[b]].copy()
 
+    def flags_block(self, measure: str, a: str, b: str) -> dict[str, np.ndarray]:
+        """Per flag of ``measure`` the result carries, its cells of (a, b) (True: raised)."""
+        return {
+            flag.name: self.flags[flag.name][self._slices[a], self._slices[b]].copy()
+            for flag in flags_of(measure)
+            if flag.name in self.flags
+        }
+
+    def flags_json(self, measure: str, a: str, b: str) -> dict[str, list[list[bool]]]:
+        """:meth:`flags_block` as JSON."""
+        return {k: v.tolist() for k, v in self.flags_block(measure, a, b).items()}
+
     def undefined(self, a: str, b: str) -> dict[str, str]:
         """Per baseline undefined for the pair (a, b), the reason (see app.jobs.baselines)."""
         return {key: why[a, b] for key, why in self._reasons.items() if (a, b) in why}
@@ -321,8 +351,10 @@ class Cells:
                 out["layer_b"] += list(lb) * len(la)
                 out["measure"] += [measure] * size
                 out["value"].append(self.measure_block(measure, a, b).ravel())
-                flags = self.degenerate_block(a, b) if measure in CCA_FAMILY else None
+                raised = self.flags_block(measure, a, b)
+                flags = raised.get("cca_degenerate")
                 out["cca_degenerate"] += [None] * size if flags is None else flags.ravel().tolist()
+                out["flags"] += _flag_names(raised, size)
                 for key in ("cka", *QUANTITIES):
                     block = self.block(key, a, b) if measure == "cka" else None
                     empty = None if key in WORD_QUANTITIES else np.nan
@@ -331,7 +363,7 @@ class Cells:
         table: dict[str, Any] = {}
         for name in COLUMNS:
             parts = out[name]
-            if name in (*LABEL_COLUMNS, "measure", "cca_degenerate"):
+            if name in (*LABEL_COLUMNS, "measure", "cca_degenerate", "flags"):
                 table[name] = parts
             else:
                 table[name] = np.concatenate(parts) if parts else np.zeros(0)
