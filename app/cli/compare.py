@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.cli import help_data
 from app.cli.commands import command, no_progress_flag
 from app.cli.models import MODEL_HELP, checkpoint_path
+
+if TYPE_CHECKING:
+    from analysis import Atlas
 
 __all__ = ["register", "run"]
 
@@ -152,6 +155,22 @@ def _diagonal_mean(block: Any) -> float | None:
     return float(finite.mean()) if finite.size else None
 
 
+def _flag_lines(atlas: Atlas, measure: str) -> list[str]:
+    """One warning per flag of ``measure`` raised somewhere in ``atlas``: what it means and in
+    how many of the cells of the pairs printed (docs/measures.md, "Flags")."""
+    from analysis.measures import flags_of
+
+    lines = []
+    for flag in flags_of(measure):
+        blocks = [atlas.flagged(measure, a, b).get(flag.name) for a, b in atlas.pairs()]
+        found = [block for block in blocks if block is not None]
+        count = sum(int(block.sum()) for block in found)
+        if count:
+            total = sum(block.size for block in found)
+            lines.append(f"warning: {measure}: {flag.label}, in {count} of {total} cells")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     import analysis  # heavy imports stay out of `cka-atlas --help`
     from analysis.plot import render_atlas
@@ -222,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
             for a, b in atlas.pairs()
         )
         print(f"{measure}: mean diagonal {means}")
+        for line in _flag_lines(atlas, measure):
+            print(line)
     for warning in atlas.diagnostics.get("warnings", []):
         print(f"warning: {warning}")
     for item in atlas.diagnostics["undefined_layers"]:

@@ -234,6 +234,14 @@ class MatrixOut(BaseModel):
         "(its layers' ranks add past n − 1: some canonical correlations are 1 whatever the "
         "data; docs/measures.md)",
     )
+    flags: dict[str, list[list[bool]]] = Field(
+        default_factory=dict,
+        description="Per flag of `measure`, per cell whether it is raised there: the value is "
+        "then fixed, or mostly fixed, by the sample's size rather than by the layers "
+        "(`cca_degenerate`, `linreg_saturated`, `procrustes_saturated`, "
+        '`mutual_knn_few_images`; docs/measures.md, "Flags"). Empty for CKA',
+        examples=[{"linreg_saturated": [[True, False], [False, False]]}],
+    )
     ci_low: Cells | None = Field(
         default=None, description="95 % interval, lower bound (with `interval`)"
     )

@@ -162,12 +162,13 @@ def get_matrix(
     the comparison's cells, ``p_method``: what each p rests on, ``null_mean``, ``null_q95``),
     the top-component ``sensitivity``,
     the ``baselines`` and each cell's ``verdicts`` against them; each null when not computed,
-    and for any other measure (they are CKA's). ``cca_degenerate`` with the CCA family.
+    and for any other measure (they are CKA's). ``cca_degenerate`` with the CCA family;
+    ``flags``: per flag of ``measure`` (docs/measures.md, "Flags"), where it is raised.
     """
     cmp = _finished(services, comparison_id, load_result=False)
     la = _pick(cmp, a, "a") if a is not None else cmp.members[0].label
     lb = _pick(cmp, b, "b") if b is not None else la
-    key = hashlib.sha256(f"matrix-v6:{cmp.result_sha256}:{la}:{lb}:{measure}".encode()).hexdigest()
+    key = hashlib.sha256(f"matrix-v7:{cmp.result_sha256}:{la}:{lb}:{measure}".encode()).hexdigest()
     headers = _cache_headers(services, f'"{key}"')
     if _not_modified(request, headers["ETag"]):
         return Response(status_code=304, headers=headers)
@@ -191,6 +192,7 @@ def get_matrix(
         "measures": cells.measure_names,
         "values": blocks["cka"],
         "cca_degenerate": None if flags is None else flags.tolist(),
+        "flags": cells.flags_json(measure, la, lb),
         **{
             k: blocks[k]
             for k in (
@@ -259,7 +261,7 @@ def get_heatmap(
         request,
         cmp,
         ("heatmap-v1" if colour == "cka" else "heatmap-learned-v1")
-        + ("" if measure == "cka" else f"-{measure}"),
+        + ("" if measure == "cka" else f"-{measure}-flagged"),  # its flags hatched
         fmt,
         lambda: render_atlas(_cached_atlas(services, cmp), fmt=fmt, colour=colour, measure=measure),
         media_type=MEDIA[fmt],
@@ -297,7 +299,7 @@ def get_cells(
         services,
         request,
         cmp,
-        "cells-v5",
+        "cells-v6",
         fmt,
         table,
         media_type=TABLE_MEDIA[fmt],

@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from analysis.inference.verdicts import MARKS, WORDS
+from analysis.measures import FLAGS
 from analysis.options import OptionSpec, option_specs
 from analysis.plot import MEASURE_TITLES, learned_limit
 from app.http.api.options import option_filter, option_suggestions
@@ -126,7 +127,9 @@ def form_options() -> list[OptionSpec]:
 def atlas_payload(result: dict[str, Any]) -> dict[str, Any]:
     """What the page scripts need from a stored atlas: names, layers, and per model pair the
     CKA block with the blocks of every per-cell quantity that was computed (interval, null,
-    baselines); ``has`` says which those are; ``undefined`` why a pair has no baseline."""
+    baselines); ``has`` says which those are; ``undefined`` why a pair has no baseline; with
+    other measures, per pair ``flags`` (per measure, per flag raised in the pair, its cells) and
+    ``flag_labels``, each flag in words (docs/measures.md, "Flags")."""
     cells = Cells(result)
     has = [key for key in QUANTITIES if cells.has(key)]
     matrices = []
@@ -137,6 +140,8 @@ def atlas_payload(result: dict[str, Any]) -> dict[str, Any]:
         others = {name: cells.measure_json(name, a, b) for name in cells.measure_names[1:]}
         if others:
             pair["measures"] = others
+            flagged = {name: cells.flags_json(name, a, b) for name in others}
+            pair["flags"] = {name: found for name, found in flagged.items() if found}
         matrices.append(pair | {k: blocks[k] for k in has})
     random_init = (result.get("baselines") or {}).get("random_init") or {}
     learned = cells.full.get("learned")
@@ -152,6 +157,7 @@ def atlas_payload(result: dict[str, Any]) -> dict[str, Any]:
         "matrices": matrices,
         "measures": cells.measure_names,
         "measure_titles": MEASURE_TITLES,
+        "flag_labels": {flag.name: flag.label for flag in FLAGS},
     }
 
 

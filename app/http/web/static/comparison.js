@@ -40,13 +40,19 @@
     out.measureLabel = (atlas.measure_titles || {})[measure] || measure;
     const keys = measure === "cka" ? (atlas.has || []) : [];
     const pick = function (m) { return measure === "cka" ? m.cka : m.measures[measure]; };
+    /* the measure's flags raised in the pair (docs/measures.md, "Flags"), each in words */
+    const flagsOf = function (m) { return (m.flags || {})[measure] || {}; };
+    out.flagLabels = atlas.flag_labels || {};
     atlas.matrices.forEach(function (m) {
       if ((m.a === a && m.b === b) || (m.a === b && m.b === a)) out.undefined = m.undefined || {};
       if (m.a === a && m.b === b) {
         out.values = pick(m);
+        out.flags = flagsOf(m);
         keys.forEach(function (k) { out[k] = m[k]; });
       } else if (m.a === b && m.b === a && !(a === b)) {
         out.values = transpose(pick(m));
+        out.flags = {};
+        Object.entries(flagsOf(m)).forEach(function (f) { out.flags[f[0]] = transpose(f[1]); });
         keys.forEach(function (k) { out[k] = m[k] ? transpose(m[k]) : null; });
       }
     });

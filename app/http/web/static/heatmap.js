@@ -21,7 +21,10 @@
  * learned with learned_low/high and learned_verdict, seed_gap with seed_gap_low/high and
  * seed_verdict, and `words`, each verdict in words. The tooltip shows those present (an
  * undefined baseline with its reason); a cell whose q-value is at least SIGNIFICANCE is
- * hatched (class "null-like").
+ * hatched (class "null-like"). With another measure, `flags` (per flag of the measure raised
+ * in the pair, its boolean block) and `flagLabels` (each flag in words): a flagged cell is
+ * cross-hatched (class "flagged", as the PNG marks it) and its tooltip says why, first
+ * (flagLines; docs/measures.md, "Flags").
  */
 (function () {
   "use strict";
@@ -132,6 +135,15 @@
     return (v >= 0 ? "+" : "\u2212") + Math.abs(v).toFixed(3);
   }
 
+  /* The words of every flag raised at cell (i, j): its value is fixed, or mostly fixed, by
+     the sample's size (a degenerate CCA, a saturated regression, ...). */
+  function flagLines(matrix, i, j) {
+    const labels = matrix.flagLabels || {};
+    return Object.keys(matrix.flags || {}).filter(function (name) {
+      return at(matrix.flags[name], i, j) === true;
+    }).map(function (name) { return "Flagged: " + (labels[name] || name); });
+  }
+
   /* The cell's verdicts in words, first: is it learned, is it as high as another seed. */
   function verdicts(tip, matrix, i, j) {
     const words = matrix.words || {};
@@ -198,6 +210,7 @@
     value.className = "tt-value";
     value.textContent = (matrix.measureLabel || "CKA") + " " + formatValue(v);
     tip.appendChild(value);
+    flagLines(matrix, i, j).forEach(function (text) { fact(tip, "tt-flag", text); });
     company(tip, matrix, i, j);
     line(tip, matrix.a, matrix.rows[i]);
     line(tip, matrix.b, matrix.cols[j]);
@@ -272,6 +285,15 @@
     el("rect", { width: 6, height: 6, fill: "rgba(255,255,255,0.45)" }, hatch);
     el("line", { x1: 0, y1: 0, x2: 0, y2: 6, stroke: "#ffffff", "stroke-width": 2.5 }, hatch);
     const overlays = [];
+    const marked = [];
+    const crossId = "cka-cross-" + gradientCount;
+    const cross = el("pattern", {
+      id: crossId,
+      patternUnits: "userSpaceOnUse",
+      width: 6,
+      height: 6,
+    }, el("defs", {}, svg));
+    el("path", { d: "M0,0 L6,6 M6,0 L0,6", stroke: "#ffffff", "stroke-width": 1.2 }, cross);
     for (let i = 0; i < nr; i++) {
       for (let j = 0; j < nc; j++) {
         const v = matrix.values[i][j];
@@ -279,8 +301,10 @@
         const q = at(matrix.q_value, i, j);
         const nullLike = defined(q) && q >= SIGNIFICANCE;
         if (nullLike) overlays.push([i, j]);
+        const flagged = flagLines(matrix, i, j).length > 0;
+        if (flagged) marked.push([i, j]);
         el("rect", {
-          class: (fill ? "cell" : "cell undefined") + (nullLike ? " null-like" : ""),
+          class: (fill ? "cell" : "cell undefined") + (nullLike ? " null-like" : "") + (flagged ? " flagged" : ""),
           x: j * cell,
           y: i * cell,
           width: cell,
@@ -314,6 +338,18 @@
         width: cell,
         height: cell,
         fill: "url(#" + hatchId + ")",
+        "pointer-events": "none",
+      }, cells);
+    });
+    // Cross-hatching over the cells a flag of the measure is raised at.
+    marked.forEach(function (ij) {
+      el("rect", {
+        class: "flag-mark",
+        x: ij[1] * cell,
+        y: ij[0] * cell,
+        width: cell,
+        height: cell,
+        fill: "url(#" + crossId + ")",
         "pointer-events": "none",
       }, cells);
     });
@@ -432,6 +468,7 @@
     divergingColor: divergingColor,
     formatValue: formatValue,
     formatP: formatP,
+    flagLines: flagLines,
     SIGNIFICANCE: SIGNIFICANCE,
   };
 })();
