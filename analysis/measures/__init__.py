@@ -1,13 +1,13 @@
 """Similarity measures other than CKA, on the same forward passes: the CCA family, linear
 regression, orthogonal Procrustes and mutual k-NN (definitions and formulas: docs/measures.md).
 
-Owns the measures' math and their memory estimate; imports torch and NumPy only (nothing else
-of :mod:`analysis`, which calls it: a run keeps each layer's features over the whole sample and
-:mod:`analysis.batch_statistics.measures` hands them to :func:`measure_matrices`). A measure is a
-module here declaring a :class:`~analysis.measures.protocol.Measure` (its name, title, needs,
-value per pair and flags) plus its line in :data:`analysis.measures.registry.REGISTERED`;
-everything else (the options, the budget, the atlas, the heatmaps, the exports) reads the
-registry.
+Owns the measures' math, their flags and their memory estimate; imports torch, NumPy and
+:mod:`analysis.errors` only (nothing else of :mod:`analysis`, which calls it: a run keeps each
+layer's features over the whole sample and :mod:`analysis.batch_statistics.measures` hands them
+to :func:`measure_matrices`). A measure is a module here declaring a
+:class:`~analysis.measures.protocol.Measure` (its name, title, needs, value per pair and flags)
+plus its line in :data:`analysis.measures.registry.REGISTERED`; everything else (the options,
+the budget, the atlas, the heatmaps, the exports) reads the registry.
 """
 
 from __future__ import annotations

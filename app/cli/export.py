@@ -20,9 +20,10 @@ def register(subparsers: Any) -> None:
         "export",
         run,
         "Write a finished comparison's cells as a CSV or Parquet table",
-        "One row per cell of every model pair: model_a, layer_a, model_b, layer_b, cka, "
-        "ci_low, ci_high, p_value, q_value, null_mean, null_q95, p_method (what p rests on), "
-        "random_init, random_init_sd, seed_ceiling, sensitivity, then the verdicts learned, "
+        "One row per cell of every model pair and measure: model_a, layer_a, model_b, layer_b, "
+        "measure, value, cca_degenerate, cka, ci_low, ci_high, p_value, q_value, null_mean, "
+        "null_q95, p_method (what p rests on), random_init, random_init_sd, seed_ceiling, "
+        "sensitivity, flags (the measure's flags raised at the cell), then the verdicts learned, "
         "learned_low, learned_high, learned_verdict, seed_gap, seed_gap_low, seed_gap_high, "
         "seed_verdict (empty where not computed or undefined). Reads the database of "
         "CKA_DATABASE_URL / CKA_DATA_DIR.",

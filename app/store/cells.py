@@ -24,9 +24,9 @@ The long table has one row per cell of every model pair (a, b) with a at or befo
 comparison's order (a model's block with itself included), the order of ``matrices``:
 :data:`COLUMNS`, NaN where a quantity was not computed or is undefined; a comparison with other
 measures than CKA (``measures``, with ``cca_degenerate`` per cell for the CCA family) repeats
-the rows once per measure, named in ``measure``; its last column, ``flags``, names the flags of
-that measure raised at the cell (:data:`analysis.measures.FLAGS`, ``;`` between two; empty where
-none is).
+the rows once per measure, named in ``measure``; the column ``flags`` (before the verdicts)
+names the flags of that measure raised at the cell (:data:`analysis.measures.FLAGS`, ``;``
+between two; empty where none is).
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ COLUMNS = (
     "value",
     "cca_degenerate",
     "cka",
-    *QUANTITIES,
-    "flags",
+    *(key for key in QUANTITIES if key not in VERDICT_KEYS),
+    "flags",  # the measure's flags raised at the cell (analysis.measures.FLAGS)
+    *VERDICT_KEYS,
 )
 LABEL_COLUMNS = ("model_a", "layer_a", "model_b", "layer_b")
 # Quantities that are words per cell (object arrays: a string, or None where there is none).

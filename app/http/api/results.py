@@ -285,7 +285,8 @@ def get_cells(
     cca_degenerate`` (one row per cell and measure: ``cka`` and any other the comparison
     computed, its CCA-degenerate flag with the CCA family), then CKA's ``cka, ci_low,
     ci_high, p_value, q_value, null_mean, null_q95, p_method, random_init, random_init_sd,
-    seed_ceiling, sensitivity``, then the verdicts ``learned, learned_low, learned_high,
+    seed_ceiling, sensitivity``, ``flags`` (the row's measure's flags raised at the cell, ``;``
+    between two: docs/measures.md), then the verdicts ``learned, learned_low, learned_high,
     learned_verdict, seed_gap, seed_gap_low, seed_gap_high, seed_verdict`` (empty/NaN where not
     computed or undefined; ``p_method`` empty too for a comparison stored before it was), one
     row per cell of each model pair (a, b) with a at or before b."""
