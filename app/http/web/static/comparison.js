@@ -87,6 +87,10 @@
     }
     const undefinedCells = m.rows.length * m.cols.length - all.length;
     if (undefinedCells) add("Undefined cells", String(undefinedCells));
+    const flagged = m.rows.reduce(function (n, _, i) {
+      return n + m.cols.filter(function (_, j) { return window.CkaHeatmap.flagLines(m, i, j).length; }).length;
+    }, 0);
+    if (flagged) add("Flagged cells", String(flagged) + " (hatched; docs/measures.md)");
   }
 
   function renderFocus() {
