@@ -156,3 +156,48 @@ def test_a_stopping_server_leaves_no_job_running(
     assert history[-1]["event"] == (
         "given back to the queue: the server stopped and the job did not reach a check within 0.5 s"
     )
+
+
+def test_a_cancel_reaches_the_measures_between_pairs(
+    settings: Settings, zoo: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real handler, in its measures stage (each pair of layers made slow): progress has
+    passed the batches but reads below 1, and a cancel ends the job at the next pair, long
+    before the stage's last pair, with nothing stored."""
+    from analysis.measures import matrices
+
+    pairs: list[int] = []
+    in_measures = threading.Event()
+    real = matrices.mutual_knn
+
+    def slow_pair(*args: Any, **kwargs: Any) -> float:
+        pairs.append(1)
+        in_measures.set()
+        time.sleep(0.25)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(matrices, "mutual_knn", slow_pair)
+    with TestClient(create_app(settings)) as c:
+        services: Services = c.app.state.services  # type: ignore[attr-defined]
+        body = {
+            "model_ids": register(c, zoo, "mixer_digits", "mlp_digits"),
+            "dataset_id": digits_id(c),
+            "measures": "mutual_knn",
+        }
+        r = c.post("/v1/comparisons", json=body)
+        assert r.status_code == 202, r.text
+        cid, url = r.json()["id"], r.headers["location"]
+        assert in_measures.wait(120)
+        # the batches are half the work (the measures the other half); the row follows within
+        # a heartbeat
+        running = _poll(
+            "progress past the batches", lambda: (v := c.get(url).json())["progress"] >= 0.5 and v
+        )
+        assert running["status"] == "running" and running["progress"] < 1.0, running
+        at_cancel = len(pairs)
+        assert c.post(f"/v1/comparisons/{cid}/cancel").status_code == 200
+        done = wait(c, url)
+        job = _job(c, services, cid)
+    assert done["status"] == "cancelled", done
+    assert len(pairs) <= at_cancel + 2, (at_cancel, len(pairs))  # stopped at the next pair
+    assert job["detail"]["history"][-1]["event"].startswith("stopped by its cancel at "), job
