@@ -164,19 +164,23 @@ def test_a_cancel_reaches_the_measures_between_pairs(
     """The real handler, in its measures stage (each pair of layers made slow): progress has
     passed the batches but reads below 1, and a cancel ends the job at the next pair, long
     before the stage's last pair, with nothing stored."""
-    from analysis.measures import matrices
+    from dataclasses import replace
+
+    from analysis.measures import registry
+    from analysis.measures.protocol import Pair
 
     pairs: list[int] = []
     in_measures = threading.Event()
-    real = matrices.mutual_knn
+    real = registry.measure("mutual_knn")
 
-    def slow_pair(*args: Any, **kwargs: Any) -> float:
+    def slow_pair(pair: Pair) -> float:
         pairs.append(1)
         in_measures.set()
         time.sleep(0.25)
-        return real(*args, **kwargs)
+        return real.pair(pair)
 
-    monkeypatch.setattr(matrices, "mutual_knn", slow_pair)
+    slow = tuple(replace(m, pair=slow_pair) if m is real else m for m in registry.REGISTERED)
+    monkeypatch.setattr(registry, "REGISTERED", slow)
     with TestClient(create_app(settings)) as c:
         services: Services = c.app.state.services  # type: ignore[attr-defined]
         body = {
