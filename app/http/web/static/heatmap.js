@@ -328,31 +328,22 @@
         }
       }
     }
-    // Hatching over the cells that the permutation null cannot tell apart; it lets the
-    // pointer through to the cell underneath.
-    overlays.forEach(function (ij) {
-      el("rect", {
-        class: "hatch",
-        x: ij[1] * cell,
-        y: ij[0] * cell,
-        width: cell,
-        height: cell,
-        fill: "url(#" + hatchId + ")",
-        "pointer-events": "none",
-      }, cells);
-    });
-    // Cross-hatching over the cells a flag of the measure is raised at.
-    marked.forEach(function (ij) {
-      el("rect", {
-        class: "flag-mark",
-        x: ij[1] * cell,
-        y: ij[0] * cell,
-        width: cell,
-        height: cell,
-        fill: "url(#" + crossId + ")",
-        "pointer-events": "none",
-      }, cells);
-    });
+    // A pattern over some cells that lets the pointer through to the cell underneath.
+    function cover(list, cls, patternId) {
+      list.forEach(function (ij) {
+        el("rect", {
+          class: cls,
+          x: ij[1] * cell,
+          y: ij[0] * cell,
+          width: cell,
+          height: cell,
+          fill: "url(#" + patternId + ")",
+          "pointer-events": "none",
+        }, cells);
+      });
+    }
+    cover(overlays, "hatch", hatchId); // the cells the permutation null cannot tell apart
+    cover(marked, "flag-mark", crossId); // the cells a flag of the measure is raised at
     el("rect", { class: "frame", x: 0, y: 0, width: w, height: h, fill: "none" }, cells);
 
     const rowLabels = el("g", { class: "row-labels" }, svg);
