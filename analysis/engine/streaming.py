@@ -36,6 +36,7 @@ from analysis.batch_statistics.analytic_null import AnalyticNullSums
 from analysis.batch_statistics.kept_features import FeatureStatistic
 from analysis.batch_statistics.protocol import Batch, BatchStatistic, Setup
 from analysis.batch_statistics.registry import start_wanted
+from analysis.data.decoded import DecodedCache
 from analysis.data.sources import BatchSource
 from analysis.engine.gram_cache import GramCache, gram_key
 from analysis.errors import Cancelled, EstimatorError
@@ -66,7 +67,8 @@ class RunSettings:
     schema; these are not). ``device``: default CUDA if available. ``gram_cache`` with
     ``model_keys`` (a stable identity per model, e.g. its checkpoint sha256) reuses stored Grams;
     ``dataset_key`` names a DataLoader's data for that purpose. ``on_batch(done, total)`` after
-    every batch; returning False cancels."""
+    every batch; returning False cancels. ``decoded_cache``: where image files' pixels, decoded
+    once per pipeline, are kept for the next comparison (:mod:`analysis.data.decoded`)."""
 
     device: str | torch.device | None = None
     progress: bool = False
@@ -74,6 +76,7 @@ class RunSettings:
     model_keys: Mapping[str, str] | None = None
     on_batch: Callable[[int, int], bool | None] | None = None
     dataset_key: str | None = None
+    decoded_cache: DecodedCache | None = None
 
     @property
     def torch_device(self) -> torch.device:

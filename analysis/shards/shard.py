@@ -114,7 +114,8 @@ def run_partial(
     dev = settings.torch_device
     data = load_data(data)
     files = image_files(data) is not None  # image files: every model through its pipeline
-    src = batch_source(data, opts.batch_size, settings.dataset_key, files=files)
+    key, decoded = settings.dataset_key, settings.decoded_cache
+    src = batch_source(data, opts.batch_size, key, files=files, decoded_cache=decoded)
     inputs = {m: model_input(models[m], src) for m in names}
     model_keys = settings.model_keys
     if model_keys:  # a model's Grams depend on its pipeline as much as on its weights
