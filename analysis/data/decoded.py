@@ -3,7 +3,8 @@
 A comparison over image files (:class:`analysis.data.images.ImageFiles`) feeds every model
 its own input: each file is decoded, converted to the model's channels, resized and cropped
 by the model's pipeline, then normalised. All but the last step depend only on the files and
-the pipeline, so models that share a pipeline share them, and a :class:`DecodedCache` keeps
+the pipeline's resize and crop, so models that share those share them (whatever their mean and
+std: :attr:`ModelInput.pixel_key`), and a :class:`DecodedCache` keeps
 their result — the dataset's (N, C, H, W) uint8 pixels, keyed by the files' content hash and
 the pipeline (:func:`decoded_key`) — for the next comparison of the same files through the
 same pipeline, which then decodes nothing. :class:`DirectoryDecodedCache` keeps them as

@@ -64,6 +64,7 @@ class ModelInput:
         self._transform: Any = None
         self._pil: Any = None  # the transform's steps on the PIL image (resize, crop)
         self._tensor: Any = None  # and those after its to-tensor (normalise)
+        self.pixel_key = self.key
         if self.pipeline is not None:
             cfg = self.pipeline
             c, h, w = (int(v) for v in cfg["input_size"])
@@ -79,6 +80,10 @@ class ModelInput:
                 is_training=False,
             )
             self._pil, self._tensor = _split(self._transform)
+            # what the decoded pixels depend on: the pipeline less its normalisation, so that
+            # models differing only in mean and std share them
+            steps = {k: v for k, v in cfg.items() if k not in ("mean", "std")}
+            self.pixel_key = pipeline_key(steps)
             self.mean = torch.tensor(cfg["mean"]).view(1, -1, 1, 1)
             self.std = torch.tensor(cfg["std"]).view(1, -1, 1, 1)
             self.identity = bool((self.mean == 0).all() and (self.std == 1).all())
@@ -115,7 +120,7 @@ class ModelInput:
 
     def __call__(self, raw: RawBatch) -> torch.Tensor:
         if isinstance(raw, ImageBatch) and self._pil is not None:
-            return self.from_pixels(raw.pixels(self.key, self.shape, self.pixels))
+            return self.from_pixels(raw.pixels(self.pixel_key, self.shape, self.pixels))
         if not isinstance(raw, torch.Tensor):
             return torch.stack([self.image(im) for im in raw])
         if self.pipeline is None:

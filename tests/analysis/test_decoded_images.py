@@ -95,11 +95,12 @@ def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_a_second_comparison_decodes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two models share a pipeline, a third has its own: the first comparison decodes every
-    file once per distinct pipeline, a second one (a new cache object on the same directory,
+    """Two models share a resize and crop (one of them normalising otherwise), a third has its
+    own: the first comparison decodes every file once per distinct resize and crop, a second one (a new cache object on the same directory,
     as after a restart) none, and both give the atlas of a comparison without a cache."""
     files = _photos()
-    nets = {"a": _net(0, CROPPED), "b": _net(1, CROPPED), "c": _net(2, WHOLE)}
+    renormalised = CROPPED | {"mean": [0.1, 0.2, 0.3], "std": [1.0, 0.5, 0.25]}
+    nets = {"a": _net(0, CROPPED), "b": _net(1, renormalised), "c": _net(2, WHOLE)}
     plain = analysis.compare(nets, files, batch_size=5, device="cpu")
     calls = _count_decodes(monkeypatch)
     first = analysis.compare(
@@ -108,7 +109,7 @@ def test_a_second_comparison_decodes_nothing(
     assert len(calls) == 2 * len(files)
     stored = sorted(p.name for p in tmp_path.rglob("*.npy"))
     assert stored == sorted(
-        f"{decoded_key(files.sha256, ModelInput(p).key, p['input_size'])}.npy"
+        f"{decoded_key(files.sha256, ModelInput(p).pixel_key, p['input_size'])}.npy"
         for p in (CROPPED, WHOLE)
     )
     calls.clear()
@@ -150,7 +151,7 @@ def test_the_decoding_pool_follows_the_threads_of_the_calling_thread(
     def job(threads: int) -> None:
         torch.set_num_threads(threads)  # as app.jobs.threads.job_threads does per job thread
         DecodedImages(files, DirectoryDecodedCache(tmp_path / str(threads))).dataset(
-            made.key, made.shape, made.pixels
+            made.pixel_key, made.shape, made.pixels
         )
 
     for threads in (3, 1):
