@@ -96,8 +96,9 @@ def test_a_second_comparison_decodes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two models share a resize and crop (one of them normalising otherwise), a third has its
-    own: the first comparison decodes every file once per distinct resize and crop, a second one (a new cache object on the same directory,
-    as after a restart) none, and both give the atlas of a comparison without a cache."""
+    own: the first comparison decodes every file once per distinct resize and crop, a second
+    one (a new cache object on the same directory, as after a restart) none, and both give the
+    atlas of a comparison without a cache."""
     files = _photos()
     renormalised = CROPPED | {"mean": [0.1, 0.2, 0.3], "std": [1.0, 0.5, 0.25]}
     nets = {"a": _net(0, CROPPED), "b": _net(1, renormalised), "c": _net(2, WHOLE)}
