@@ -12,7 +12,9 @@ after a warm-up (:mod:`harness`):
 - ``photos, warm``: the files, with a cache filled beforehand (decodes nothing);
 - ``photos, cold``: the files, with an empty cache each run (decodes every file once per
   pipeline, on the decoding pool, and writes the cache);
-- ``photos, no cache``: the files without a cache (each batch decoded as it is read).
+- ``photos, no cache``: the files without a cache (each batch decoded as it is read);
+- ``photos, cold, GPU JPEG`` (on CUDA only): cold, the JPEG files decoded by the card
+  (:mod:`analysis.data.gpu_jpeg`): whether that is faster than the host's pool.
 
 Ratios are to ``tensors``; the targets (issue 46) are warm ≤ 1.1 and, on a 16-core GPU host,
 cold ≤ 2. :func:`photos_vs_tensors` is also the ``photos`` section of ``bench_gpu_host.py``.
@@ -41,8 +43,6 @@ from workloads import TIMM_PAIR, imported_pair, photos_zip
 import analysis
 from analysis.data.preprocessing import model_input
 from analysis.data.sources import batch_source
-
-JOBS = ("tensors", "photos, warm", "photos, cold", "photos, no cache")
 
 
 def photo_dataset(n: int, root: Path) -> Any:
@@ -78,9 +78,9 @@ def photos_vs_tensors(
         analysis.compare(nets, photos, decoded_cache=warm, **options)  # fills it
         fresh = itertools.count()
 
-        def cold() -> analysis.Atlas:
+        def cold(gpu_jpeg: bool = False) -> analysis.Atlas:
             empty = analysis.DirectoryDecodedCache(root / f"cold-{next(fresh)}")
-            return analysis.compare(nets, photos, decoded_cache=empty, **options)
+            return analysis.compare(nets, photos, decoded_cache=empty, gpu_jpeg=gpu_jpeg, **options)
 
         jobs = {
             "tensors": lambda: analysis.compare(nets, tensors, **options),
@@ -88,6 +88,8 @@ def photos_vs_tensors(
             "photos, cold": cold,
             "photos, no cache": lambda: analysis.compare(nets, photos, **options),
         }
+        if device.type == "cuda":  # the card decodes the JPEG files (nvJPEG), the host resizes
+            jobs["photos, cold, GPU JPEG"] = lambda: cold(gpu_jpeg=True)
         timed = harness.interleaved(jobs, repeats, sync=sync)
     base = timed["tensors"].stat("wall")
     rows = [
@@ -96,7 +98,7 @@ def photos_vs_tensors(
             "s_per_1000": timed[name].stat("wall") / images * 1000,
             "ratio": timed[name].stat("wall") / base,
         }
-        for name in JOBS
+        for name in timed
     ]
     figures = {
         "pair": list(nets),

@@ -101,7 +101,8 @@ class Hooks:
     False stops (:class:`analysis.Cancelled`); ``shards(plan)``: the partials of the plan's
     shards (``plan.shards``), run elsewhere (:func:`run_shard`), or None to run the plan here in
     one piece; ``write(atlas)``: where the result goes, the last step; ``decoded_cache``: where
-    image files' pixels are kept, decoded once per pipeline (:mod:`analysis.data.decoded`).
+    image files' pixels are kept, decoded once per pipeline (:mod:`analysis.data.decoded`), their
+    JPEG files decoded on the CUDA ``device`` with ``gpu_jpeg`` (:mod:`analysis.data.gpu_jpeg`).
     """
 
     networks: Networks
@@ -113,6 +114,7 @@ class Hooks:
     shards: Callable[[ComparisonPlan], Sequence[Partial] | None] | None = None
     write: Callable[[Atlas], None] | None = None
     decoded_cache: DecodedCache | None = None
+    gpu_jpeg: bool = False
 
     def settings(
         self, cache_keys: Mapping[str, str] | None, on_batch: OnBatch | None
@@ -126,6 +128,7 @@ class Hooks:
             on_batch,
             self.dataset_key,
             self.decoded_cache,
+            self.gpu_jpeg,
         )
 
 
@@ -269,6 +272,7 @@ def compare(
     dataset_key: str | None = None,
     siblings: Mapping[str, nn.Module] | None = None,
     decoded_cache: DecodedCache | None = None,
+    gpu_jpeg: bool = False,
     **shortcuts: Any,
 ) -> Atlas:
     """CKA between every selected layer of every pair of ``models`` (each with itself too).
@@ -302,7 +306,9 @@ def compare(
     ``dataset_key`` names a DataLoader's data for that purpose (tensors and datasets are
     hashed). ``decoded_cache`` (e.g. :class:`analysis.DirectoryDecodedCache`) keeps image
     files' pixels, decoded once per pipeline, for the next comparison of the same files
-    (:mod:`analysis.data.decoded`). ``on_batch(done, total)`` is called after every batch of
+    (:mod:`analysis.data.decoded`); ``gpu_jpeg=True`` fills it with JPEG files decoded on the
+    CUDA ``device`` where it can (:mod:`analysis.data.gpu_jpeg`, under keys of their own).
+    ``on_batch(done, total)`` is called after every batch of
     every phase and step of the finish, counting batches weighted by the networks each phase
     runs (``total`` is 0 when unknown; :mod:`analysis.comparison.plan`); returning False stops with
     :class:`analysis.Cancelled`. Models are moved to ``device`` (default: CUDA if available)
@@ -318,7 +324,14 @@ def compare(
     data = load_data(data)
     plan, networks = _library_plan(models, data, opts, model_keys, siblings)
     hooks = Hooks(
-        networks, device, progress, gram_cache, dataset_key, on_batch, decoded_cache=decoded_cache
+        networks,
+        device,
+        progress,
+        gram_cache,
+        dataset_key,
+        on_batch,
+        decoded_cache=decoded_cache,
+        gpu_jpeg=gpu_jpeg,
     )
     return run_comparison(plan, data, hooks)
 

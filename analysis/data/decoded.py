@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from analysis.data.gpu_jpeg import JpegDecoder, is_jpeg
 from analysis.data.images import ImageFiles
 
 __all__ = [
@@ -132,13 +133,21 @@ class DecodedImages:
     decodes them all (in parallel) and stores them; every later batch is a slice of that
     array. Without one, a batch's files are decoded once for every pipeline and each
     pipeline's pixels made from them (:meth:`batch`). ``threads``: the pool's size (default
-    :func:`decode_threads`, looked up in the thread that decodes).
+    :func:`decode_threads`, looked up in the thread that decodes). ``jpeg``: a decoder of JPEG
+    files on a GPU (:func:`analysis.data.gpu_jpeg.jpeg_decoder`) that fills the cache in its
+    place for the JPEG files, under keys of its own.
     """
 
+    JPEG_CHUNK = 64  # JPEG files the GPU decodes at once
+
     def __init__(
-        self, files: ImageFiles, cache: DecodedCache | None = None, threads: int | None = None
+        self,
+        files: ImageFiles,
+        cache: DecodedCache | None = None,
+        threads: int | None = None,
+        jpeg: JpegDecoder | None = None,
     ) -> None:
-        self.files, self.cache, self.threads = files, cache, threads
+        self.files, self.cache, self.threads, self.jpeg = files, cache, threads, jpeg
         self._arrays: dict[str, np.ndarray] = {}
         self.decoded = 0  # images decoded by this object (a cache hit decodes none)
 
@@ -155,16 +164,29 @@ class DecodedImages:
         if key in self._arrays:
             return self._arrays[key]
         assert self.cache is not None
-        name = decoded_key(self.files.sha256, key, shape)
+        pipeline = key if self.jpeg is None else f"{key}|nvjpeg"
+        name = decoded_key(self.files.sha256, pipeline, shape)
         found = self.cache.get(name)
         want = (len(self.files), *shape)
         if found is None or tuple(found.shape) != want or found.dtype != np.uint8:
             made = np.empty(want, np.uint8)
+            on_gpu = (
+                []
+                if self.jpeg is None
+                else [i for i, blob in enumerate(self.files.blobs) if is_jpeg(blob)]
+            )
+            for at in range(0, len(on_gpu), self.JPEG_CHUNK):
+                chunk = on_gpu[at : at + self.JPEG_CHUNK]
+                assert self.jpeg is not None
+                images = self.jpeg([self.files.blobs[i] for i in chunk])
+                for i, row in zip(chunk, parallel_map(pixels, images, self.threads), strict=True):
+                    made[i] = row
+            done = set(on_gpu)
 
             def one(i: int) -> None:
                 made[i] = pixels(self.files.image(i))
 
-            parallel_map(one, range(len(self.files)), self.threads)
+            parallel_map(one, [i for i in range(len(self.files)) if i not in done], self.threads)
             self.decoded += len(self.files)
             self.cache.put(name, made)
             found = self.cache.get(name)

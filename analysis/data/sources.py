@@ -26,6 +26,7 @@ from PIL import Image
 
 from analysis.data.datasets import ImageDataset, array_slices, load_dataset
 from analysis.data.decoded import DecodedCache, DecodedImages, Pixels
+from analysis.data.gpu_jpeg import JpegDecoder
 from analysis.data.images import ImageFiles
 from analysis.data.ranges import ValueRange, infer_range
 from analysis.errors import DatasetError
@@ -153,14 +154,16 @@ def batch_source(
     *,
     files: bool = False,
     decoded_cache: DecodedCache | None = None,
+    jpeg: JpegDecoder | None = None,
 ) -> BatchSource:
     """Batches of ``data``; with ``files`` the original image files of a folder, each
-    pipeline's pixels decoded once (kept in ``decoded_cache`` when given)."""
+    pipeline's pixels decoded once (kept in ``decoded_cache`` when given, its JPEG files
+    decoded by ``jpeg`` there: :mod:`analysis.data.gpu_jpeg`)."""
     data = load_data(data)
     found = image_files(data)
     if files and found is not None:
         raw = found
-        pixels = DecodedImages(raw, decoded_cache)
+        pixels = DecodedImages(raw, decoded_cache, jpeg=jpeg if decoded_cache else None)
 
         def decoded(first: int, stop: int | None) -> Iterator[ImageBatch]:
             for i in range(first * batch_size, _end(len(raw), stop, batch_size), batch_size):

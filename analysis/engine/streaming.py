@@ -68,7 +68,9 @@ class RunSettings:
     ``model_keys`` (a stable identity per model, e.g. its checkpoint sha256) reuses stored Grams;
     ``dataset_key`` names a DataLoader's data for that purpose. ``on_batch(done, total)`` after
     every batch; returning False cancels. ``decoded_cache``: where image files' pixels, decoded
-    once per pipeline, are kept for the next comparison (:mod:`analysis.data.decoded`)."""
+    once per pipeline, are kept for the next comparison (:mod:`analysis.data.decoded`);
+    ``gpu_jpeg``: its JPEG files decoded on the CUDA ``device`` (:mod:`analysis.data.gpu_jpeg`),
+    where it can, under keys of their own."""
 
     device: str | torch.device | None = None
     progress: bool = False
@@ -77,6 +79,7 @@ class RunSettings:
     on_batch: Callable[[int, int], bool | None] | None = None
     dataset_key: str | None = None
     decoded_cache: DecodedCache | None = None
+    gpu_jpeg: bool = False
 
     @property
     def torch_device(self) -> torch.device:

@@ -19,6 +19,7 @@ import analysis
 from analysis.data import decoded as decoded_module
 from analysis.data import images as images_module
 from analysis.data.decoded import DecodedImages, DirectoryDecodedCache, decoded_key
+from analysis.data.gpu_jpeg import is_jpeg, jpeg_decoder
 from analysis.data.images import ImageFiles
 from analysis.data.preprocessing import ModelInput
 
@@ -160,3 +161,38 @@ def test_the_decoding_pool_follows_the_threads_of_the_calling_thread(
         worker.start()
         worker.join()
     assert sizes == [3]  # one thread decodes in the calling thread, with no pool
+
+
+def test_jpeg_files_go_to_the_gpu_decoder_when_one_is_given(tmp_path: Path) -> None:
+    """A stand-in for nvJPEG (Pillow, RGB, as decode_jpeg gives): it gets every JPEG file in
+    chunks, the host the rest; the pixels are kept under a key of their own."""
+    files = _photos()
+    chunks: list[int] = []
+
+    def decoder(blobs: Any) -> list[Image.Image]:
+        chunks.append(len(blobs))
+        return [Image.open(io.BytesIO(b)).convert("RGB") for b in blobs]
+
+    made = ModelInput(CROPPED)
+    jpegs = sum(is_jpeg(b) for b in files.blobs)
+    assert 0 < jpegs < len(files)  # the palette images are PNGs
+    on_gpu = DecodedImages(files, DirectoryDecodedCache(tmp_path), jpeg=decoder)
+    on_gpu.JPEG_CHUNK = 3
+    pixels = on_gpu.dataset(made.pixel_key, made.shape, made.pixels)
+    assert chunks == [3] * (jpegs // 3) + ([jpegs % 3] if jpegs % 3 else [])
+    host = DecodedImages(files, DirectoryDecodedCache(tmp_path))
+    assert np.array_equal(host.dataset(made.pixel_key, made.shape, made.pixels), pixels)
+    assert len(list(tmp_path.rglob("*.npy"))) == 2  # one per decoder
+
+
+def test_without_cuda_there_is_no_gpu_decoder_and_the_host_decodes(tmp_path: Path) -> None:
+    decoder, why = jpeg_decoder(torch.device("cpu"))
+    assert decoder is None and why == "cpu is not a CUDA device"
+    files, nets = _photos(), {"a": _net(0, CROPPED)}
+    plain = analysis.compare(nets, files, batch_size=5, device="cpu")
+    cache = DirectoryDecodedCache(tmp_path)
+    asked = analysis.compare(
+        nets, files, batch_size=5, device="cpu", decoded_cache=cache, gpu_jpeg=True
+    )
+    np.testing.assert_array_equal(asked.hsic, plain.hsic)
+    assert len(list(tmp_path.rglob("*.npy"))) == 1
