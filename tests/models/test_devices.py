@@ -146,8 +146,11 @@ def test_cuda_runs_record_the_gpu_and_repeat_bit_for_bit(
     assert record["device"] == f"cuda:{torch.cuda.current_device()}"
     assert record["device_name"] == torch.cuda.get_device_name()
     assert record["cuda_version"] == torch.version.cuda and record["deterministic"] is True
-    # each step after the warm-up replayed from one CUDA graph, and still bit for bit
-    assert [_training(r)["step_capture"] for r in runs] == ["cuda_graph"] * 4
+    # each step after the warm-up replayed from one CUDA graph, and still bit for bit; an
+    # architecture whose step cannot be captured says why, the same in both runs
+    captured = [_training(r)["step_capture"] for r in runs]
+    assert captured[:2] == ["cuda_graph"] * 2 and captured[2] == captured[3]
+    assert captured[2] == "cuda_graph" or captured[2].startswith("eager: capture failed: ")
     assert _sha(runs[0]) == _sha(runs[1]) and _sha(runs[2]) == _sha(runs[3])
     bf16 = training.train(
         "mixer_digits", small_digits, epochs=1, device="cuda", precision="bf16", out_dir=tmp_path
