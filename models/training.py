@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from models import step_capture
 from models.checkpoint import read_sidecar, save, weights_path
 from models.connections import input_spec
 from models.data import LabelledImages, TrainingData, dataset_record, training_splits
@@ -38,6 +39,7 @@ from models.errors import CheckpointError, ConfigError, TrainingCancelled
 from models.factory import create
 from models.families import family_of, recipe
 from models.preprocessing import pipeline_from_spec
+from models.step_capture import TrainingStep
 
 __all__ = ["ZOO", "ZooEntry", "build_zoo", "format_zoo_table", "train"]
 
@@ -113,21 +115,6 @@ def evaluate(
     return {"loss": float(loss) / len(x), "accuracy": int(correct) / len(x), "n": len(x)}
 
 
-def _optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    # As timm does: no weight decay on biases and LayerNorm gains (1-d parameters).
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
-    rest = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
-    groups = [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": rest, "weight_decay": 0.0},
-    ]
-    # On a GPU, one fused kernel per step instead of a dozen per parameter group: the small
-    # models here are bound by kernel launches there (BENCHMARKS, GPU host). The host keeps
-    # PyTorch's default, whose steps earlier checkpoints were trained with.
-    on_gpu = any(p.is_cuda for p in decay + rest)
-    return torch.optim.AdamW(groups, lr=lr, fused=True if on_gpu else None)
-
-
 def _schedule(total: int, warmup: int) -> Any:
     """Linear warm-up over ``warmup`` steps, then cosine decay to zero at ``total``."""
 
@@ -167,8 +154,9 @@ def _fit(
     label: str,
     progress: bool,
     on_step: Callable[[int, int], bool] | None,
-) -> tuple[nn.Module, dict[str, Any], int, int]:
-    """One optimisation on ``place``: (model, {"train", "test"} metrics, warm-up, steps)."""
+) -> tuple[nn.Module, dict[str, Any], int, int, str]:
+    """One optimisation on ``place``: (model, {"train", "test"} metrics, warm-up, steps, how
+    the steps ran: :attr:`TrainingStep.record`)."""
     x_train, y_train, x_test, y_test = data
     dev = place.device
     rng_devices = [dev.index] if place.is_cuda else []
@@ -176,11 +164,12 @@ def _fit(
     with exact, torch.random.fork_rng(devices=rng_devices):
         torch.manual_seed(seed)
         model = create(arch, **options).to(dev)  # built on the host: the same start anywhere
-        optimizer = _optimizer(model, recipe_.lr, recipe_.weight_decay)
+        optimizer = step_capture.optimizer(model, recipe_.lr, recipe_.weight_decay, place)
         steps = recipe_.epochs * math.ceil(len(x_train) / recipe_.batch_size)
         warmup = max(1, round(recipe_.warmup_fraction * steps))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(steps, warmup))
         order = torch.Generator().manual_seed(seed)  # on the host: the order is device-free
+        step = TrainingStep(model, optimizer, place, recipe_.batch_size)
         _check(on_step, 0, steps)
         done = 0
         bar = tqdm(range(recipe_.epochs), desc=label, unit="epoch", disable=not progress)
@@ -192,12 +181,7 @@ def _fit(
             for batch in torch.randperm(len(x_train), generator=order).split(recipe_.batch_size):
                 x = x_train[batch].to(dev, non_blocking=True)
                 y = y_train[batch].to(dev, non_blocking=True)
-                with place.autocast():
-                    logits = model(x)
-                    loss = F.cross_entropy(logits, y)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+                loss, logits = step(x, y)  # replayed from a CUDA graph where it can be
                 scheduler.step()
                 loss_sum += loss.detach().double() * len(batch)
                 correct += (logits.argmax(dim=1) == y).sum()
@@ -210,7 +194,7 @@ def _fit(
             "train": evaluate(model, x_train, y_train, device=dev),
             "test": dict(evaluate(model, x_test, y_test, device=dev)),
         }
-    return model, metrics, warmup, steps
+    return model, metrics, warmup, steps, step.record
 
 
 def train(
@@ -243,7 +227,9 @@ def train(
     ``device`` (None: the host; ``"cuda"``, ``"cuda:1"``) and ``precision`` (``"fp32"``, or
     ``"bf16"`` autocast) are checked before any work (:mod:`models.devices`): the model and each
     minibatch move there, the test metrics are computed there in float32, and the checkpoint
-    is written from host copies. Deterministic algorithms are on; an architecture with an
+    is written from host copies. On a GPU each step is captured once as a CUDA graph and
+    replayed (:mod:`models.step_capture`; the sidecar's ``training.step_capture`` says whether,
+    or why not). Deterministic algorithms are on; an architecture with an
     operation that has none on that device is trained again from the start without them, and
     its sidecar says so (``training.deterministic`` false, ``nondeterministic``: which one).
 
@@ -290,12 +276,12 @@ def train(
     )
     fallback: dict[str, Any] = {}
     try:
-        model, metrics, warmup, steps = fit(deterministic=True)
+        model, metrics, warmup, steps, capture = fit(deterministic=True)
     except RuntimeError as exc:
         if _NO_DETERMINISTIC not in str(exc):
             raise
         fallback = {"nondeterministic": str(exc).split(". ")[0][:300]}
-        model, metrics, warmup, steps = fit(deterministic=False)
+        model, metrics, warmup, steps, capture = fit(deterministic=False)
     _check(on_step, steps, steps)  # a cancel during evaluation still writes nothing
     seconds = time.perf_counter() - started
     metrics["test"]["dataset"] = dataset_record(test_set)
@@ -317,6 +303,7 @@ def train(
             "seconds": round(seconds, 2),
             "torch_threads": torch.get_num_threads(),
             **provenance(place, seed=seed, deterministic=not fallback),
+            "step_capture": capture,
             **fallback,
         },
     )

@@ -30,7 +30,8 @@ def bench() -> ModuleType:
 def test_options_default_to_the_gpu_workload_and_smoke_to_tiny_ones(bench: ModuleType) -> None:
     smoke = bench.parse(["--cpu-smoke", "--images", "16", "--out", "x"])
     assert smoke.cpu_smoke and smoke.images == 16 and smoke.batch == bench.SMOKE["batch"]
-    assert smoke.sections == ["forwards", "training", "service"] and smoke.out == Path("x")
+    assert smoke.sections == ["forwards", "photos", "training", "capture", "service"]
+    assert smoke.out == Path("x")
     assert smoke.pair == bench.SMOKE["pair"] and smoke.train_batch == bench.SMOKE["train_batch"]
     full = bench.parse([])
     if torch.cuda.is_available():
@@ -69,7 +70,8 @@ def test_the_card_is_named_and_its_peak_found(bench: ModuleType, name: str, row:
 
 @pytest.mark.slow
 def test_the_cpu_fallback_writes_its_figures(bench: ModuleType, tmp_path: Path) -> None:
-    argv = ["--cpu-smoke", "--sections", "forwards", "training", "--out", str(tmp_path)]
+    sections = ["forwards", "training", "photos", "capture"]
+    argv = ["--cpu-smoke", "--sections", *sections, "--out", str(tmp_path)]
     assert bench.main(argv) == 0
     data = json.loads((tmp_path / "gpu_host.json").read_text())
     assert data["mode"] == "cpu-smoke" and data["device_name"] == "CPU"
@@ -99,6 +101,16 @@ def test_the_cpu_fallback_writes_its_figures(bench: ModuleType, tmp_path: Path) 
     assert cifar_cpu["preset"] == "mixer_cifar" and cifar_cpu["extrapolated"]
     assert cifar_cpu["steps_timed"] == 1 and cifar_cpu["speedup"] == 1.0
     assert data["sections"]["training"]["bit_identical"] == {"mixer_digits": True}
+    photos = data["sections"]["photos"]
+    assert [r["job"] for r in photos["rows"]] == [
+        "tensors",
+        "photos, warm",
+        "photos, cold",
+        "photos, no cache",
+    ]
+    assert photos["images"] == bench.SMOKE["images"] and photos["rows"][0]["ratio"] == 1.0
+    assert data["sections"]["capture"]["skipped"].startswith("needs a CUDA device")
     table = (tmp_path / "gpu_host.md").read_text()
+    assert "| photos, warm |" in table and "*capture skipped:* needs a CUDA device" in table
     assert "| dtype | atlas s/1000 img | bare forwards s/1000 img | ratio |" in table
     assert "| mixer_cifar | cifar-shaped | cpu | fp32 | 1 of 3 |" in table

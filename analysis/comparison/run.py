@@ -43,6 +43,7 @@ from analysis.comparison.seed_ceiling import (
     seed_ceiling_baseline,
     undefined_blocks,
 )
+from analysis.data.decoded import DecodedCache
 from analysis.data.sources import DataLike, load_data
 from analysis.engine.gram_cache import GramCache
 from analysis.engine.streaming import RunSettings
@@ -99,7 +100,9 @@ class Hooks:
     DataLoader's data for the store; ``on_batch(done, total)``: progress over every phase,
     False stops (:class:`analysis.Cancelled`); ``shards(plan)``: the partials of the plan's
     shards (``plan.shards``), run elsewhere (:func:`run_shard`), or None to run the plan here in
-    one piece; ``write(atlas)``: where the result goes, the last step.
+    one piece; ``write(atlas)``: where the result goes, the last step; ``decoded_cache``: where
+    image files' pixels are kept, decoded once per pipeline (:mod:`analysis.data.decoded`), their
+    JPEG files decoded on the CUDA ``device`` with ``gpu_jpeg`` (:mod:`analysis.data.gpu_jpeg`).
     """
 
     networks: Networks
@@ -110,13 +113,22 @@ class Hooks:
     on_batch: OnBatch | None = None
     shards: Callable[[ComparisonPlan], Sequence[Partial] | None] | None = None
     write: Callable[[Atlas], None] | None = None
+    decoded_cache: DecodedCache | None = None
+    gpu_jpeg: bool = False
 
     def settings(
         self, cache_keys: Mapping[str, str] | None, on_batch: OnBatch | None
     ) -> RunSettings:
         """The engine's settings for one run of networks with these Gram-store keys."""
         return RunSettings(
-            self.device, self.progress, self.gram_cache, cache_keys, on_batch, self.dataset_key
+            self.device,
+            self.progress,
+            self.gram_cache,
+            cache_keys,
+            on_batch,
+            self.dataset_key,
+            self.decoded_cache,
+            self.gpu_jpeg,
         )
 
 
@@ -259,6 +271,8 @@ def compare(
     on_batch: OnBatch | None = None,
     dataset_key: str | None = None,
     siblings: Mapping[str, nn.Module] | None = None,
+    decoded_cache: DecodedCache | None = None,
+    gpu_jpeg: bool = False,
     **shortcuts: Any,
 ) -> Atlas:
     """CKA between every selected layer of every pair of ``models`` (each with itself too).
@@ -290,9 +304,13 @@ def compare(
     The rest is plumbing. ``gram_cache`` with ``model_keys`` (a stable identity per model,
     e.g. its checkpoint sha256) reuses stored Grams instead of running a model;
     ``dataset_key`` names a DataLoader's data for that purpose (tensors and datasets are
-    hashed). ``on_batch(done, total)`` is called after every batch of every phase and step of
-    the finish, counting batches weighted by the networks each phase runs (``total`` is 0 when
-    unknown; :mod:`analysis.comparison.plan`); returning False stops with
+    hashed). ``decoded_cache`` (e.g. :class:`analysis.DirectoryDecodedCache`) keeps image
+    files' pixels, decoded once per pipeline, for the next comparison of the same files
+    (:mod:`analysis.data.decoded`); ``gpu_jpeg=True`` fills it with JPEG files decoded on the
+    CUDA ``device`` where it can (:mod:`analysis.data.gpu_jpeg`, under keys of their own).
+    ``on_batch(done, total)`` is called after every batch of
+    every phase and step of the finish, counting batches weighted by the networks each phase
+    runs (``total`` is 0 when unknown; :mod:`analysis.comparison.plan`); returning False stops with
     :class:`analysis.Cancelled`. Models are moved to ``device`` (default: CUDA if available)
     and run in eval mode; their mode is restored.
 
@@ -305,7 +323,16 @@ def compare(
     opts = CompareOptions.build(options, **shortcuts)
     data = load_data(data)
     plan, networks = _library_plan(models, data, opts, model_keys, siblings)
-    hooks = Hooks(networks, device, progress, gram_cache, dataset_key, on_batch)
+    hooks = Hooks(
+        networks,
+        device,
+        progress,
+        gram_cache,
+        dataset_key,
+        on_batch,
+        decoded_cache=decoded_cache,
+        gpu_jpeg=gpu_jpeg,
+    )
     return run_comparison(plan, data, hooks)
 
 

@@ -3,7 +3,10 @@
 A comparison reads one *raw* batch at a time — image files decoded as PIL images, or a
 (b, C, H, W) tensor of an array's images — and every model turns the same raw batch into its
 own input. Images go through timm's eval transform built from the model's pipeline (resize,
-crop, to tensor, normalise) after conversion to the model's channel count. Arrays are images
+crop, to tensor, normalise) after conversion to the model's channel count; image files (an
+:class:`ImageBatch`) get their 8-bit pixels after the crop decoded once per pipeline
+(:mod:`analysis.data.decoded`) and only the last two steps per batch, with the same result to the
+bit. Arrays are images
 too: an array already of the model's input shape reaches it as it is (normalised by the
 pipeline's mean and std, as pixels in [0, 1]: the presets' pipelines leave it unchanged); an
 array of any other shape is mapped from its value range (:mod:`analysis.data.ranges`) to 8-bit
@@ -18,13 +21,14 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 from timm.data import create_transform
 from torch import nn
 
 from analysis.data.ranges import ValueRange
-from analysis.data.sources import BatchSource
+from analysis.data.sources import BatchSource, ImageBatch
 from analysis.errors import DatasetError
 
 __all__ = ["ModelInput", "input_record", "model_input", "pipeline_key"]
@@ -58,6 +62,9 @@ class ModelInput:
         if self.value_range is not None:  # resized arrays: their range makes the pixels
             self.key += f"|range:{self.value_range.low!r},{self.value_range.high!r}"
         self._transform: Any = None
+        self._pil: Any = None  # the transform's steps on the PIL image (resize, crop)
+        self._tensor: Any = None  # and those after its to-tensor (normalise)
+        self.pixel_key = self.key
         if self.pipeline is not None:
             cfg = self.pipeline
             c, h, w = (int(v) for v in cfg["input_size"])
@@ -72,6 +79,11 @@ class ModelInput:
                 std=tuple(cfg["std"]),
                 is_training=False,
             )
+            self._pil, self._tensor = _split(self._transform)
+            # what the decoded pixels depend on: the pipeline less its normalisation, so that
+            # models differing only in mean and std share them
+            steps = {k: v for k, v in cfg.items() if k not in ("mean", "std")}
+            self.pixel_key = pipeline_key(steps)
             self.mean = torch.tensor(cfg["mean"]).view(1, -1, 1, 1)
             self.std = torch.tensor(cfg["std"]).view(1, -1, 1, 1)
             self.identity = bool((self.mean == 0).all() and (self.std == 1).all())
@@ -87,7 +99,28 @@ class ModelInput:
         out: torch.Tensor = self._transform(image)
         return out
 
+    def pixels(self, image: Image.Image) -> np.ndarray:
+        """One image's uint8 (C, H, W) pixels after the pipeline's resize and crop: what
+        :mod:`analysis.data.decoded` keeps of it."""
+        if self._pil is None:
+            raise DatasetError("image files need a model with an input pipeline")
+        if image.mode == "P":
+            image = image.convert("RGBA")
+        if image.mode != self.mode:
+            image = image.convert(self.mode)
+        hwc = np.asarray(self._pil(image), dtype=np.uint8)
+        return (hwc[:, :, None] if hwc.ndim == 2 else hwc).transpose(2, 0, 1)
+
+    def from_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        """A uint8 (b, C, H, W) batch of :meth:`pixels` as this model's input: the pipeline's
+        to-tensor (÷ 255 in float32) and normalisation, the same numbers as :meth:`image`."""
+        assert self._tensor is not None
+        out: torch.Tensor = self._tensor(pixels.to(torch.float32).div(255))
+        return out
+
     def __call__(self, raw: RawBatch) -> torch.Tensor:
+        if isinstance(raw, ImageBatch) and self._pil is not None:
+            return self.from_pixels(raw.pixels(self.pixel_key, self.shape, self.pixels))
         if not isinstance(raw, torch.Tensor):
             return torch.stack([self.image(im) for im in raw])
         if self.pipeline is None:
@@ -114,6 +147,28 @@ class ModelInput:
         data = scaled.clamp(0, 1).mul(255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
         mode = _ARRAY_MODES[channels]
         return [Image.fromarray(im[..., 0] if channels == 1 else im, mode) for im in data]
+
+
+def _split(transform: Any) -> tuple[Any, Any]:
+    """A timm eval transform as (its steps on the image, its steps after to-tensor), or
+    (None, None) when it is not a composition with one to-tensor step."""
+    steps = list(getattr(transform, "transforms", ()))
+    cut = [i for i, t in enumerate(steps) if type(t).__name__ in ("ToTensor", "MaybeToTensor")]
+    if len(cut) != 1:
+        return None, None
+    return _Steps(steps[: cut[0]]), _Steps(steps[cut[0] + 1 :])
+
+
+class _Steps:
+    """Some steps of a transform, applied in turn."""
+
+    def __init__(self, steps: Sequence[Any]) -> None:
+        self.steps = list(steps)
+
+    def __call__(self, value: Any) -> Any:
+        for step in self.steps:
+            value = step(value)
+        return value
 
 
 def model_input(model: nn.Module, source: BatchSource | None = None) -> ModelInput:

@@ -4,7 +4,9 @@ Every form becomes a :class:`BatchSource`: a replayable iterator of raw batches 
 order, the batch count when it is known, and a dataset identity for the Gram store. A source
 reads a range of batches as cheaply as its form allows (see :meth:`BatchSource.indexed`). A raw
 batch is a (b, C, H, W) tensor, or, for image files read with ``files=True``, an
-:class:`ImageBatch` of decoded images that each model's pipeline turns into its own tensor.
+:class:`ImageBatch` of image files that each model's pipeline turns into its own tensor: from
+pixels decoded once per pipeline (:mod:`analysis.data.decoded`, kept in a ``decoded_cache``
+when one is given), or decoded for the batch when it is read as images.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import hashlib
 import itertools
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -22,6 +25,8 @@ import torch
 from PIL import Image
 
 from analysis.data.datasets import ImageDataset, array_slices, load_dataset
+from analysis.data.decoded import DecodedCache, DecodedImages, Pixels
+from analysis.data.gpu_jpeg import JpegDecoder
 from analysis.data.images import ImageFiles
 from analysis.data.ranges import ValueRange, infer_range
 from analysis.errors import DatasetError
@@ -33,12 +38,36 @@ DataLike = (
 )
 
 
-class ImageBatch(list[Image.Image]):
-    """Decoded images of one batch; ``shape[0]`` is the batch size, as for a tensor."""
+class ImageBatch(Sequence[Image.Image]):
+    """The image files ``start … stop - 1`` of one batch, decoded only when read as images
+    (in parallel, once); ``shape[0]`` is the batch size, as for a tensor."""
+
+    def __init__(self, decoded: DecodedImages, start: int, stop: int) -> None:
+        self.decoded, self.start = decoded, start
+        self.stop = min(stop, len(decoded.files))
 
     @property
     def shape(self) -> tuple[int]:
         return (len(self),)
+
+    @cached_property
+    def images(self) -> list[Image.Image]:
+        """The batch's files decoded, each in its own size and mode."""
+        return self.decoded.images(self.start, self.stop)
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.images[i]
+
+    def __iter__(self) -> Iterator[Image.Image]:
+        return iter(self.images)
+
+    def pixels(self, key: str, shape: Sequence[int], pixels: Pixels) -> torch.Tensor:
+        """The batch's uint8 (b, C, H, W) pixels through one pipeline (``key``, made by
+        ``pixels`` as ``shape``), decoded once per pipeline (:class:`DecodedImages`)."""
+        return self.decoded.batch(key, shape, pixels, self.start, self.stop, lambda: self.images)
 
 
 def image_files(data: Any) -> ImageFiles | None:
@@ -119,17 +148,26 @@ def load_data(data: DataLike) -> Any:
 
 
 def batch_source(
-    data: DataLike, batch_size: int, dataset_key: str | None, *, files: bool = False
+    data: DataLike,
+    batch_size: int,
+    dataset_key: str | None,
+    *,
+    files: bool = False,
+    decoded_cache: DecodedCache | None = None,
+    jpeg: JpegDecoder | None = None,
 ) -> BatchSource:
-    """Batches of ``data``; with ``files`` the original image files of a folder, decoded."""
+    """Batches of ``data``; with ``files`` the original image files of a folder, each
+    pipeline's pixels decoded once (kept in ``decoded_cache`` when given, its JPEG files
+    decoded by ``jpeg`` there: :mod:`analysis.data.gpu_jpeg`)."""
     data = load_data(data)
     found = image_files(data)
     if files and found is not None:
         raw = found
+        pixels = DecodedImages(raw, decoded_cache, jpeg=jpeg if decoded_cache else None)
 
         def decoded(first: int, stop: int | None) -> Iterator[ImageBatch]:
             for i in range(first * batch_size, _end(len(raw), stop, batch_size), batch_size):
-                yield ImageBatch(raw.batch(i, i + batch_size))
+                yield ImageBatch(pixels, i, i + batch_size)
 
         return BatchSource(
             decoded, math.ceil(len(raw) / batch_size), dataset_key or raw.sha256, "files"

@@ -36,6 +36,7 @@ from analysis.batch_statistics.analytic_null import AnalyticNullSums
 from analysis.batch_statistics.kept_features import FeatureStatistic
 from analysis.batch_statistics.protocol import Batch, BatchStatistic, Setup
 from analysis.batch_statistics.registry import start_wanted
+from analysis.data.decoded import DecodedCache
 from analysis.data.sources import BatchSource
 from analysis.engine.gram_cache import GramCache, gram_key
 from analysis.errors import Cancelled, EstimatorError
@@ -48,7 +49,7 @@ from analysis.estimators.hsic import (
     hsic_linear_features,
     undefined_reasons,
 )
-from analysis.estimators.kernels import Kernel, gram
+from analysis.estimators.kernels import LOW_PRECISION, Kernel, gram
 from analysis.inference.analytic_null import AnalyticNull, layers_to_keep
 from analysis.inference.null_moments import INVARIANTS
 from analysis.layers import LayerReader, resolve_layers
@@ -66,7 +67,10 @@ class RunSettings:
     schema; these are not). ``device``: default CUDA if available. ``gram_cache`` with
     ``model_keys`` (a stable identity per model, e.g. its checkpoint sha256) reuses stored Grams;
     ``dataset_key`` names a DataLoader's data for that purpose. ``on_batch(done, total)`` after
-    every batch; returning False cancels."""
+    every batch; returning False cancels. ``decoded_cache``: where image files' pixels, decoded
+    once per pipeline, are kept for the next comparison (:mod:`analysis.data.decoded`);
+    ``gpu_jpeg``: its JPEG files decoded on the CUDA ``device`` (:mod:`analysis.data.gpu_jpeg`),
+    where it can, under keys of their own."""
 
     device: str | torch.device | None = None
     progress: bool = False
@@ -74,6 +78,8 @@ class RunSettings:
     model_keys: Mapping[str, str] | None = None
     on_batch: Callable[[int, int], bool | None] | None = None
     dataset_key: str | None = None
+    decoded_cache: DecodedCache | None = None
+    gpu_jpeg: bool = False
 
     @property
     def torch_device(self) -> torch.device:
@@ -215,12 +221,16 @@ class StreamingRun:
 
         return get
 
-    def _features(self, m: str, x: torch.Tensor) -> list[torch.Tensor]:
+    def _features(self, m: str, x: torch.Tensor, low: bool = False) -> list[torch.Tensor]:
+        """The selected layers' features of model ``m`` on input ``x``, in the Grams' dtype; with
+        ``low``, bf16 and fp16 features of an autocast forward stay as they are (their Grams sum
+        in float32: :func:`analysis.estimators.kernels.accumulator`), no float32 copy made."""
         amp = torch.autocast(self.dev.type, dtype=self.amp) if self.amp else nullcontext()
         with amp:
             feats = self.readers[m](x)
         self.forwards[m] += 1
-        return [f.to(self.gdtype) for f in feats]
+        keep = low and self.gdtype == torch.float32
+        return [f if keep and f.dtype in LOW_PRECISION else f.to(self.gdtype) for f in feats]
 
     def _grams(
         self, m: str, x: torch.Tensor, batch: int, out: torch.Tensor | None = None
@@ -231,11 +241,15 @@ class StreamingRun:
         if out is None:
             out = torch.empty(len(self.selected[m]), b, b, dtype=self.gdtype, device=self.dev)
         analytic = self.analytic if self.kern.name == "linear" else None
-        for j, f in enumerate(self._features(m, x)):
-            gram(f, self.kern, out=out[j])
+        for j, low in enumerate(self._features(m, x, low=True)):
+            gram(low, self.kern, out=out[j])
+            narrow = analytic is not None and 2 * (low.numel() // b) < b - 1
+            if self.features is None and not narrow:
+                continue
+            f = low.to(self.gdtype)  # the kept features are in the Grams' dtype
             if self.features is not None:
                 self.features.add(self.slices[m].start + j, f)
-            if analytic is not None and 2 * (f.numel() // b) < b - 1:
+            if analytic is not None and narrow:
                 # narrow: its features stand in for its Gram in the tail check's draws
                 analytic.keep_features(batch, self.slices[m].start + j, f)
         return out

@@ -103,27 +103,58 @@ def _median(values: torch.Tensor) -> torch.Tensor:
     return (torch.kthvalue(values, m // 2).values + hi) / 2
 
 
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def accumulator(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a Gram of features of ``dtype`` is summed and kept in: float32 for bf16 and
+    fp16 features (as cuBLAS accumulates them), else their own."""
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` into ``out``; low-precision factors summed in ``out``'s float32 (on CUDA by the
+    matmul itself, elsewhere from exact float32 copies of the factors)."""
+    if a.dtype == out.dtype:
+        return torch.mm(a, b, out=out)
+    if a.is_cuda:
+        try:
+            return out.copy_(torch.mm(a, b, out_dtype=out.dtype))
+        except (RuntimeError, TypeError, NotImplementedError):  # a torch without mm's out_dtype
+            pass
+    return torch.mm(a.to(out.dtype), b.to(out.dtype), out=out)
+
+
 def _xxt(x: torch.Tensor, out: torch.Tensor | None = None, parts: int = 4) -> torch.Tensor:
-    """x xᵀ computing only the blocks on and below the diagonal, then mirroring them.
+    """x xᵀ computing only the blocks on and below the diagonal, then mirroring them, summed
+    in :func:`accumulator` of ``x``'s dtype (``out``'s, when given).
 
     Saves (parts - 1) / (2 parts) of the flops of one ``x @ x.T`` (a SYRK that torch does not
     expose), and the result is symmetric bit for bit.
     """
     b = x.shape[0]
-    out = torch.empty(b, b, dtype=x.dtype, device=x.device) if out is None else out
+    if out is None:
+        out = torch.empty(b, b, dtype=accumulator(x.dtype), device=x.device)
     if b < 32 * parts:
-        return torch.mm(x, x.T, out=out)
+        return _mm(x, x.T, out)
     cuts = [b * i // parts for i in range(parts + 1)]
     for lo, hi in itertools.pairwise(cuts):
-        torch.mm(x[lo:], x[lo:hi].T, out=out[lo:, lo:hi])
+        _mm(x[lo:], x[lo:hi].T, out[lo:, lo:hi])
     for lo, hi in itertools.pairwise(cuts[:-1]):
         out[lo:hi, hi:].copy_(out[hi:, lo:hi].T)
     return out
 
 
 def gram(x: torch.Tensor, kernel: Kernel, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Raw Gram matrix (b, b) of the rows of ``x`` (b, d), in ``x``'s dtype, into ``out``."""
-    x = x - x[:1]
+    """Raw Gram matrix (b, b) of the rows of ``x`` (b, d), into ``out``: in ``x``'s dtype, or
+    float32 for bf16 and fp16 features, whose products are summed in float32
+    (:func:`accumulator`).
+
+    Float32 and float64 features are shifted by their first row first (the kernels are
+    invariant to it, and the products of large shared offsets cancel less); bf16 and fp16
+    features are not, as a shift in their own precision would round them again.
+    """
+    x = x if x.dtype in LOW_PRECISION else x - x[:1]
     if kernel.name == "linear":
         return _xxt(x, out)
     k = _xxt(x)

@@ -28,6 +28,7 @@ from torch import nn
 from analysis.atlas import Atlas
 from analysis.batch_statistics import registry
 from analysis.batch_statistics.protocol import BatchStatistic, Finishing, Tick, sum_states
+from analysis.data.gpu_jpeg import jpeg_decoder
 from analysis.data.preprocessing import input_record, model_input
 from analysis.data.sources import DataLike, batch_source, image_files, load_data
 from analysis.engine.streaming import RunSettings, StreamingRun, diagnostics
@@ -114,7 +115,9 @@ def run_partial(
     dev = settings.torch_device
     data = load_data(data)
     files = image_files(data) is not None  # image files: every model through its pipeline
-    src = batch_source(data, opts.batch_size, settings.dataset_key, files=files)
+    key, decoded = settings.dataset_key, settings.decoded_cache
+    jpeg = jpeg_decoder(dev)[0] if files and decoded and settings.gpu_jpeg else None
+    src = batch_source(data, opts.batch_size, key, files=files, decoded_cache=decoded, jpeg=jpeg)
     inputs = {m: model_input(models[m], src) for m in names}
     model_keys = settings.model_keys
     if model_keys:  # a model's Grams depend on its pipeline as much as on its weights

@@ -36,7 +36,7 @@ from app.jobs.control import JobControl
 from app.jobs.inputs import StoreNetworks, comparison_plan, load_comparison
 from app.jobs.queue import LostJob
 from app.store import gc
-from app.store.artifacts import StoreGramCache
+from app.store.artifacts import StoreDecodedCache, StoreGramCache
 from app.store.datasets import dataset_key
 from app.store.orm import Comparison, Dataset, Job
 from app.store.services import Services
@@ -93,6 +93,7 @@ def run_comparison(services: Services, job: Job, control: JobControl) -> None:
             StoreNetworks(services),
             device=services.device,
             gram_cache=cache,
+            decoded_cache=StoreDecodedCache(services.store, cache.touched),
             on_batch=control.on_batch,
             shards=run_shards,
             write=write,

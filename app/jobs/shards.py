@@ -43,7 +43,7 @@ from app.jobs.inputs import StoreNetworks, comparison_plan, load_comparison
 from app.jobs.parking import Parked, progress_plan
 from app.jobs.queue import LostJob, enqueue, park
 from app.store import gc
-from app.store.artifacts import StoreGramCache
+from app.store.artifacts import StoreDecodedCache, StoreGramCache
 from app.store.datasets import dataset_key
 from app.store.orm import Job, JobState
 from app.store.services import Services
@@ -130,6 +130,7 @@ def run_shard(services: Services, job: Job, control: JobControl) -> None:
             StoreNetworks(services),
             device=services.device,
             gram_cache=cache,
+            decoded_cache=StoreDecodedCache(services.store, cache.touched),
             on_batch=control.on_batch,
         )
         part = analysis.run_shard(plan, data, hooks, range(start, stop))

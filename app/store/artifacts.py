@@ -102,15 +102,16 @@ def _amount(nbytes: int) -> str:
 
 
 class ArtifactStore:
-    """Blobs, Gram cache and scratch space under one root directory."""
+    """Blobs, Gram cache, decoded images and scratch space under one root directory."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.blobs = self.root / "blobs"
         self.grams = self.root / "grams"
+        self.decoded = self.root / "decoded"
         self.tmp = self.root / "tmp"
         with self.writing():
-            for d in (self.blobs, self.grams, self.tmp):
+            for d in (self.blobs, self.grams, self.decoded, self.tmp):
                 d.mkdir(parents=True, exist_ok=True)
 
     @contextmanager
@@ -305,4 +306,47 @@ class StoreGramCache:
     def put(self, key: str, grams: Any) -> None:
         with self.store.writing():
             self._inner.put(key, grams)
+        self.touched.add(self.relative(key))
+
+
+class StoreDecodedCache:
+    """Image files' pixels, decoded once per pipeline (:mod:`analysis.data.decoded`), under
+    ``store.decoded``: ``.npy`` files read memory-mapped, shared by every worker of the store.
+
+    Kept like stored Grams: each path read or written joins ``touched`` (the job's references,
+    shared with its :class:`StoreGramCache`), so deleting the comparisons that used them
+    removes them and ``cka-atlas gc`` collects the orphans. Bounded by the store's free space:
+    pixels that would not fit are not kept (a warning; the comparison decodes them in memory
+    and the next one decodes them again), and an unreadable file counts as a miss.
+    """
+
+    def __init__(self, store: ArtifactStore, touched: set[str] | None = None) -> None:
+        self.store = store
+        from analysis.data.decoded import DirectoryDecodedCache  # torch only where it runs
+
+        self._inner = DirectoryDecodedCache(store.decoded)
+        self.touched: set[str] = touched if touched is not None else set()
+
+    def relative(self, key: str) -> str:
+        """Where ``key`` lives, relative to the store's root."""
+        return self._inner.path(key).relative_to(self.store.root).as_posix()
+
+    def get(self, key: str) -> np.ndarray | None:
+        try:
+            value = self._inner.get(key)
+        except (OSError, ValueError) as exc:
+            log.warning("decoded images %s are unreadable (%s); decoding again", key[:12], exc)
+            return None
+        if value is not None:
+            self.touched.add(self.relative(key))
+        return value
+
+    def put(self, key: str, pixels: np.ndarray) -> None:
+        try:
+            self.store.check_room(int(pixels.nbytes), "the decoded images")
+            with self.store.writing():
+                self._inner.put(key, pixels)
+        except StoreError as exc:
+            log.warning("decoded images %s not kept: %s", key[:12], exc)
+            return
         self.touched.add(self.relative(key))

@@ -1,14 +1,15 @@
 """Storage garbage collection: what each comparison references, orphans, stale temporaries.
 
-A comparison references the Gram stacks and HSIC blocks its job read or wrote and the
-heatmaps rendered from its result (rows of ``artifact_refs``, written with the result, when a
-job ends without one — failed, cancelled, stopped: :func:`refs_kept` — and when a heatmap is
-first served). Deleting comparisons — directly, or with the model or dataset they use —
-removes each of their artifacts that no remaining comparison references (:func:`release`);
-a comparison's view says how many bytes that is (:func:`unshared_bytes`). ``cka-atlas gc``
-(:func:`collect`) finds the rest: artifacts nothing references (from a job killed with its
-process, from a comparison deleted while it ran, or written before references existed), blobs
-of deleted checkpoints and dataset files, and temporary files left by killed writers.
+A comparison references the Gram stacks and HSIC blocks its job read or wrote, the decoded images of
+its photos (:class:`app.store.artifacts.StoreDecodedCache`), and the heatmaps rendered from its
+result (rows of ``artifact_refs``, written with the result, when a job ends without one — failed,
+cancelled, stopped: :func:`refs_kept` — and when a heatmap is first served). Deleting comparisons —
+directly, or with the model or dataset they use — removes each of their artifacts that no remaining
+comparison references (:func:`release`); a comparison's view says how many bytes that is
+(:func:`unshared_bytes`). ``cka-atlas gc`` (:func:`collect`) finds the rest: artifacts nothing
+references (from a job killed with its process, from a comparison deleted while it ran, or written
+before references existed), blobs of deleted checkpoints and dataset files, and temporary files left
+by killed writers.
 
 A file younger than the GC horizon is never touched, whatever references it: it may belong
 to an upload or a job still in progress. The horizon is ``grace_s`` ago or the start of the
@@ -69,12 +70,23 @@ def record_refs(
         return
     have = referenced_by(session, [comparison_id])
     rows = [
-        {"comparison_id": comparison_id, "path": p, "kind": kind, "size_bytes": _size(store, p)}
+        {
+            "comparison_id": comparison_id,
+            "path": p,
+            "kind": _kind(p, kind),
+            "size_bytes": _size(store, p),
+        }
         for p in wanted
         if p not in have
     ]
     if rows:
         session.execute(insert(ArtifactRef), rows)
+
+
+def _kind(path: str, kind: str) -> str:
+    """A reference's kind: ``decoded`` for decoded images (which a job's Gram references
+    carry along), else ``kind``."""
+    return "decoded" if path.startswith("decoded/") else kind
 
 
 @contextmanager
@@ -255,9 +267,10 @@ def collect(
 ) -> GcReport:
     """Find orphaned artifacts and stale temporary files older than the horizon; remove them.
 
-    Orphans: Grams and blocks under ``grams/`` and blobs under ``blobs/`` that no comparison
-    reference, model or dataset row names. Temporary: anything in ``tmp/`` (scratch
-    directories, ``.part`` files) and ``*.tmp`` files a killed writer left beside a target.
+    Orphans: Grams and blocks under ``grams/``, decoded images under ``decoded/`` and blobs
+    under ``blobs/`` that no comparison reference, model or dataset row names. Temporary:
+    anything in ``tmp/`` (scratch directories, ``.part`` files) and ``*.tmp`` files a killed
+    writer left beside a target.
     """
     report = GcReport(horizon=_horizon(db, grace_s))
     with db.session(readonly=True) as s:
@@ -269,7 +282,7 @@ def collect(
         except FileNotFoundError:
             return False
 
-    for root in (store.grams, store.blobs):
+    for root in (store.grams, store.decoded, store.blobs):
         for path in sorted(root.rglob("*")):
             if not path.is_file() or not old(path):
                 continue

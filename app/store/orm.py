@@ -362,7 +362,7 @@ class ArtifactRef(Base):
         ForeignKey("comparisons.id", ondelete="CASCADE"), primary_key=True
     )
     path: Mapped[str] = mapped_column(String(200), primary_key=True, index=True)
-    kind: Mapped[str] = mapped_column(String(10))  # gram | heatmap
+    kind: Mapped[str] = mapped_column(String(10))  # gram | decoded | heatmap
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
 
 

@@ -213,3 +213,24 @@ def test_each_job_runs_on_the_threads_decided_as_it_starts(
     assert [n for n, _ in seen] == [1, 2]
     assert all(name != threading.current_thread().name for _, name in seen)
     assert threads.job_threads() is None  # the worker stopped: nothing follows its plan
+
+
+def test_a_jobs_photos_are_decoded_on_its_threads(
+    two_cpus: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoding a dataset's photos takes as many threads as the job thread's count, which the
+    plan sets from ``CKA_CPU_THREADS`` (pinned here to 3) or the idle share."""
+    from analysis.data import decoded
+
+    monkeypatch.setenv("CKA_CPU_THREADS", "3")
+    plan = threads.JobThreads(Settings(), workers=1, limit_blas=lambda _n: None)
+    seen: list[int] = []
+
+    def job() -> None:
+        plan.apply()  # as app.jobs.run does in the thread that runs a job
+        seen.append(decoded.decode_threads())
+
+    worker = threading.Thread(target=job)
+    worker.start()
+    worker.join()
+    assert seen == [3]

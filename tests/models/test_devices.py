@@ -15,6 +15,7 @@ import models
 from analysis import ImageDataset, load_dataset
 from app.cli import main
 from models import training
+from models.step_capture import HOST_REASON
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
@@ -48,6 +49,7 @@ def test_a_cpu_training_records_where_and_how_it_ran(
     assert record["cuda_version"] is None and record["cublas_workspace_config"] is None
     assert isinstance(record["device_name"], str) and record["device_name"]
     assert record["float32_matmul_precision"] == torch.get_float32_matmul_precision()
+    assert record["step_capture"] == f"eager: {HOST_REASON}"  # the host captures nothing
     # The library's default is the host: the same run, the same weights.
     assert _training(default)["device"] == "cpu" and _sha(default) == _sha(on_cpu)
 
@@ -144,8 +146,14 @@ def test_cuda_runs_record_the_gpu_and_repeat_bit_for_bit(
     assert record["device"] == f"cuda:{torch.cuda.current_device()}"
     assert record["device_name"] == torch.cuda.get_device_name()
     assert record["cuda_version"] == torch.version.cuda and record["deterministic"] is True
+    # each step after the warm-up replayed from one CUDA graph, and still bit for bit; an
+    # architecture whose step cannot be captured says why, the same in both runs
+    captured = [_training(r)["step_capture"] for r in runs]
+    assert captured[:2] == ["cuda_graph"] * 2 and captured[2] == captured[3]
+    assert captured[2] == "cuda_graph" or captured[2].startswith("eager: capture failed: ")
     assert _sha(runs[0]) == _sha(runs[1]) and _sha(runs[2]) == _sha(runs[3])
     bf16 = training.train(
         "mixer_digits", small_digits, epochs=1, device="cuda", precision="bf16", out_dir=tmp_path
     )
     assert _training(bf16)["precision"] == "bf16"
+    assert _training(bf16)["step_capture"] == "cuda_graph"
