@@ -3,10 +3,11 @@
 Trains ``--seeds`` models of ``--arch`` on digits (the family's recipe unless ``--epochs``; none
 with ``--epochs 0``: untrained models), reads every default layer on the first ``--images`` test
 images (upsampled ``--upsample`` times, bilinear, when asked: 8×8 digits become 32×32 for
-``tiny10_cifar``), computes linear CKA (biased, over all the images at once, as the
-``layer_identification`` study does: the inner product of the layers' centred, unit-norm Grams) between every pair of layers of every pair of models, and scores it with the study's own
-statistic and interval (:func:`analysis.studies.identification.identification`), plus the
-accuracy per layer. Prints one JSON line and writes it to ``--out``::
+``tiny10_cifar``), computes linear CKA between every pair of layers of every pair of models
+(biased, over all the images at once, as the ``layer_identification`` study does: the inner
+product of the layers' centred, unit-norm Grams) and scores it with the study's own statistic
+and interval (:func:`analysis.studies.identification.identification`), plus the accuracy per
+layer. Prints one JSON line and writes it to ``--out``::
 
     python docs/examples/identification_factors.py --arch tiny10_digits --seeds 10 \\
         --epochs 60 --out run/factors/epochs60.json
@@ -51,7 +52,9 @@ def main() -> None:
     args = parser.parse_args()
 
     started = time.perf_counter()
-    train, test = training_data("digits")
+    splits = training_data("digits")
+    assert isinstance(splits, tuple)  # digits come as their fixed (train, test) split
+    train, test = splits
     train, test = _upsampled(train, args.upsample), _upsampled(test, args.upsample)
     options = {} if args.width is None else {"width": args.width}
     tag = f"{args.arch}-e{args.epochs}-w{args.width}-u{args.upsample}"
@@ -85,7 +88,7 @@ def main() -> None:
     per_layer = np.nanmean(hits(sims), axis=(0, 1))
     result |= {
         "setting": vars(args),
-        "layers": dict(zip(layers, np.round(per_layer, 3).tolist(), strict=True)),
+        "layers": {name: round(float(v), 3) for name, v in zip(layers, per_layer, strict=True)},
         "seconds": round(time.perf_counter() - started, 1),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
