@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import models
 from analysis import ImageDataset
 from analysis.layers import LayerReader, default_layers
+from analysis.studies import plan
 
 LAYERS = ["stem", *(f"blocks.{i}" for i in range(7)), "pre_logits"]
 # Kornblith 2019, Tiny-10 with w = 16: (channels, side) of each layer's output. digits: 8×8
@@ -133,3 +134,12 @@ def test_round_trip_and_one_epoch_of_its_recipe(tmp_path: Path) -> None:
     sidecar = json.loads(path.with_suffix(".json").read_text())
     assert sidecar["family"] == "tiny10" and sidecar["training"]["lr"] == 3e-3
     assert sidecar["metrics"]["test"]["n"] == 8
+
+
+def test_the_docs_tiny10_identification_spec_plans_ten_trainings_of_its_recipe() -> None:
+    root = Path(__file__).resolve().parents[2]
+    study = plan(root / "docs" / "examples" / "layer_identification_tiny10.yaml")
+    assert [t.arch for t in study.trainings] == ["tiny10_digits"] * 10
+    assert sorted(t.seed for t in study.trainings) == list(range(10))
+    assert {t.train_kwargs()["epochs"] for t in study.trainings} == {15}
+    assert study.reference.structure["omega"] is None
