@@ -23,14 +23,15 @@ Importing the package registers the project's presets in timm's registry, so bot
     models.train("sw_mlp_digits", digits, seed=0, density=0.125)  # -> checkpoint path
 
 Families (one module each): ``mixer`` (timm MlpMixer), ``rp_mixer`` (random-permuted Mixer),
-``gmlp`` (timm gMLP), ``sw_mlp`` (static sparse-weight MLP and the dense ``mlp``). Each module
+``gmlp`` (timm gMLP), ``sw_mlp`` (static sparse-weight MLP and the dense ``mlp``), ``tiny10``
+(Kornblith et al. 2019's plain CNN, no residual stream; no S, C nor Ω). Each module
 holds all its family knows — options, structure, fixed-Ω grid, training recipe — and registers
 it once (:func:`register_family`); the generic functions above look families up there.
 """
 
 from __future__ import annotations
 
-from models import gmlp, mixer, rp_mixer, sw_mlp
+from models import gmlp, mixer, rp_mixer, sw_mlp, tiny10
 from models.budget import Budget, check_budget, estimate
 from models.checkpoint import (
     check_safetensors,
@@ -115,6 +116,7 @@ __all__ = [
     "sidecar_path",
     "structure",
     "sw_mlp",
+    "tiny10",
     "train",
     "validate_config",
     "validate_metadata",

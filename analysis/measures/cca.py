@@ -9,9 +9,19 @@ correlations ρ₁ ≥ … ≥ ρ_c (c = min(r_X, r_Y)) are the singular values 
 * ``cca_mean``: ρ̄ = Σ ρᵢ / c;
 * ``svcca``: R²_CCA between the sides reduced to their top singular directions that explain
   99 % of their variance (Raghu et al. 2017): M's leading k_X × k_Y block;
-* ``pwcca``: Σ αᵢ ρᵢ with αᵢ ∝ Σⱼ |⟨hᵢ, xⱼ⟩| (Morcos et al. 2018), hᵢ = Q_X aᵢ the unit
-  canonical variates of X and xⱼ its centred neurons; symmetrised as the mean of the X- and
-  Y-weighted values.
+* ``pwcca``: projection-weighted CCA as the reference code of Morcos et al. 2018 computes it
+  (``google/svcca``, ``pwcca.compute_pwcca``), the mean of its two directions
+  (:func:`pwcca_sides`). Weighted on side X: with uᵢ = V_X aᵢ the i-th canonical coefficient
+  vector over X's neurons (the reference's ``coef_x`` row; aᵢ the i-th left singular vector of
+  M, V_X the right singular vectors of the centred X), the directions are gᵢ = X_c uᵢ + μᵢ·1
+  (μᵢ the mean of X's i-th neuron: the reference adds the neuron means back, row by row),
+  orthonormalised in order (QR) into pᵢ; αᵢ = Σⱼ |⟨pᵢ, xⱼ⟩| over X's *uncentred* neurons xⱼ, and
+  the value is Σ αᵢ ρᵢ / Σ αᵢ over the c = min(r_X, r_Y) correlations. gᵢ changes with the sign
+  of uᵢ, which an SVD leaves free: each uᵢ is signed so that its entry of largest magnitude is
+  positive (scikit-learn's ``svd_flip`` rule); the reference takes whatever LAPACK returns.
+  ``pwcca_sides(..., centred=True)`` gives Morcos et al.'s written definition instead: the
+  unit canonical variates hᵢ = Q_X aᵢ against the centred neurons (docs/measures.md says when
+  to prefer it).
 
 Degenerate: the centred samples span an (n − 1)-dimensional space, so whatever the data at least
 r_X + r_Y − (n − 1) canonical correlations are 1 — all of them once a side spans it (d ≥ n − 1).
@@ -26,7 +36,7 @@ import torch
 from analysis.measures.factor import Factor
 from analysis.measures.protocol import Flag, Layer, Measure, Pair
 
-__all__ = ["CCA", "CCA_MEAN", "DEGENERATE", "PWCCA", "SVCCA", "degenerate"]
+__all__ = ["CCA", "CCA_MEAN", "DEGENERATE", "PWCCA", "SVCCA", "degenerate", "pwcca_sides"]
 
 
 def degenerate(fx: Factor, fy: Factor) -> bool:
@@ -84,15 +94,57 @@ def _pwcca(pair: Pair) -> float:
     if c == 0:
         return float("nan")
     a, _, bh = pair.canonical
-    rho = _rho(pair)
-    return (_weighted(a[:, :c].T, fx, rho) + _weighted(bh[:c], fy, rho)) / 2
+    x_side, y_side = _weighted_sides(fx, fy, (a[:, :c].T, _rho(pair), bh[:c]), centred=False)
+    return (x_side + y_side) / 2
 
 
-def _weighted(directions: torch.Tensor, side: Factor, rho: torch.Tensor) -> float:
-    """Σ αᵢ ρᵢ with one side's projection weights: its canonical variates hᵢ = Q aᵢ (rows of
-    ``directions`` are the aᵢ) against its neurons, ⟨hᵢ, xⱼ⟩ = (aᵢᵀ Qᵀ X)ⱼ."""
+def pwcca_sides(fx: Factor, fy: Factor, *, centred: bool = False) -> tuple[float, float]:
+    """PWCCA weighted on X's side and on Y's: the reference's ``compute_pwcca(X, Y)`` and
+    ``compute_pwcca(Y, X)`` for full-rank sides (n > d) whose first argument is no wider than
+    the second, up to the signs of its SVD (see the module docstring). Where the first is
+    wider the reference fails (its second branch indexes the first layer's activations with
+    the second's neurons); this weights the wider side's c leading directions the same way.
+    ``centred``: Morcos et al.'s formula on the centred canonical variates instead."""
+    c = min(fx.rank, fy.rank)
+    if c == 0:
+        return float("nan"), float("nan")
+    a, rho, bh = torch.linalg.svd(fx.q.T @ fy.q, full_matrices=False)
+    return _weighted_sides(fx, fy, (a[:, :c].T, rho[:c].clamp(0.0, 1.0), bh[:c]), centred=centred)
+
+
+def _weighted_sides(
+    fx: Factor, fy: Factor, svd: tuple[torch.Tensor, torch.Tensor, torch.Tensor], centred: bool
+) -> tuple[float, float]:
+    """Both sides' PWCCA from M's leading c singular triplets (rows aᵢ, ρ, rows bᵢ)."""
+    assert fx.loadings is not None and fy.loadings is not None, "factorise(..., loadings=True)"
+    a, rho, b = svd
+    side = _centred_side if centred else _reference_side
+    return side(a, fx, rho), side(b, fy, rho)
+
+
+def _centred_side(directions: torch.Tensor, side: Factor, rho: torch.Tensor) -> float:
+    """Σ αᵢ ρᵢ / Σ αᵢ with αᵢ = Σⱼ |⟨hᵢ, xⱼ⟩|: the unit canonical variates hᵢ = Q aᵢ (rows of
+    ``directions`` are the aᵢ) against the centred neurons, ⟨hᵢ, xⱼ⟩ = (aᵢᵀ Qᵀ X)ⱼ."""
     assert side.loadings is not None
     alpha = (directions @ side.loadings).abs().sum(dim=1)
+    return float((alpha * rho).sum() / alpha.sum())
+
+
+def _reference_side(directions: torch.Tensor, side: Factor, rho: torch.Tensor) -> float:
+    """Σ αᵢ ρᵢ / Σ αᵢ with the reference's weights (module docstring); ``directions``' rows
+    are the aᵢ, in the side's basis Q."""
+    assert side.loadings is not None and side.means is not None
+    q, s, loadings, means = side.q, side.s, side.loadings, side.means
+    c = directions.shape[0]
+    coef = (directions / s) @ loadings  # uᵢᵀ = aᵢᵀ Vᵀ over the neurons, (c, d)
+    top = coef.abs().argmax(dim=1, keepdim=True)
+    sign = torch.sign(coef.gather(1, top)).squeeze(1)
+    sign[sign == 0] = 1.0
+    g = q @ (s[:, None] * directions.T) * sign + means[:c]  # gᵢ = X_c uᵢ + μᵢ·1, (n, c)
+    p, _ = torch.linalg.qr(g)
+    # ⟨pᵢ, xⱼ⟩ over the uncentred neurons xⱼ = X_c eⱼ + μⱼ·1
+    w = (p.T @ q) @ loadings + p.sum(dim=0)[:, None] * means[None, :]
+    alpha = w.abs().sum(dim=1)
     return float((alpha * rho).sum() / alpha.sum())
 
 

@@ -10,7 +10,8 @@ below it are noise that CCA would otherwise whiten up to correlation 1). What th
 * ``q`` (n × r): an orthonormal basis of the centred features' column space, U's first r
   columns, ordered by singular value (SVCCA keeps a prefix of it);
 * ``s`` (r): the singular values (‖X‖²_F = Σ s², XᵀY's singular values come from S_X M S_Y);
-* ``loadings`` (r × d): Qᵀ X = S Vᵀ, only for PWCCA (its weights are sums over neurons).
+* ``loadings`` (r × d): Qᵀ X = S Vᵀ, and ``means`` (d): the neurons' means over the samples,
+  only for PWCCA (its weights are sums over the uncentred neurons X + 1 μᵀ).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Factor:
     s: torch.Tensor
     loadings: torch.Tensor | None
     svcca_rank: int
+    means: torch.Tensor | None = None
 
     @property
     def rank(self) -> int:
@@ -72,7 +74,9 @@ class Factor:
 def factorise(features: torch.Tensor, *, loadings: bool = False) -> Factor:
     """The :class:`Factor` of one layer's ``features`` (n, …); ``loadings`` for PWCCA."""
     eps = torch.finfo(features.dtype).eps if features.is_floating_point() else 0.0
-    x = centred(features)
+    raw = features.reshape(features.shape[0], -1).to(torch.float64)
+    means = raw.mean(dim=0)
+    x = raw - means
     n, d = x.shape
     if eps >= GRAM_EPS:
         u, s, vh = _through_gram(x)
@@ -91,4 +95,5 @@ def factorise(features: torch.Tensor, *, loadings: bool = False) -> Factor:
         s=s,
         loadings=(s[:, None] * vh) if loadings else None,
         svcca_rank=min(kept, r),
+        means=means if loadings else None,
     )

@@ -1,8 +1,10 @@
 """The whole-sample measures against independent float64 implementations written here.
 
 The references follow the papers' own recipes, never the engine's basis-and-SVD route: CCA by
-whitening the covariances with their inverse square roots (scipy.linalg.sqrtm), PWCCA per Morcos
-et al. 2018 (weights from the canonical variates against the neurons), linear regression by
+whitening the covariances with their inverse square roots (scipy.linalg.sqrtm), PWCCA as the
+reference code of Morcos et al. 2018 computes it (google/svcca ``compute_pwcca``, written out in
+:func:`_pwcca_reference_side`; its centred variant from the canonical variates against the
+centred neurons), linear regression by
 least squares (numpy.linalg.lstsq), Procrustes by the SVD of XᵀY, SVCCA by an SVD truncation
 then CCA, and mutual k-NN by brute force.
 """
@@ -16,6 +18,8 @@ import torch
 
 from analysis import cka_from_features
 from analysis.measures import WHOLE_SAMPLE, measure_matrices, projected
+from analysis.measures.cca import pwcca_sides
+from analysis.measures.factor import factorise
 
 TOL = 1e-8
 
@@ -39,7 +43,30 @@ def _cca(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 def _pwcca_side(h: np.ndarray, x: np.ndarray, rho: np.ndarray) -> float:
+    """The centred variant: unit canonical variates against the centred neurons."""
     alpha = np.abs(h.T @ _centre(x)).sum(axis=1)
+    return float((alpha / alpha.sum()) @ rho)
+
+
+def _pwcca_reference_side(x: np.ndarray, y: np.ndarray) -> float:
+    """PWCCA weighted on x's side as google/svcca's ``compute_pwcca(x.T, y.T)`` computes it
+    (full rank, n > d), its SVD's signs fixed so that each coefficient vector's entry of largest
+    magnitude is positive: the coefficient vectors uᵢ (columns of U from the SVD of
+    Σxx^{-1/2} Σxy Σyy^{-1/2}, np.cov covariances) are applied to the centred neurons
+    *without* whitening, each row gets its neuron's mean back (dirᵢ = uᵢᵀ(Xᵀ − μ) + μᵢ), the
+    directions are orthonormalised by QR, and each is weighted by the sum of its absolute
+    projections on the *uncentred* neurons."""
+    d = x.shape[1]
+    cov = np.cov(x.T, y.T)
+    sxx, sxy, syy = cov[:d, :d], cov[:d, d:], cov[d:, d:]
+    u, rho, _ = np.linalg.svd(_inv_sqrt(sxx) @ sxy @ _inv_sqrt(syy))
+    c = min(x.shape[1], y.shape[1])
+    u, rho = u[:, :c], rho[:c]
+    u = u * np.sign(u[np.abs(u).argmax(axis=0), np.arange(c)])
+    mu = x.mean(axis=0)
+    directions = u.T @ (x - mu).T + mu[:c, None]  # (c, n)
+    p, _ = np.linalg.qr(directions.T)
+    alpha = np.abs(p.T @ x).sum(axis=1)
     return float((alpha / alpha.sum()) @ rho)
 
 
@@ -77,7 +104,8 @@ def reference(x: np.ndarray, y: np.ndarray, k: int = 10) -> dict[str, float]:
         "cca": float(np.mean(rho**2)),
         "cca_mean": float(np.mean(rho)),
         "svcca": float(np.mean(rho_sv**2)),
-        "pwcca": (_pwcca_side(hx, x, rho) + _pwcca_side(hy, y, rho)) / 2,
+        "pwcca": (_pwcca_reference_side(x, y) + _pwcca_reference_side(y, x)) / 2,
+        "pwcca_centred": (_pwcca_side(hx, x, rho) + _pwcca_side(hy, y, rho)) / 2,
         "linreg": (_r2(x, y) + _r2(y, x)) / 2,
         "procrustes": float(
             np.linalg.svd(xc.T @ yc, compute_uv=False).sum()
@@ -112,8 +140,44 @@ def test_every_measure_matches_its_independent_implementation(
     for name in WHOLE_SAMPLE:
         assert got.values[name][0, 1] == pytest.approx(want[name], abs=TOL), name
         assert got.values[name][1, 0] == got.values[name][0, 1]
+    assert abs(want["pwcca"] - want["pwcca_centred"]) > 1e-3  # the two are told apart
     assert got.degenerate is not None and not got.degenerate.any()
     assert got.ranks == [7, 5]
+
+
+def _relu_pair(seed: int, n: int, dx: int, dy: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two layers of ReLU units (positive means, as real activations have) sharing 6 factors."""
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal((n, 6))
+    x = np.maximum(z @ rng.standard_normal((6, dx)) + 0.5 * rng.standard_normal((n, dx)) + 0.3, 0)
+    y = np.maximum(z @ rng.standard_normal((6, dy)) + 0.8 * rng.standard_normal((n, dy)), 0)
+    return x, y
+
+
+@pytest.mark.parametrize(("dx", "dy"), [(12, 12), (8, 20), (20, 8)])
+def test_pwcca_matches_the_reference_code_in_both_directions(dx: int, dy: int) -> None:
+    x, y = _relu_pair(dx + dy, 300, dx, dy)
+    fx, fy = (factorise(torch.from_numpy(v), loadings=True) for v in (x, y))
+    x_side, y_side = pwcca_sides(fx, fy)
+    assert x_side == pytest.approx(_pwcca_reference_side(x, y), abs=1e-6)
+    assert y_side == pytest.approx(_pwcca_reference_side(y, x), abs=1e-6)
+    assert abs(x_side - y_side) > 1e-3  # asymmetric: the measure is the mean of the two
+    got = measure_matrices([torch.from_numpy(x), torch.from_numpy(y)], ["pwcca"])
+    assert got.values["pwcca"][0, 1] == pytest.approx((x_side + y_side) / 2, abs=1e-12)
+    rho, hx, hy = _cca(x, y)
+    centred = pwcca_sides(fx, fy, centred=True)
+    assert centred[0] == pytest.approx(_pwcca_side(hx, x, rho), abs=1e-6)
+    assert centred[1] == pytest.approx(_pwcca_side(hy, y, rho), abs=1e-6)
+
+
+def test_pwcca_moves_with_a_neurons_offset_where_the_centred_variant_does_not() -> None:
+    x, y = _relu_pair(3, 200, 10, 10)
+    shifted = x.copy()
+    shifted[:, 0] += 5.0  # the same layer up to a constant on one neuron
+    sides = [pwcca_sides(*(factorise(torch.from_numpy(v), loadings=True) for v in (a, y)),
+                         centred=c) for a in (x, shifted) for c in (False, True)]  # fmt: skip
+    assert abs(sides[0][0] - sides[2][0]) > 1e-3
+    assert sides[1][0] == pytest.approx(sides[3][0], abs=1e-9)
 
 
 def test_svcca_truncates_a_low_variance_direction() -> None:

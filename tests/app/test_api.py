@@ -20,9 +20,11 @@ def test_builtin_digits_and_architectures(client: TestClient) -> None:
     ds = client.get(f"/v1/datasets/{digits_id(client)}").json()
     assert ds["builtin"] and ds["shape"] == [1, 8, 8] and ds["n"] == 450
     page = client.get("/v1/architectures", params={"family": "preset", "limit": 3}).json()
-    assert page["total"] == 10 and len(page["items"]) == 3 and page["limit"] == 3
+    assert page["total"] == 12 and len(page["items"]) == 3 and page["limit"] == 3
     mixer = client.get("/v1/architectures/mixer_digits").json()
     assert mixer["input_shape"] == [1, 8, 8] and mixer["default_layers"]
+    tiny10 = client.get("/v1/architectures/tiny10_digits").json()  # a CNN: no tokens, no Ω
+    assert tiny10["input_shape"] == [1, 8, 8] and len(tiny10["default_layers"]) == 9
     assert_problem(client.get("/v1/architectures/nope"), 404, "not_found")
 
 
