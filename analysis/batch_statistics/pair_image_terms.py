@@ -6,8 +6,9 @@ layer counts, each image's first-order projection of the mean of the pair's diag
 with the image variance ``Σ_a (φ_a − φ'_a)²``, not the sum of their variances. A study's
 differences read them (:mod:`analysis.studies.differences`). The per-batch terms join end to
 end; the output is (M, M, N), written per pair (:meth:`analysis.Atlas.image_terms`). An atlas
-whose pairs × images would exceed :data:`MAX_TERMS` keeps none (its differences fall back to
-the sum of the two sides' variances, and say so).
+whose pairs × images would exceed :data:`MAX_TERMS`, or whose diagonal cells × images (the
+state, 8 bytes each) would exceed :data:`MAX_CELL_TERMS`, keeps none (its differences fall
+back to the sum of the two sides' variances, and say so).
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ from analysis.batch_statistics.protocol import (
 )
 from analysis.inference.paired_images import DiagonalCells, diagonal_terms, pair_projections
 
-__all__ = ["MAX_TERMS", "PairImageTerms", "decode_pairs", "encode_pairs"]
+__all__ = ["MAX_CELL_TERMS", "MAX_TERMS", "PairImageTerms", "decode_pairs", "encode_pairs"]
 
-# The most (model pairs × images) values an atlas keeps: 2 million, about 40 MB of JSON.
+# The most (model pairs × images) values an atlas keeps: 2 million, about 30 MB of JSON.
 MAX_TERMS = 2_000_000
+# The most (diagonal cells × images) terms a run holds until its finish: 128 MB of float64.
+MAX_CELL_TERMS = 16_000_000
 
 
 class PairImageTerms:
@@ -49,7 +52,11 @@ class PairImageTerms:
     def __init__(self, setup: Setup) -> None:
         self.cells = DiagonalCells.every_pair(setup.sizes)
         images = setup.planned * setup.options.batch_size
-        self.kept = bool(self.cells.pairs) and len(self.cells.pairs) * images <= MAX_TERMS
+        self.kept = (
+            bool(self.cells.pairs)
+            and len(self.cells.pairs) * images <= MAX_TERMS
+            and len(self.cells.x) * images <= MAX_CELL_TERMS
+        )
         self.estimator = setup.options.estimator
         self.layers = setup.layers
         self.parts: list[tuple[np.ndarray, np.ndarray]] = []

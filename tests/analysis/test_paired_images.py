@@ -19,6 +19,7 @@ import torch
 
 import analysis
 import models
+from analysis.batch_statistics import pair_image_terms
 from analysis.estimators.hsic import centred_rows, hsic_block
 from analysis.inference.image_intervals import ImageMoments, image_intervals
 from analysis.inference.paired_images import (
@@ -155,7 +156,9 @@ def test_a_cell_projection_squares_to_its_image_interval() -> None:
     np.testing.assert_allclose(np.sqrt(np.sum(terms[:, 0] ** 2)), (high - low)[0, 1] / (2 * Z))
 
 
-def test_compare_keeps_each_pairs_image_terms_and_writes_them() -> None:
+def test_compare_keeps_each_pairs_image_terms_and_writes_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     nets = {f"s{i}": models.create("mlp_digits", seed=i) for i in range(3)}
     x = torch.randn(96, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     one = analysis.compare(nets, x, batch_size=32, device="cpu", interval="images", layers="stem")
@@ -181,3 +184,7 @@ def test_compare_keeps_each_pairs_image_terms_and_writes_them() -> None:
     assert pair is not None and 0 < np.sqrt(np.sum(pair**2)) <= mean_se
     plain = analysis.compare(nets, x, batch_size=32, device="cpu", interval="none")
     assert plain.image_terms("s0", "s1") is None and "image_terms" not in plain.to_dict()
+    # past the cap (3 pairs × 96 images > 200): none kept, the differences will sum
+    monkeypatch.setattr(pair_image_terms, "MAX_TERMS", 200)
+    capped = analysis.compare(nets, x, batch_size=32, device="cpu", interval="images")
+    assert capped.image_terms("s0", "s1") is None and capped.interval("s0", "s1") is not None
