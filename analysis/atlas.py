@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from analysis.batch_statistics import registry
+from analysis.batch_statistics.pair_image_terms import decode_pairs, encode_pairs
 from analysis.batch_statistics.protocol import Output, OutputKind
 from analysis.estimators.hsic import cka_from_hsic
 from analysis.inference.permutation_null import NullSummary
@@ -327,6 +328,15 @@ class Atlas:
         self._check(name)
         return full[self._offsets[name]].copy()
 
+    def image_terms(self, a: str, b: str) -> np.ndarray | None:
+        """Each image's first-order projection of the mean diagonal CKA of models a and b
+        (:mod:`analysis.inference.paired_images`), None where the atlas kept none."""
+        full = self.values.get("image_terms")
+        if full is None or a == b:
+            return None
+        terms = full[self.models.index(a), self.models.index(b)]
+        return terms if terms.size and np.isfinite(terms).all() else None
+
     def effective_dim(self, name: str) -> np.ndarray | None:
         """Per layer of ``name``: participation ratio of the centred Gram, batch average."""
         return self._per_layer(self.layer_effective_dim, name)
@@ -419,6 +429,8 @@ class Atlas:
     def _encode(self, output: Output, value: np.ndarray) -> Any:
         if output.kind == "layers":  # per model, its layers' values
             return {m: _encode("layers", value[self._offsets[m]]) for m in self.models}
+        if output.kind == "images":  # per model pair, its images' values
+            return encode_pairs(value)
         return _encode(output.kind, value)
 
     @classmethod
@@ -441,6 +453,8 @@ class Atlas:
                 values[output.name] = _decode(
                     "layers", [v for m in data["models"] for v in found[m]]
                 )
+            elif output.kind == "images":
+                values[output.name] = decode_pairs(len(data["models"]), found)
             else:
                 values[output.name] = _decode(output.kind, found)
         return cls(

@@ -56,8 +56,8 @@ def differences_table(summary: dict[str, Any]) -> str:
     ref = summary["reference"]["name"]
     lines = [
         f"| arm | minus | difference in diagonal CKA vs {ref} | 95 % interval | p | "
-        f"closer to {ref}? |",
-        "|---|---|---:|---:|---:|---|",
+        f"closer to {ref}? | image se |",
+        "|---|---|---:|---:|---:|---|---:|",
     ]
     words = {"closer": "yes", "farther": "no, farther", "undecided": "undecided", None: "—"}
     for d in summary["differences"]:
@@ -65,8 +65,13 @@ def differences_table(summary: dict[str, Any]) -> str:
         interval = "—" if d["low"] is None else f"[{d['low']:+.3f}, {d['high']:+.3f}]"
         estimate = "—" if d["estimate"] is None else f"{d['estimate']:+.3f}"
         p = "—" if d["p_value"] is None else f"{d['p_value']:.3f}"
+        # the images' share of the interval: paired over the same images, or summed (older runs)
+        images = "—" if d.get("input_se") is None else f"{d['input_se']:.4f}"
+        if d.get("images") == "summed":
+            images += " (summed)"
         lines.append(
-            f"| {d['arm']} | {versus} | {estimate} | {interval} | {p} | {words[d['decision']]} |"
+            f"| {d['arm']} | {versus} | {estimate} | {interval} | {p} | {words[d['decision']]} "
+            f"| {images} |"
         )
     return "\n".join(lines)
 

@@ -67,8 +67,9 @@ Tick = Callable[[int, int], None]
 # What an output holds, and so how it is written as JSON (analysis.atlas):
 # cells  (L, L) floats, None where not finite;   counts  (L, L) integers, written as floats;
 # labels (L, L) strings, None where empty;       flags   (L, L) booleans;
-# layers (L,) floats, written per model.
-OutputKind = Literal["cells", "counts", "labels", "flags", "layers"]
+# layers (L,) floats, written per model;
+# images (M, M, N) floats, one value per image for each model pair, written per pair (a < b).
+OutputKind = Literal["cells", "counts", "labels", "flags", "layers", "images"]
 
 
 @dataclass(frozen=True)

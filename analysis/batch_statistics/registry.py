@@ -16,6 +16,7 @@ from analysis.batch_statistics.bootstrap_terms import BootstrapTerms
 from analysis.batch_statistics.image_moments import ImageIntervalMoments
 from analysis.batch_statistics.layer_spectra import LayerSpectra
 from analysis.batch_statistics.measures import WholeSampleMeasures
+from analysis.batch_statistics.pair_image_terms import PairImageTerms
 from analysis.batch_statistics.permutation_null import DrawnNull
 from analysis.batch_statistics.protocol import BatchStatistic, Output, Setup, Switch
 from analysis.batch_statistics.sensitivity import SensitivityFeatures
@@ -26,6 +27,7 @@ __all__ = ["OUTPUTS", "STATISTICS", "SWITCHES", "start_wanted", "statistic"]
 STATISTICS: tuple[type[BatchStatistic], ...] = (
     BootstrapTerms,
     ImageIntervalMoments,
+    PairImageTerms,
     DrawnNull,
     LayerSpectra,
     SensitivityFeatures,

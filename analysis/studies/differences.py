@@ -46,12 +46,17 @@ reference-seed effect), per arm table ``columns`` σ_c² = (MS_C − MS_E)₊/n_
 σ_e² = MS_E, and ``images`` = v_input (:class:`Components`). How V scales with the seeds of each
 side is :meth:`Components.variance`; :mod:`analysis.studies.power` plans seeds from it.
 
-**Inputs.** ``v_input`` is the sampling noise of the images, from each cell's bootstrap interval
-over minibatches when the comparison has one (se = width / (2 · 1.96)). Every cell sees the same
-images, so that noise is largely shared by all cells of a table, which the seed ANOVA cannot see;
-its variance is at most ``(mean se)²`` per table, and assuming the two arms' image errors are not
-negatively correlated (the same images move both the same way or not at all), at most the sum of
-the two. The part that differs between cells is also in the residual: the sum is conservative.
+**Images.** ``v_input`` is the sampling noise of the images: every model sees the same test
+images, which no seed count resamples. When both sides carry their tables' per-image
+projections (``image_terms``, :func:`analysis.studies.summary.table_image_terms`), the two
+sides were computed over the same images and ``v_input = Σ_a (T_A(a) − T_B(a))²``, the first-
+order variance of the difference itself (:mod:`analysis.inference.paired_images`): what moves
+both arms' CKA with the Mixer together cancels, as the reference seed's effect does in ``z_i``
+(``images: "paired"``). Without them (an older summary, an atlas too large to keep them) it
+falls back to the bound of the two tables' errors taken as independent: ``v_input`` is the sum
+over the two sides of ``(mean se)²``, each table's mean over its cells of their image standard
+error (se = width / (2 · 1.96)), conservative since what differs between cells is also in the
+residual and the shared part is counted twice (``images: "summed"``).
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ from typing import Any
 
 import numpy as np
 
+from analysis.inference.paired_images import paired_variance
+
 __all__ = [
     "DRAWS",
     "ArmTable",
@@ -72,6 +79,7 @@ __all__ = [
     "components",
     "crossed_difference",
     "decision",
+    "image_variance",
     "mean_squares",
     "study_differences",
     "variance_draws",
@@ -309,13 +317,15 @@ class ArmTable:
 
     ``input_se``: the mean over cells of each cell's image-sampling standard error, None when the
     comparison has no intervals. ``is_reference``: the arm's models are the reference's own (its
-    table is the seed-to-seed table, and it is compared as the baseline is).
+    table is the seed-to-seed table, and it is compared as the baseline is). ``image_terms``:
+    each image's projection of the table's mean (the module's **Images**), None without them.
     """
 
     name: str
     table: np.ndarray | None
     input_se: float | None = None
     is_reference: bool = False
+    image_terms: np.ndarray | None = None
 
 
 def _complete(table: np.ndarray | None, n_r: int) -> bool:
@@ -330,18 +340,30 @@ def _complete(table: np.ndarray | None, n_r: int) -> bool:
 
 def _side(
     arm: ArmTable, baseline: ArmTable, n_r: int
-) -> tuple[np.ndarray, list[np.ndarray], float | None] | None:
-    """(row values, tables whose columns add variance, input se) of one side of a difference."""
+) -> tuple[np.ndarray, list[np.ndarray], ArmTable] | None:
+    """(row values, tables whose columns add variance, the table whose image noise it carries)
+    of one side of a difference."""
     if arm.is_reference:
         arm = baseline
     if arm is baseline:
         if arm.table is None or n_r < 3:
             return None
         pseudo = baseline_pseudo_values(arm.table)
-        return (pseudo, [], arm.input_se) if np.isfinite(pseudo).all() else None
+        return (pseudo, [], arm) if np.isfinite(pseudo).all() else None
     if arm.table is None or not _complete(arm.table, n_r):
         return None
-    return arm.table.mean(axis=1), [arm.table], arm.input_se
+    return arm.table.mean(axis=1), [arm.table], arm
+
+
+def image_variance(left: ArmTable, right: ArmTable) -> tuple[float, str | None]:
+    """(v_input, how): the paired variance of the two tables' image projections when both have
+    them over the same images, else the sum of their ``input_se``² (the module's **Images**);
+    ``how`` is ``"paired"``, ``"summed"``, or None (0: neither side has image noise)."""
+    a, b = left.image_terms, right.image_terms
+    if a is not None and b is not None and a.shape == b.shape:
+        return paired_variance(a, b), "paired"
+    ses = [s for s in (left.input_se, right.input_se) if s is not None]
+    return (sum(s * s for s in ses), "summed") if ses else (0.0, None)
 
 
 def _point(arm: ArmTable, baseline: ArmTable) -> float | None:
@@ -362,7 +384,9 @@ def study_differences(
 
     ``baseline.table`` is the reference × reference table (its own seeds on both sides; only
     i < k is read). Each item: ``{"arm", "versus", "estimate", "low", "high", "p_value", "se",
-    "input_se", "variance"}`` with ``versus`` the matched arm's name or ``"seed_to_seed"``;
+    "input_se", "images", "variance"}`` (``input_se`` = √v_input; ``images``: ``"paired"`` or
+    ``"summed"``, see :func:`image_variance`) with ``versus`` the matched arm's name or
+    ``"seed_to_seed"``;
     ``low``/``high``/``p_value`` are None where the seeds do not allow an interval (fewer than 3
     reference seeds against the baseline, fewer than 2 per side otherwise), and so is
     ``variance`` (:meth:`Difference.variance_dict`: the :class:`Components` and the seeds). The
@@ -391,12 +415,12 @@ def study_differences(
                 "p_value": None,
                 "se": None,
                 "input_se": None,
+                "images": None,
                 "variance": None,
             }
             left, right = _side(arm, baseline, n_r), _side(other, baseline, n_r)
             if left is not None and right is not None:
-                ses = [left[2], right[2]]
-                input_var = sum(s * s for s in ses if s is not None)
+                input_var, how = image_variance(left[2], right[2])
                 against_baseline = arm.is_reference or other is baseline or other.is_reference
                 diff = crossed_difference(
                     left[0] - right[0],
@@ -407,8 +431,10 @@ def study_differences(
                 )
                 item.update(diff.as_dict())
                 item["variance"] = diff.variance_dict()
-                if all(s is not None for s in ses):
+                both = None not in (left[2].input_se, right[2].input_se)
+                if how == "paired" or both:
                     item["input_se"] = math.sqrt(input_var)
+                    item["images"] = how
             item["decision"] = decision(item["low"], item["high"])
             out.append(item)
     return out

@@ -13,7 +13,9 @@ variance of a difference scales as the components do with the seeds::
 
 the reference-seed and arm-seed effects shrinking with the seeds of one model, the residual
 with the seeds of both (it is averaged over the n × n pairs), the images' noise not at all (every
-model sees the same images). Against the seed-to-seed baseline ``ρ`` holds the baseline's own
+model sees the same images; ``v_img`` is the paired variance of the difference's per-image
+projections where the pilot has them, :mod:`analysis.inference.paired_images`, else the sum of
+the two sides'). Against the seed-to-seed baseline ``ρ`` holds the baseline's own
 residual too (the jackknife's Efron–Stein bound), which really shrinks as 1/n²: scaled as 1/n
 here, the seeds planned there are, like the interval, on the safe side.
 

@@ -32,6 +32,7 @@ from analysis.studies.summary import (
     pair_table,
     seed_to_seed_diagonals,
     t_interval,
+    table_image_terms,
 )
 
 __all__ = [
@@ -203,19 +204,37 @@ def differences(
     """
     settings = power_settings(summary, detect=detect, target=target)
     base = summary["baselines"]["seed_to_seed"]
-    baseline = ArmTable("seed_to_seed", _array(base.get("table")), base.get("input_se"))
+    baseline = ArmTable(
+        "seed_to_seed", _array(base.get("table")), base.get("input_se"), image_terms=_terms(base)
+    )
     ref_models = set(summary["reference"].get("keys") or [])
     arms = []
     for arm in summary["arms"]:
         stat = arm.get("cka_diagonal") or {}
         is_ref = bool(ref_models) and set(arm.get("keys") or []) == ref_models
-        arms.append(ArmTable(arm["name"], _array(stat.get("table")), stat.get("input_se"), is_ref))
+        arms.append(
+            ArmTable(
+                arm["name"], _array(stat.get("table")), stat.get("input_se"), is_ref, _terms(stat)
+            )
+        )
     items = study_differences(arms, baseline, summary.get("matched"), 1.0 - settings["alpha"])
     return [{**item, "power": difference_power(item, settings)} for item in items]
 
 
-def _stat(diagonals: Any, table: tuple[np.ndarray | None, float | None]) -> dict[str, Any]:
-    return {**diagonal_summary(diagonals), "table": _json_table(table[0]), "input_se": table[1]}
+def _stat(
+    diagonals: Any, table: tuple[np.ndarray | None, float | None], terms: np.ndarray | None
+) -> dict[str, Any]:
+    return {
+        **diagonal_summary(diagonals),
+        "table": _json_table(table[0]),
+        "input_se": table[1],
+        "image_terms": None if terms is None else [float(f"{v:.7g}") for v in terms],
+    }
+
+
+def _terms(stat: Mapping[str, Any]) -> np.ndarray | None:
+    found = stat.get("image_terms")
+    return None if found is None else np.asarray(found, dtype=float)
 
 
 def summary_dict(
@@ -224,6 +243,7 @@ def summary_dict(
     """The summary.json document of issue 12 §6 (plus a few descriptive keys)."""
     matrix = atlas.matrix
     interval = getattr(atlas, "interval", None)
+    terms = getattr(atlas, "image_terms", None)
     refs = list(recs[plan.reference.name])
     reference = _describe(plan.reference, refs)
     arms = []
@@ -231,9 +251,12 @@ def summary_dict(
         rows = list(recs[entry.name])
         item = _describe(entry, rows)
         table = pair_table(refs, rows, matrix, interval)
-        item["cka_diagonal"] = _stat(pair_diagonals(refs, rows, matrix), table)
+        own = table_image_terms(refs, rows, table[0], terms)
+        item["cka_diagonal"] = _stat(pair_diagonals(refs, rows, matrix), table, own)
         arms.append(item)
-    baseline = _stat(seed_to_seed_diagonals(refs, matrix), pair_table(refs, refs, matrix, interval))
+    base = pair_table(refs, refs, matrix, interval)
+    base_terms = table_image_terms(refs, refs, base[0], terms, upper=True)
+    baseline = _stat(seed_to_seed_diagonals(refs, matrix), base, base_terms)
     spec = plan.spec
     summary = {
         "study": spec.name,

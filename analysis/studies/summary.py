@@ -18,7 +18,11 @@ For every entry (the reference, and each arm's grid point) over its seeds:
     the per-pair values as a table, rows the reference's seeds and columns the entry's (the
     reference's own for the baseline), ``null`` where a pair is a model with itself, and
     ``input_se``, the mean over pairs of each pair's image-sampling standard error (from the
-    comparison's bootstrap intervals; ``null`` without them). The differences between arms
+    comparison's bootstrap intervals; ``null`` without them), and ``image_terms``, each test
+    image's first-order projection of the table's mean (the mean over its pairs of the atlas's
+    :meth:`analysis.Atlas.image_terms`; ``null`` when the atlas kept none), which lets two
+    tables over the same images be differenced image by image
+    (:mod:`analysis.inference.paired_images`). The differences between arms
     (:mod:`analysis.studies.differences`) are computed from these tables alone.
 
 The diagonal needs square blocks (equal layer counts); an entry whose models have another
@@ -43,6 +47,7 @@ __all__ = [
     "pair_table",
     "seed_to_seed_diagonals",
     "t_interval",
+    "table_image_terms",
 ]
 
 LEVEL = 0.95
@@ -151,6 +156,40 @@ def pair_table(
     pairs = int(np.isfinite(table).sum())
     input_se = float(np.mean(ses)) if pairs and len(ses) == pairs else None
     return table, input_se
+
+
+Terms = Callable[[str, str], "np.ndarray | None"]
+
+
+def table_image_terms(
+    references: Sequence[ModelRecord],
+    models: Sequence[ModelRecord],
+    table: np.ndarray | None,
+    terms: Terms | None,
+    *,
+    upper: bool = False,
+) -> np.ndarray | None:
+    """Each image's projection of the table's mean: the mean of its pairs' image terms.
+
+    The pairs are the table's finite cells (only i < k with ``upper``: the seed-to-seed
+    baseline, whose mean is over unordered pairs); None without a table, without ``terms``
+    (the atlas's :meth:`~analysis.Atlas.image_terms`) or when any pair has none.
+    """
+    if table is None or terms is None:
+        return None
+    found = []
+    for i, ref in enumerate(references):
+        for j, other in enumerate(models):
+            if not np.isfinite(table[i, j]) or (upper and j <= i):
+                continue
+            got = terms(ref.name, other.name)
+            if got is None:
+                return None
+            found.append(np.asarray(got, dtype=float))
+    if not found or len({f.shape for f in found}) != 1:
+        return None
+    mean: np.ndarray = np.mean(found, axis=0)
+    return mean
 
 
 def seed_to_seed_diagonals(references: Sequence[ModelRecord], matrix: Matrix) -> list[np.ndarray]:

@@ -324,6 +324,14 @@ def plan_study_command(args: argparse.Namespace) -> int:
         f"CKA with {100 * settings['target']:.0f} % power, two-sided α = {settings['alpha']:g}, "
         f"from a {pilot_n}-seed pilot"
     )
+    pairing = {d.get("images") for d in plan.differences if d.get("power")}
+    if "summed" in pairing:
+        print(
+            "The pilot keeps no per-image terms: each floor sums the two sides' image noise as "
+            "if independent (an upper bound); a pilot run with this release pairs them."
+        )
+    elif "paired" in pairing:
+        print("Floors: the paired image noise of each difference, over the same test images.")
     header = ["arm", "minus", "observed", "decision", f"detectable ({pilot_n})", "floor"]
     rows = [[*header, f"seeds for {target}"], *_plan_rows(plan)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) + 1)]

@@ -123,6 +123,30 @@ def test_study_differences_cover_every_arm_against_matched_and_baseline() -> Non
         assert d["low"] <= d["estimate"] <= d["high"] and 0 < d["p_value"] <= 1
 
 
+def test_differences_over_the_same_images_use_the_paired_image_variance() -> None:
+    rng = np.random.default_rng(8)
+    base = rng.uniform(0.7, 0.8, size=(N, N))
+    base = np.triu(base, 1) + np.triu(base, 1).T
+    np.fill_diagonal(base, np.nan)
+    m, x = rng.uniform(0.8, 0.9, size=(N, N)), rng.uniform(0.6, 0.7, size=(N, N))
+    shared = rng.normal(0, 1e-3, 450)  # the images move every table together...
+    terms = {k: shared + rng.normal(0, 2e-4, 450) for k in ("m", "x", "base")}  # ...and apart
+    arms = [ArmTable("m", m, 0.03, image_terms=terms["m"]), ArmTable("x", x, 0.03)]
+    baseline = ArmTable("seed_to_seed", base, 0.03, image_terms=terms["base"])
+    got = {(d["arm"], d["versus"]): d for d in study_differences(arms, baseline, "m")}
+    paired = got["m", "seed_to_seed"]
+    assert paired["images"] == "paired"
+    assert paired["input_se"] == pytest.approx(np.sqrt(np.sum((terms["m"] - terms["base"]) ** 2)))
+    assert paired["variance"]["images"] == pytest.approx(paired["input_se"] ** 2)
+    # x has no per-image terms (an older summary): the sum of the two tables' se², said so
+    assert got["x", "m"]["images"] == "summed"
+    assert got["x", "m"]["input_se"] == pytest.approx(np.hypot(0.03, 0.03))
+    # the terms must be over the same images: 449 against 450 are not paired
+    short = ArmTable("x", x, 0.03, image_terms=terms["x"][:449])
+    other = study_differences([arms[0], short], baseline, "m")
+    assert next(d for d in other if d["arm"] == "x" and d["versus"] == "m")["images"] == "summed"
+
+
 def test_summary_differences_recompute_from_the_stored_tables() -> None:
     from tests.analysis.test_studies import FakeAtlas, finished
 

@@ -178,6 +178,21 @@ def test_the_pilot_plans_the_seeds_of_the_built_in_study() -> None:
     assert None not in needed and plan.seeds == max(needed) and not plan.out_of_reach
     assert plan.trainings(plan.seeds) == 8 * plan.seeds
     assert plan.new_trainings(plan.seeds) == 8 * (plan.seeds - 3)
+    # the pilot keeps per-image terms: each floor is its paired image noise's, the |Δ| at which
+    # Φ(Δ/se − z) + Φ(−Δ/se − z) = 0.8 (z = z₀.₉₇₅), below the floor of the summed bound
+    unpaired = json.loads(PILOT.read_text(encoding="utf-8"))
+    for stat in [a["cka_diagonal"] for a in unpaired["arms"]] + [
+        unpaired["baselines"]["seed_to_seed"]
+    ]:
+        stat["image_terms"] = None
+    summed = plan_seeds("sparsity", unpaired, detect=0.05).asked
+    z = stats.norm.ppf(0.975)
+    for d, bound in zip(plan.asked, summed, strict=True):
+        se, floor = d["input_se"], d["power"]["floor"]
+        assert (d["images"], bound["images"]) == ("paired", "summed")
+        reach = stats.norm.cdf(floor / se - z) + stats.norm.cdf(-floor / se - z)
+        assert reach == pytest.approx(0.8, abs=1e-6)
+        assert floor < bound["power"]["floor"] / 2
     # without a target: the undecided differences, as observed; 0.027 is below its floor
     observed = plan_seeds("sparsity", PILOT)
     assert {(d["arm"], d["versus"]) for d in observed.asked} == {

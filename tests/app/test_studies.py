@@ -111,6 +111,7 @@ def test_cli_study_plan_answers_from_a_pilot(capsys: pytest.CaptureFixture[str])
     plan = studies.plan_seeds("sparsity", pilot, detect=0.05)
     rows = [line.split() for line in out.splitlines() if line.startswith(("sw_mlp", "mlp", "rp"))]
     assert len(rows) == 13  # one per difference; its last column the seeds for 0.05
+    assert "Floors: the paired image noise of each difference" in out
     assert [int(r[-1]) for r in rows] == [d["power"]["seeds_for_detect"] for d in plan.asked]
     n = plan.seeds
     assert f"{n} seeds, {8 * n} trainings ({8 * (n - 3)} new beyond the pilot's)" in out
