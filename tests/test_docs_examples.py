@@ -6,7 +6,9 @@ with the worktree's ``.venv/bin`` on PATH (so ``cka-atlas`` and ``python`` are t
 checkout's), ``CKA_DATA_DIR`` a fresh store, and — when the file talks to
 ``localhost:8000`` — a live ``cka-atlas serve`` on a free port over that same store, the
 examples' ``localhost:8000`` rewritten to it. Shell blocks run under ``bash -euo pipefail``
-(a ``console`` block's ``$ `` prompts are stripped), Python blocks with this interpreter.
+(a ``console`` block's ``$ `` prompts are stripped, and the output it shows under them must be
+what its commands print, both streams in order, with ``mktemp -d``'s folder written
+``/tmp/tmp.XXXX``), Python blocks with this interpreter.
 ``cka-atlas`` commands and Python blocks run in children forked from one interpreter that has
 already imported the CLI and the libraries (:mod:`tests.preloaded`): the same code, arguments,
 folder and environment as a fresh process, without its seconds of imports.
@@ -101,6 +103,24 @@ def _console(code: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _console_output(code: str) -> str:
+    """A console block's shown output: every line that is not a command or its continuation
+    (none where the block has no ``$ `` prompt: then it is all commands)."""
+    if not any(line.startswith("$ ") for line in code.splitlines()):
+        return ""
+    shown, continued = [], False
+    for line in code.splitlines():
+        if line.startswith("$ ") or continued:
+            continued = line.endswith("\\")
+        else:
+            shown.append(line)
+    return "\n".join(shown)
+
+
+# A folder ``mktemp -d`` made, as the docs write it.
+TEMP_DIR = re.compile(r"/tmp/tmp\.\w+")
+
+
 class LiveServer:
     """``cka-atlas serve`` over the example's store, on a free loopback port."""
 
@@ -173,7 +193,9 @@ def _run(
         argv = [str(python), "-c", code]
     else:
         script = _console(code) if block.lang == "console" else code
-        argv = ["bash", "-euo", "pipefail", "-c", script]
+        # a console block shows what its commands print, both streams in order
+        merged = "exec 2>&1\n" if block.lang == "console" else ""
+        argv = ["bash", "-euo", "pipefail", "-c", merged + script]
     done = subprocess.run(
         argv, cwd=work, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S
     )
@@ -181,6 +203,12 @@ def _run(
         pytest.fail(
             f"the {block.lang} block at line {block.line} exited with {done.returncode}:\n"
             f"{code}\n--- stdout ---\n{done.stdout[-3000:]}\n--- stderr ---\n{done.stderr[-3000:]}"
+        )
+    if block.lang == "console" and (shown := _console_output(code).strip()):
+        printed = TEMP_DIR.sub("/tmp/tmp.XXXX", done.stdout).strip()
+        assert printed == shown, (
+            f"the console block at line {block.line} shows other output than its commands "
+            f"print:\n--- shown ---\n{shown}\n--- printed ---\n{printed}"
         )
 
 
@@ -200,6 +228,7 @@ def test_block_parser_reads_fences_skips_and_console_prompts() -> None:
     ]
     assert found[0].line == 3 and found[1].code == "print(1)\n"
     assert _console(found[3].code) == "echo a \\\n  b\ntrue\n"
+    assert _console_output("$ echo a \\\n  b\na b\n$ true\n") == "a b"
     with pytest.raises(AssertionError, match="needs a reason"):
         blocks("<!-- skip -->\n```sh\ntrue\n```\n")
 
