@@ -42,7 +42,9 @@ today they are these, present only when computed (so an atlas without them seria
     :mod:`analysis.comparison.seed_ceiling`): per baseline its full matrices (``random_init``:
     ``cka`` the mean over the draws, ``sd``, ``min``, ``max``, ``draws``, ``seeds``;
     ``seed_ceiling``: ``cka`` and, with intervals, ``ci_low``/``ci_high``) and per block what
-    stood in, or the ``reason`` it is undefined.
+    stood in, or the ``reason`` it is undefined; ``image_var``, where the comparison kept its
+    cells' per-image projections, each cell's paired image variance of its difference from the
+    baseline (:mod:`analysis.inference.verdicts`).
 ``measures``, and its flags ``cca_degenerate``, ``linreg_saturated``, ``procrustes_saturated``, …
     with ``measures`` beyond CKA (:mod:`analysis.measures`): per measure its full
     (L_total, L_total) matrix, whose blocks the ``matrices`` entries carry under the measure's
@@ -51,7 +53,8 @@ today they are these, present only when computed (so an atlas without them seria
 ``verdicts``
     with baselines and intervals: each cell's difference from its baselines with its interval
     and verdict (:func:`analysis.inference.verdicts.cell_verdicts`, the arrays of
-    :data:`analysis.inference.verdicts.VERDICT_KEYS`, with the ``margin`` and ``level``); derived.
+    :data:`analysis.inference.verdicts.VERDICT_KEYS`, with the ``margin``, ``level`` and
+    ``verdict_images``: per question ``paired`` or ``summed``); derived.
 
 Warnings about these (a list of sentences) and their structured flags live in
 ``diagnostics["warnings"]`` and ``diagnostics["flags"]``.
@@ -74,6 +77,7 @@ from analysis.inference.verdicts import (
     MARGIN,
     atlas_q_values,
     cell_verdicts,
+    verdict_images,
     verdicts_json,
 )
 from analysis.measures.registry import flags_of
@@ -300,6 +304,8 @@ class Atlas:
                     self._baseline_full("seed_ceiling", "ci_low"),
                     self._baseline_full("seed_ceiling", "ci_high"),
                 ),
+                learned_images=self._baseline_full("random_init", "image_var"),
+                seed_images=self._baseline_full("seed_ceiling", "image_var"),
                 margin=margin,
             )
             cached = self._verdicts[margin] = (self.baselines, self.ci_low, computed)
@@ -321,6 +327,17 @@ class Atlas:
             return None
         b = a if b is None else b
         return {key: self._block(values, a, b) for key, values in full.items()}
+
+    def verdict_images(self) -> dict[str, str]:
+        """Per question the verdicts answer (``learned``, ``seed``), whether the image part of
+        its difference's variance is ``paired`` (the baseline's per-cell ``image_var``, over
+        the same images) or ``summed`` (:mod:`analysis.inference.verdicts`); empty without
+        verdicts."""
+        return verdict_images(
+            self._verdicts_full(),
+            self._baseline_full("random_init", "image_var"),
+            self._baseline_full("seed_ceiling", "image_var"),
+        )
 
     def _per_layer(self, full: np.ndarray | None, name: str) -> np.ndarray | None:
         if full is None:
@@ -412,7 +429,9 @@ class Atlas:
         if self.baselines is not None:
             out["baselines"] = self.baselines
             if verdicts := self._verdicts_full():
-                out["verdicts"] = verdicts_json(verdicts, margin=MARGIN, level=LEVEL)
+                out["verdicts"] = verdicts_json(
+                    verdicts, margin=MARGIN, level=LEVEL, images=self.verdict_images()
+                )
         return out
 
     def _output_json(self, output: Output, a: str, b: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from analysis.batch_statistics.analytic_null import AnalyticNullSums
 from analysis.batch_statistics.bootstrap_terms import BootstrapTerms
+from analysis.batch_statistics.cell_image_terms import CellImageTerms
 from analysis.batch_statistics.image_moments import ImageIntervalMoments
 from analysis.batch_statistics.layer_spectra import LayerSpectra
 from analysis.batch_statistics.measures import WholeSampleMeasures
@@ -28,6 +29,7 @@ STATISTICS: tuple[type[BatchStatistic], ...] = (
     BootstrapTerms,
     ImageIntervalMoments,
     PairImageTerms,
+    CellImageTerms,
     DrawnNull,
     LayerSpectra,
     SensitivityFeatures,

@@ -21,6 +21,13 @@ one, and the same comparison gives the same baseline. In a model's block with it
 side is a second twin (``copy`` 1): two untrained networks of one architecture, the floor of the
 seed-to-seed agreement. ``random_init_draws`` draws are averaged; their standard deviation
 (``sd``, none for one draw), minimum and maximum are kept.
+
+**Paired verdicts.** Given the comparison's per-image projections of its cells
+(:mod:`analysis.batch_statistics.cell_image_terms`), a baseline's stand-ins run keeping theirs
+too (``projections=True``), over the same images in the same order, and the baseline stores
+per cell the image variance of the difference, image by image (``image_var``:
+:func:`paired_image_var`): the verdicts' paired image term (:mod:`analysis.inference.verdicts`).
+Where either side kept none (their cap), there is no ``image_var`` and the verdicts sum.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import torch
 from torch import nn
 
 from analysis.atlas import Atlas
+from analysis.batch_statistics.cell_image_terms import KEY as CELL_PROJECTIONS
 from analysis.errors import AnalysisError
 from analysis.options import CompareOptions
 
@@ -47,6 +55,7 @@ __all__ = [
     "Substituted",
     "choose",
     "matrix_json",
+    "paired_image_var",
     "random_init_baseline",
     "random_init_twin",
     "substituted_cka",
@@ -161,6 +170,9 @@ class Substituted:
     blocks: list[dict[str, Any]]
     ci_low: np.ndarray | None = None
     ci_high: np.ndarray | None = None
+    # (N, L_total, L_total): each image's projection of each stand-in cell, with ``projections``
+    # and where the stand-ins' run kept them (NaN where undefined)
+    terms: np.ndarray | None = None
 
 
 def substituted_cka(
@@ -171,13 +183,16 @@ def substituted_cka(
     run: RunAtlas,
     *,
     intervals: bool = False,
+    projections: bool = False,
     on_batch: OnBatch | None = None,
 ) -> Substituted:
     """The chosen stand-ins' CKA in the comparison's layer order, and per block what stood in.
 
     ``sizes``: layers per model, in the comparison's order; ``resolve`` gives a stand-in's
     network; ``run`` runs them (see :data:`RunAtlas`), reporting to ``on_batch``;
-    ``intervals``: also their 95 % intervals, as ``options`` ask for them.
+    ``intervals``: also their 95 % intervals, as ``options`` ask for them; ``projections``:
+    also each image's projection of each cell (``terms``; the run keeps them under image
+    intervals and the comparison's baselines, within their cap).
     """
     starts = dict(zip(sizes, np.cumsum([0, *sizes.values()]).tolist(), strict=False))
     total = sum(sizes.values())
@@ -190,14 +205,19 @@ def substituted_cka(
                 raise AnalysisError(f"two stand-ins are labelled {s.label!r}")
     described: list[dict[str, Any]] = []
     shared = _SHARED + (_INTERVALS if intervals else ())
+    paired: dict[str, Any] = {}
+    if projections:  # what makes the run keep its cells' projections (cell_image_terms)
+        paired = {"interval": "images", "baselines": options.baselines}
     if stand_ins:
         own = CompareOptions.build(
-            **{k: getattr(options, k) for k in shared},
+            **({k: getattr(options, k) for k in shared} | paired),
             null="none",  # a baseline is a reference value, not a test
             layers={lb: s.layers for lb, s in stand_ins.items()},
         )
         keys = {lb: s.cache_key for lb, s in stand_ins.items() if s.cache_key}
         atlas = run({lb: resolve(s) for lb, s in stand_ins.items()}, own, keys or None, on_batch)
+    found = atlas.values.pop(CELL_PROJECTIONS, None) if stand_ins and projections else None
+    terms = None if found is None else np.full((len(found), total, total), np.nan)
     for (a, b), pick in chosen.items():
         if isinstance(pick, str):
             described.append({"a": a, "b": b, "reason": pick})
@@ -212,10 +232,33 @@ def substituted_cka(
             target[ra, rb] = block
             if a != b:
                 target[rb, ra] = block.T
+        if terms is not None and found is not None:
+            block = found[:, _rows(atlas, row.label), _rows(atlas, col.label)]
+            terms[:, ra, rb] = block
+            if a != b:
+                terms[:, rb, ra] = block.transpose(0, 2, 1)
         pair = {"rows": _about(row), "columns": _about(col)}
         described.append({"a": a, "b": b, "stand_ins": [pair]})
     with_ci = intervals and stand_ins and atlas.ci_low is not None
-    return Substituted(full, described, low if with_ci else None, high if with_ci else None)
+    return Substituted(full, described, low if with_ci else None, high if with_ci else None, terms)
+
+
+def paired_image_var(cell: np.ndarray, baseline: np.ndarray) -> list[list[float | None]]:
+    """Per cell, ``Σ_a (φ_a − φ'_a)²`` over the images of the comparison's projections
+    ``cell`` and a baseline's ``baseline`` (both (N, L, L)), as JSON (None where undefined)."""
+    if cell.shape != baseline.shape:
+        raise AnalysisError(
+            f"the baseline's projections have shape {baseline.shape}, the comparison's "
+            f"{cell.shape}: paired differences need the same images and layers"
+        )
+    var = np.sum((cell - baseline) ** 2, axis=0)
+    return matrix_json(np.where(np.isfinite(var), var, np.nan))
+
+
+def _rows(atlas: Atlas, label: str) -> slice:
+    """Where the layers of model ``label`` lie among ``atlas``'s layers."""
+    start = sum(len(atlas.layers[m]) for m in atlas.models[: atlas.models.index(label)])
+    return slice(start, start + len(atlas.layers[label]))
 
 
 def _about(s: StandIn) -> dict[str, Any]:
@@ -242,13 +285,15 @@ def random_init_baseline(
     run: RunAtlas,
     model_keys: Mapping[str, str] | None = None,
     on_draw: Callable[[int], OnBatch | None] | None = None,
+    projections: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """The random-init baseline of ``nets`` (see the module doc), as JSON.
 
     ``layers``: the resolved layer names of each model (the atlas's ``layers``); ``options``:
     the comparison's (``random_init_draws`` among them); ``run``: how stand-ins run
     (:data:`RunAtlas`). ``on_draw(d)`` gives the ``on_batch`` callback of draw ``d`` (progress,
-    cancellation).
+    cancellation). ``projections``: the comparison's (N, L, L) per-image projections of its
+    cells, for the paired ``image_var`` (module doc).
     Returns ``cka`` (the mean over draws), ``sd``, ``min``, ``max`` (full matrices, None
     where undefined), ``draws``, the per-model ``seeds`` and per block what stood in.
     """
@@ -260,6 +305,7 @@ def random_init_baseline(
     seeds: dict[str, list[int]] = {m: [] for m in order}
     merged: dict[Block, dict[str, Any]] = {(a, b): {"a": a, "b": b} for a, b in blocks}
     runs = []
+    drawn_terms: list[np.ndarray | None] = []
 
     def resolve(s: StandIn) -> nn.Module:
         return random_init_twin(nets[s.about["untrained"]], seed=s.about["seed"])
@@ -283,9 +329,12 @@ def random_init_baseline(
             resolve,
             opts,
             run,
+            projections=projections is not None,
             on_batch=None if on_draw is None else on_draw(d),
         )
         runs.append(drawn.cka)
+        if projections is not None:
+            drawn_terms.append(drawn.terms)
         for item in drawn.blocks:
             slot = merged[item["a"], item["b"]]
             if "reason" in item:  # undefined in one draw: undefined
@@ -294,7 +343,7 @@ def random_init_baseline(
                 slot.setdefault("stand_ins", []).extend(item["stand_ins"])
     stack = np.stack(runs)
     sd = np.std(stack, axis=0, ddof=1) if len(runs) > 1 else np.full(stack.shape[1:], np.nan)
-    return {
+    out = {
         "draws": len(runs),
         "cka": matrix_json(stack.mean(axis=0)),
         "sd": matrix_json(sd),
@@ -303,6 +352,10 @@ def random_init_baseline(
         "seeds": seeds,
         "blocks": [merged[blk] for blk in blocks],
     }
+    kept = [t for t in drawn_terms if t is not None]
+    if projections is not None and kept and len(kept) == len(drawn_terms):
+        out["image_var"] = paired_image_var(projections, np.mean(np.stack(kept), axis=0))
+    return out
 
 
 def matrix_json(a: np.ndarray) -> list[list[float | None]]:

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from analysis.atlas import Atlas
+from analysis.batch_statistics.cell_image_terms import KEY as CELL_PROJECTIONS
 from analysis.comparison.baselines import random_init_baseline
 from analysis.comparison.plan import (
     ComparisonPlan,
@@ -198,6 +199,8 @@ def _baselines(
         settings = hooks.settings(cache_keys, on_batch)
         return combine([run_partial(stand_ins, data, options, None, settings)])
 
+    # the cells' per-image projections, kept for the paired verdicts and never stored
+    projections = atlas.values.pop(CELL_PROJECTIONS, None)
     stored: dict[str, Any] = {}
     if "random_init" in opts.baselines:
         draws = opts.random_init_draws
@@ -208,6 +211,7 @@ def _baselines(
             model_keys={m.label: m.key for m in plan.members},
             run=run,
             on_draw=lambda d: progress.part("random_init", d, draws),
+            projections=projections,
         )
     if plan.ceiling is not None:
         stored["seed_ceiling"] = seed_ceiling_baseline(
@@ -218,6 +222,7 @@ def _baselines(
             opts,
             run=run,
             on_batch=progress.phase("seed_ceiling"),
+            projections=projections,
         )
         atlas.diagnostics["siblings"] = {
             label: [s.describe() for s in sibs] for label, sibs in plan.ceiling.siblings.items()

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from torch import nn
 
 from analysis.comparison.baselines import (
@@ -40,6 +41,7 @@ from analysis.comparison.baselines import (
     StandIn,
     choose,
     matrix_json,
+    paired_image_var,
     substituted_cka,
 )
 from analysis.options import CompareOptions
@@ -219,23 +221,37 @@ def seed_ceiling_baseline(
     *,
     run: RunAtlas,
     on_batch: OnBatch | None = None,
+    projections: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """The seed ceiling (see the module doc) as a full matrix over ``nets``' layers, with its
     95 % interval (``ci_low``/``ci_high``) when ``options`` ask for intervals.
 
     ``chosen``: :func:`plan_seed_ceiling`; ``pool``: loaded checkpoints by key (a member may be
     taken from ``nets`` instead); ``run``: how the stand-ins run
-    (:data:`analysis.comparison.baselines.RunAtlas`), reporting to ``on_batch``.
+    (:data:`analysis.comparison.baselines.RunAtlas`), reporting to ``on_batch``;
+    ``projections``: the comparison's (N, L, L) per-image projections of its cells, for the
+    paired ``image_var`` (:mod:`analysis.comparison.baselines`).
     """
     sizes = {label: len(layers[label]) for label in nets}
 
     def resolve(s: StandIn) -> nn.Module:
         return pool[s.identity] if s.identity in pool else nets[s.label]
 
-    found = substituted_cka(sizes, chosen, resolve, options, run, intervals=True, on_batch=on_batch)
+    found = substituted_cka(
+        sizes,
+        chosen,
+        resolve,
+        options,
+        run,
+        intervals=True,
+        projections=projections is not None,
+        on_batch=on_batch,
+    )
     out = {"cka": matrix_json(found.cka), "blocks": found.blocks}
     if found.ci_low is not None and found.ci_high is not None:
         out |= {"ci_low": matrix_json(found.ci_low), "ci_high": matrix_json(found.ci_high)}
+    if projections is not None and found.terms is not None:
+        out["image_var"] = paired_image_var(projections, found.terms)
     return out
 
 

@@ -32,7 +32,10 @@ intervals' moments. With the whole plan's HSIC H and ρ, a cell (x, y) projects 
 
 (the delta method), so ``Σ_a φ_a²`` is exactly the variance the cell's image interval uses.
 A study reads, per pair of models with equal layer counts, the projection of the mean of the
-diagonal cells (:func:`pair_projections`), the statistic it tables.
+diagonal cells (:func:`pair_projections`), the statistic it tables. A comparison with
+baselines keeps every cell's projection for as long as it runs (:func:`cell_projections`), so
+a cell's verdicts weigh its difference from its untrained twins or its seed ceiling, computed
+over the same images, by the variance of the difference (:mod:`analysis.inference.verdicts`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import torch
 
 __all__ = [
     "DiagonalCells",
+    "cell_projections",
     "diagonal_terms",
     "pair_projections",
     "paired_variance",
@@ -142,6 +146,24 @@ def pair_projections(
     means[:, counts == 0] = np.nan
     out: np.ndarray = means
     return out
+
+
+def cell_projections(hsic: np.ndarray, psi: np.ndarray) -> np.ndarray:
+    """(N, L, L): each image's projection φ of every cell's CKA (NaN where a cell is undefined).
+
+    ``hsic``: the whole plan's (L, L) HSIC; ``psi``: (N, L, L), every image's term ψ of every
+    pair of layers, scaled by √(n/(n−1)) per batch as :func:`diagonal_terms`' are, so that
+    ``Σ_a φ_a²`` of a cell is the variance of its image interval.
+    """
+    d = np.diag(hsic)
+    own = np.diagonal(psi, axis1=1, axis2=2)  # (N, L): each layer with itself
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dd = np.sqrt(np.outer(d, d))
+        rho = hsic / dd
+        rho[~((d[:, None] > 0) & (d[None, :] > 0))] = np.nan
+        ratio = own / d
+        phi: np.ndarray = psi / dd - rho / 2 * (ratio[:, :, None] + ratio[:, None, :])
+    return phi
 
 
 def paired_variance(left: np.ndarray, right: np.ndarray) -> float:

@@ -15,21 +15,33 @@ reading of its width).
 
 ``learned = T − mean(U_1..U_k)``, the value minus the mean of the untrained twins' ``k`` draws
 (``random_init_draws``), whose standard deviation over the draws is ``s``. Its variance counts
-both sources: ``V = se² + s²/k`` — the images that gave ``T``, and how well ``k`` draws pin down
-what untrained networks give. The twins see the same images as the cell, so the images' share
-of their noise is largely shared with ``T`` and is not counted twice. With a few draws ``s`` is
-itself uncertain, so the interval is ``learned ± t_{0.975, ν} √V`` with the Welch–Satterthwaite
-degrees of freedom ``ν = V² (k − 1) / (s²/k)²`` (the image term, estimated from hundreds of
-images, counts as exact): with 3 draws and the twins' spread dominating, ``t`` is near 4.3, not
-1.96. One draw gives no spread at all: the interval is unbounded and the verdict undecided.
+both sources: ``V = v_img + s²/k`` — the images that gave ``T`` and the twins, and how well ``k``
+draws pin down what untrained networks give. With a few draws ``s`` is itself uncertain, so the
+interval is ``learned ± t_{0.975, ν} √V`` with the Welch–Satterthwaite degrees of freedom
+``ν = V² (k − 1) / (s²/k)²`` (the image term, estimated from hundreds of images, counts as
+exact): with 3 draws and the twins' spread dominating, ``t`` is near 4.3, not 1.96. One draw
+gives no spread at all: the interval is unbounded and the verdict undecided.
 
 ``seed_gap = T − C``, the value minus the seed ceiling ``C`` (the cell with a model replaced by
-a seed sibling), with ``V = se² + se_C²`` from both intervals (``se_C`` from the ceiling's own
-interval; where it has none, as in results stored before ceilings had one, ``se_C = se``: the
-same measure over the same images) and the normal quantile: ``seed_gap ± 1.96 √V``. The two
-values come from the same images, so their noise is positively correlated and this interval is,
-if anything, too wide. It counts the images, not the spread between seeds: one sibling is one
-seed (a third seed in the store gives a second ceiling to compare with).
+a seed sibling), with ``V = v_img`` and the normal quantile: ``seed_gap ± 1.96 √V``. It counts
+the images, not the spread between seeds: one sibling is one seed (a third seed in the store
+gives a second ceiling to compare with).
+
+**The image term ``v_img``: paired, or summed.** The twins and the sibling run over the same
+images as the cell, so both sides of each difference are sums over the same images of their
+first-order projections (:mod:`analysis.inference.paired_images`), and the difference's image
+variance is that of the difference of the projections, image by image:
+``v_img = Σ_a (φ_T,a − mean_k φ_U_k,a)²`` for ``learned`` and ``Σ_a (φ_T,a − φ_C,a)²`` for
+``seed_gap``. A comparison with baselines and image intervals keeps the projections of its
+cells and of its baselines' runs while it runs (:mod:`analysis.batch_statistics.cell_image_terms`)
+and stores each baseline's per-cell ``image_var``; the verdicts are then ``paired``. Where it has
+none (the projections would exceed their memory cap, batch-bootstrap intervals, results stored
+before), or for a cell whose ``image_var`` is undefined, the image term is the unpaired one:
+for ``learned`` the cell's own ``se²`` (the twins' image noise is not counted), for ``seed_gap``
+the sum ``se² + se_C²`` (``se_C`` from the ceiling's own interval; where it has none ``se_C =
+se``: the same measure over the same images), as if the two sides' images were independent. The
+sum counts the images' shared part twice, so it is, if anything, too wide; the
+verdicts say which they used (``verdict_images``: ``paired`` or ``summed`` per question).
 
 Each verdict asks one question and answers it three ways, with one rule for "undecided": the
 interval contains both 0 and the margin on the side the question is about (``MARGIN``, 0.05 on
@@ -73,6 +85,7 @@ __all__ = [
     "cell_verdicts",
     "learned",
     "seed_gap",
+    "verdict_images",
     "verdicts_from_json",
     "verdicts_json",
 ]
@@ -170,6 +183,15 @@ def _judge(
     )
 
 
+def _image_term(unpaired: np.ndarray, paired: np.ndarray | None) -> np.ndarray:
+    """The paired image variance where a cell has it (finite), else the unpaired one."""
+    if paired is None:
+        return unpaired
+    paired = np.asarray(paired, float)
+    out: np.ndarray = np.where(np.isfinite(paired), paired, unpaired)
+    return out
+
+
 def learned(
     value: np.ndarray,
     ci_low: np.ndarray,
@@ -178,19 +200,22 @@ def learned(
     floor_sd: np.ndarray | None,
     draws: int,
     *,
+    image_var: np.ndarray | None = None,
     margin: float = MARGIN,
     level: float = LEVEL,
 ) -> Judged:
     """``value − floor`` (the untrained twins' mean over ``draws`` draws, ``floor_sd`` their
     standard deviation; None or NaN with one draw) with its Welch–Satterthwaite interval and
-    the verdict ``above_untrained | not_above_untrained | undecided`` (see the module doc)."""
+    the verdict ``above_untrained | not_above_untrained | undecided`` (see the module doc).
+    ``image_var``: the paired image variance of the difference per cell; None, or NaN in a
+    cell, for the cell's own ``se²``."""
     from scipy import stats
 
     diff = np.asarray(value, float) - np.asarray(floor, float)
     se = _standard_error(ci_low, ci_high, level)
     sd = np.full(diff.shape, np.nan) if floor_sd is None else np.asarray(floor_sd, float)
     between = sd**2 / draws if draws > 1 else np.full(diff.shape, np.nan)
-    var = se**2 + between
+    var = _image_term(se**2, image_var) + between
     with np.errstate(divide="ignore", invalid="ignore"):
         df = np.where(between > 0, var**2 * (draws - 1) / between**2, np.inf)
     known = np.isfinite(var)
@@ -215,18 +240,21 @@ def seed_gap(
     ceiling_low: np.ndarray | None = None,
     ceiling_high: np.ndarray | None = None,
     *,
+    image_var: np.ndarray | None = None,
     margin: float = MARGIN,
     level: float = LEVEL,
 ) -> Judged:
     """``value − ceiling`` with the normal interval of both cells' image noise and the verdict
-    ``within_seed_spread | below_seed_ceiling | undecided`` (see the module doc)."""
+    ``within_seed_spread | below_seed_ceiling | undecided`` (see the module doc).
+    ``image_var``: the paired image variance of the difference per cell; None, or NaN in a
+    cell, for the sum of both cells' ``se²``."""
     diff = np.asarray(value, float) - np.asarray(ceiling, float)
     se = _standard_error(ci_low, ci_high, level)
     se_c = se
     if ceiling_low is not None and ceiling_high is not None:
         own = _standard_error(ceiling_low, ceiling_high, level)
         se_c = np.where(np.isfinite(own), own, se)
-    half = _z(level) * np.sqrt(se**2 + se_c**2)
+    half = _z(level) * np.sqrt(_image_term(se**2 + se_c**2, image_var))
     usable = np.isfinite(diff) & np.isfinite(half)
     with np.errstate(invalid="ignore"):
         return _judge(
@@ -245,6 +273,8 @@ def cell_verdicts(
     *,
     random_init: tuple[np.ndarray, np.ndarray | None, int] | None = None,
     seed_ceiling: tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None = None,
+    learned_images: np.ndarray | None = None,
+    seed_images: np.ndarray | None = None,
     margin: float = MARGIN,
     level: float = LEVEL,
 ) -> dict[str, np.ndarray]:
@@ -254,7 +284,9 @@ def cell_verdicts(
     and None there.
 
     ``random_init``: (mean, sd, draws); ``seed_ceiling``: (value, low, high), the interval
-    bounds None where the ceiling has none.
+    bounds None where the ceiling has none. ``learned_images``, ``seed_images``: each
+    difference's paired image variance per cell (:func:`learned`, :func:`seed_gap`), None where
+    the comparison kept none (see :func:`verdict_images`).
     """
     if ci_low is None or ci_high is None:
         return {}
@@ -263,22 +295,66 @@ def cell_verdicts(
     out: dict[str, np.ndarray] = {}
     if random_init is not None:
         mean, sd, draws = random_init
-        j = learned(value, ci_low, ci_high, mean, sd, draws, margin=margin, level=level)
+        j = learned(
+            value,
+            ci_low,
+            ci_high,
+            mean,
+            sd,
+            draws,
+            image_var=learned_images,
+            margin=margin,
+            level=level,
+        )
         out |= {"learned": j.difference, "learned_low": j.low, "learned_high": j.high}
         out["learned_verdict"] = j.verdict
     if seed_ceiling is not None:
         ceiling, low, high = seed_ceiling
-        j = seed_gap(value, ci_low, ci_high, ceiling, low, high, margin=margin, level=level)
+        j = seed_gap(
+            value,
+            ci_low,
+            ci_high,
+            ceiling,
+            low,
+            high,
+            image_var=seed_images,
+            margin=margin,
+            level=level,
+        )
         out |= {"seed_gap": j.difference, "seed_gap_low": j.low, "seed_gap_high": j.high}
         out["seed_verdict"] = j.verdict
     return out
 
 
+def verdict_images(
+    arrays: Mapping[str, np.ndarray],
+    learned_images: np.ndarray | None,
+    seed_images: np.ndarray | None,
+) -> dict[str, str]:
+    """Per question :func:`cell_verdicts` answered (``learned``, ``seed``), whether its image
+    term is ``paired`` (the comparison kept the difference's image variance) or ``summed``."""
+    out = {}
+    for question, key, images in (
+        ("learned", "learned", learned_images),
+        ("seed", "seed_gap", seed_images),
+    ):
+        if key in arrays:
+            out[question] = "summed" if images is None else "paired"
+    return out
+
+
 def verdicts_json(
-    arrays: Mapping[str, np.ndarray], *, margin: float, level: float
+    arrays: Mapping[str, np.ndarray],
+    *,
+    margin: float,
+    level: float,
+    images: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """:func:`cell_verdicts`'s arrays as JSON (None where undefined), with the margin and level."""
+    """:func:`cell_verdicts`'s arrays as JSON (None where undefined), with the margin and level
+    and, given, :func:`verdict_images` as ``verdict_images``."""
     out: dict[str, Any] = {"level": level, "margin": margin}
+    if images is not None:
+        out["verdict_images"] = dict(images)
     for key, full in arrays.items():
         if full.dtype == object:
             out[key] = [[v if isinstance(v, str) else None for v in row] for row in full]

@@ -310,6 +310,14 @@ class MatrixOut(BaseModel):
         "`undecided`; null where a cell has none",
         examples=[{"learned": [[0.12]], "learned_verdict": [["above_untrained"]]}],
     )
+    verdict_images: dict[str, Literal["paired", "summed"]] | None = Field(
+        default=None,
+        description="Per question of `verdicts` (`learned`, `seed`), whether the image part of "
+        "its difference's variance is `paired` (the cell and its twins or sibling over the same "
+        "images, image by image) or `summed` (the projections were not kept: over their cap, "
+        "batch-bootstrap intervals, or a result stored before; docs/reading-a-cell.md)",
+        examples=[{"learned": "paired", "seed": "paired"}],
+    )
 
 
 class StudyMemberOut(BaseModel):

@@ -43,6 +43,7 @@ from analysis.inference.verdicts import (
     WORDS,
     atlas_q_values,
     cell_verdicts,
+    verdict_images,
     verdicts_from_json,
 )
 from analysis.measures import FLAGS, flags_of
@@ -241,6 +242,12 @@ class Cells:
         )
         for key in VERDICT_KEYS:
             self.full[key] = verdicts.get(key)
+        # per question, whether its image term is paired or summed (analysis.inference.verdicts):
+        # a result stored before verdicts said so summed them
+        self.verdict_images: dict[str, str] = dict(
+            (result.get("verdicts") or {}).get("verdict_images")
+            or verdict_images(verdicts, None, None)
+        )
         # Why a baseline block is undefined, per baseline and model pair (either order).
         self._reasons: dict[str, dict[tuple[str, str], str]] = {}
         for key, stored in baselines.items():

@@ -1,10 +1,12 @@
 """Verdicts and q-values against formulas written here, and compare's baselines in the library.
 
-The learned interval is ``(T - mean) ± t_{0.975, ν} √V`` with ``V = se² + s²/k`` and the
-Welch–Satterthwaite ``ν = V² (k - 1) / (s²/k)²``, ``se`` the cell's interval half-width over
-1.96; the seed interval ``(T - C) ± 1.96 √(se² + se_C²)``. A verdict is decided when the interval
-lies on one side of 0, "level" when it stays within the margin (0.05) on the question's side,
-undecided when it covers both 0 and the margin.
+The learned interval is ``(T - mean) ± t_{0.975, ν} √V`` with ``V = v + s²/k`` and the
+Welch–Satterthwaite ``ν = V² (k - 1) / (s²/k)²``; the seed interval ``(T - C) ± 1.96 √v``. The
+image term ``v`` is paired where the comparison kept its cells' per-image projections φ:
+``Σ_a (φ_T − mean_k φ_U_k)²`` and ``Σ_a (φ_T − φ_C)²``; summed where it kept none: ``se²`` and
+``se² + se_C²``, ``se`` the cell's interval half-width over 1.96. A verdict is decided when the
+interval lies on one side of 0, "level" when it stays within the margin (0.05) on the question's
+side, undecided when it covers both 0 and the margin.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from scipy import stats
 
 import analysis
 import models
+from analysis.batch_statistics import cell_image_terms
+from analysis.engine.streaming import RunSettings
 from analysis.inference.verdicts import atlas_q_values, learned, seed_gap
+from analysis.shards.shard import combine, run_partial
 
 Z = 1.959963984540054
 MARGIN = 0.05
@@ -133,8 +138,23 @@ def _cka(nets: dict[str, Any], data: Any, **options: Any) -> analysis.Atlas:
     return analysis.compare(nets, data, batch_size=BATCH, device="cpu", **options)
 
 
-@pytest.fixture(scope="module")
-def judged() -> tuple[analysis.Atlas, dict[str, Any], torch.Tensor, list[tuple[int, int]]]:
+def _projections(nets: dict[str, Any], data: Any) -> np.ndarray:
+    """Each image's projection (N, L, L) of every cell of ``nets``' atlas, as a run with
+    baselines and image intervals keeps them (without running the baselines)."""
+    opts = analysis.CompareOptions.build(
+        batch_size=BATCH, interval="images", baselines=("random_init",)
+    )
+    atlas = combine([run_partial(nets, data, opts, None, RunSettings(device="cpu"))])
+    terms: np.ndarray = atlas.values[cell_image_terms.KEY]
+    return terms
+
+
+def _block(terms: np.ndarray, rows: int) -> np.ndarray:
+    """The first model's rows against the second's columns of a two-model atlas's terms."""
+    return terms[:, :rows, rows:]
+
+
+def _judge(**shortcuts: Any) -> tuple[analysis.Atlas, dict[str, Any], torch.Tensor]:
     """Two seeds of a Mixer (the second only a candidate sibling) and a gMLP, untrained."""
     nets = {
         "s0": models.create("mixer_digits", seed=0),
@@ -142,7 +162,6 @@ def judged() -> tuple[analysis.Atlas, dict[str, Any], torch.Tensor, list[tuple[i
         "s1": models.create("mixer_digits", seed=1),
     }
     x = torch.randn(N, 1, 8, 8, generator=torch.Generator().manual_seed(0))
-    calls: list[tuple[int, int]] = []
     atlas = analysis.compare(
         {"s0": nets["s0"], "g": nets["g"]},
         x,
@@ -151,8 +170,15 @@ def judged() -> tuple[analysis.Atlas, dict[str, Any], torch.Tensor, list[tuple[i
         baselines="random_init,seed_ceiling",
         random_init_draws=DRAWS,
         siblings={"s1": nets["s1"]},
-        on_batch=lambda done, total: calls.append((done, total)) and None,
+        **shortcuts,
     )
+    return atlas, nets, x
+
+
+@pytest.fixture(scope="module")
+def judged() -> tuple[analysis.Atlas, dict[str, Any], torch.Tensor, list[tuple[int, int]]]:
+    calls: list[tuple[int, int]] = []
+    atlas, nets, x = _judge(on_batch=lambda done, total: calls.append((done, total)) and None)
     return atlas, nets, x, calls
 
 
@@ -177,11 +203,31 @@ def test_compare_with_baselines_judges_every_cell(
     assert atlas.undefined_baselines("g", "g") == {
         "seed_ceiling": "no seed sibling among the models"
     }
-    # the verdicts, from the formulas above
+    # the verdicts, from the formulas above, their image terms paired: the projections of the
+    # cell, of each draw's twins in its place and of the sibling in s0's, over the same images
+    assert atlas.verdict_images() == {"learned": "paired", "seed": "paired"}
+    rows = len(atlas.layers["s0"])
+    cell = _block(_projections({"s0": nets["s0"], "g": nets["g"]}, x), rows)
+    twins = [
+        _block(
+            _projections(
+                {
+                    "r": models.create("mixer_digits", seed=_twin_seed("s0", d)),
+                    "c": models.create("gmlp_digits", seed=_twin_seed("g", d)),
+                },
+                x,
+            ),
+            rows,
+        )
+        for d in range(DRAWS)
+    ]
+    sibling_terms = _block(_projections({"s1": nets["s1"], "g": nets["g"]}, x), rows)
     cka, interval = atlas.matrix("s0", "g"), atlas.interval("s0", "g")
     assert interval is not None
     se = (interval[1] - interval[0]) / (2 * Z)
-    v = se**2 + sd**2 / DRAWS
+    # each cell's projections square to its own image interval's variance
+    np.testing.assert_allclose(np.sum(cell**2, axis=0), se**2, rtol=1e-6)
+    v = np.sum((cell - np.mean(twins, axis=0)) ** 2, axis=0) + sd**2 / DRAWS
     reach = stats.t.ppf(0.975, v**2 * (DRAWS - 1) / (sd**2 / DRAWS) ** 2) * np.sqrt(v)
     verdicts = atlas.verdicts("s0", "g")
     assert verdicts is not None
@@ -189,9 +235,7 @@ def test_compare_with_baselines_judges_every_cell(
     np.testing.assert_allclose(verdicts["learned_high"], cka - floor + reach, atol=1e-6)
     lows, highs = verdicts["learned_low"].ravel(), verdicts["learned_high"].ravel()
     assert list(verdicts["learned_verdict"].ravel()) == _learned_rule(lows, highs)
-    ci_c = sibling.interval("s1", "g")
-    assert ci_c is not None
-    reach_c = Z * np.sqrt(se**2 + ((ci_c[1] - ci_c[0]) / (2 * Z)) ** 2)
+    reach_c = Z * np.sqrt(np.sum((cell - sibling_terms) ** 2, axis=0))
     np.testing.assert_allclose(verdicts["seed_gap_low"], cka - ceiling - reach_c, atol=1e-6)
     lows, highs = verdicts["seed_gap_low"].ravel(), verdicts["seed_gap_high"].ravel()
     assert list(verdicts["seed_verdict"].ravel()) == _seed_rule(lows, highs)
@@ -211,6 +255,36 @@ def test_compare_with_baselines_judges_every_cell(
         verdicts["seed_verdict"].ravel()
     )
     assert set(atlas.to_dict()["verdicts"]) >= {"learned_verdict", "seed_verdict", "margin"}
+    assert again.verdict_images() == {"learned": "paired", "seed": "paired"}
+    assert again.to_dict()["verdicts"]["verdict_images"] == {"learned": "paired", "seed": "paired"}
+    assert cell_image_terms.KEY not in atlas.values  # kept while it ran, never stored
+
+
+def test_verdicts_sum_the_image_noise_where_no_projections_were_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # over the cap (cells × images), no run keeps its projections: the unpaired terms
+    monkeypatch.setattr(cell_image_terms, "MAX_CELL_IMAGE_TERMS", 0)
+    atlas, nets, x = _judge()
+    assert atlas.verdict_images() == {"learned": "summed", "seed": "summed"}
+    assert atlas.to_dict()["verdicts"]["verdict_images"] == {"learned": "summed", "seed": "summed"}
+    assert "image_var" not in atlas.baselines["random_init"]  # type: ignore[index]
+    cka, interval = atlas.matrix("s0", "g"), atlas.interval("s0", "g")
+    assert interval is not None
+    se = (interval[1] - interval[0]) / (2 * Z)
+    floor, sd = atlas.baseline("random_init", "s0", "g"), atlas.baseline_sd("s0", "g")
+    assert floor is not None and sd is not None
+    v = se**2 + sd**2 / DRAWS
+    reach = stats.t.ppf(0.975, v**2 * (DRAWS - 1) / (sd**2 / DRAWS) ** 2) * np.sqrt(v)
+    verdicts = atlas.verdicts("s0", "g")
+    assert verdicts is not None
+    np.testing.assert_allclose(verdicts["learned_high"], cka - floor + reach, atol=1e-6)
+    ceiling = atlas.baseline("seed_ceiling", "s0", "g")
+    sibling = _cka({"s1": nets["s1"], "g": nets["g"]}, x, interval="images")
+    ci_c = sibling.interval("s1", "g")
+    assert ceiling is not None and ci_c is not None
+    reach_c = Z * np.sqrt(se**2 + ((ci_c[1] - ci_c[0]) / (2 * Z)) ** 2)
+    np.testing.assert_allclose(verdicts["seed_gap_low"], cka - ceiling - reach_c, atol=1e-6)
 
 
 def test_progress_counts_every_phase(

@@ -25,6 +25,7 @@ import analysis
 import models
 from app.http.main import create_app
 from app.jobs.control import JobControl
+from app.store.cells import Cells
 from tests.files import digits_npz, seed_checkpoints
 from tests.helpers import make_settings, upload, wait
 
@@ -135,12 +136,29 @@ def test_the_service_q_values_and_verdicts_are_the_librarys(
                 )
         for key in ("learned_verdict", "seed_verdict"):
             assert m["verdicts"][key] == verdicts[key].tolist(), (a, b, key)
+        # the image terms paired, as the library's: the twins and the sibling saw its images
+        assert (
+            m["verdict_images"]
+            == library.verdict_images()
+            == {
+                "learned": "paired",
+                "seed": "paired",
+            }
+        )
+    assert stored["verdicts"]["verdict_images"] == {"learned": "paired", "seed": "paired"}
     # the learned part exists wherever the twins do, but for a layer with itself (no question);
     # the seed verdict where a sibling does
     m = run.client.get(f"{run.url}/matrix", params={"a": "gmlp_digits", "b": "gmlp_digits"})
     assert all(v is None for row in m.json()["verdicts"]["seed_verdict"] for v in row)
     own = m.json()["verdicts"]["learned_verdict"]
     assert all((v is None) == (i == j) for i, row in enumerate(own) for j, v in enumerate(row))
+    # a result stored before verdicts (and their paired image terms) were: derived, summed
+    before = {k: v for k, v in stored.items() if k != "verdicts"}
+    before["baselines"] = {
+        name: {k: v for k, v in baseline.items() if k != "image_var"}
+        for name, baseline in stored["baselines"].items()
+    }
+    assert Cells(before).verdict_images == {"learned": "summed", "seed": "summed"}
 
 
 def test_the_cell_table_and_the_page_carry_the_verdicts(run: Run) -> None:

@@ -161,14 +161,16 @@ def get_matrix(
     (``ci_low``, ``ci_high``), the null (``p_value``, its Benjamini–Hochberg ``q_value`` over
     the comparison's cells, ``p_method``: what each p rests on, ``null_mean``, ``null_q95``),
     the top-component ``sensitivity``,
-    the ``baselines`` and each cell's ``verdicts`` against them; each null when not computed,
+    the ``baselines`` and each cell's ``verdicts`` against them (``verdict_images``: per question,
+    whether the image part of the difference's variance is ``paired`` or ``summed``); each null
+    when not computed,
     and for any other measure (they are CKA's). ``cca_degenerate`` with the CCA family;
     ``flags``: per flag of ``measure`` (docs/measures.md, "Flags"), where it is raised.
     """
     cmp = _finished(services, comparison_id, load_result=False)
     la = _pick(cmp, a, "a") if a is not None else cmp.members[0].label
     lb = _pick(cmp, b, "b") if b is not None else la
-    key = hashlib.sha256(f"matrix-v7:{cmp.result_sha256}:{la}:{lb}:{measure}".encode()).hexdigest()
+    key = hashlib.sha256(f"matrix-v8:{cmp.result_sha256}:{la}:{lb}:{measure}".encode()).hexdigest()
     headers = _cache_headers(services, f'"{key}"')
     if _not_modified(request, headers["ETag"]):
         return Response(status_code=304, headers=headers)
@@ -209,6 +211,7 @@ def get_matrix(
         "baselines": baselines or None,
         "undefined_baselines": cells.undefined(la, lb) or None,
         "verdicts": verdicts or None,
+        "verdict_images": cells.verdict_images if verdicts else None,
     }
 
 
