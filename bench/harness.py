@@ -106,16 +106,24 @@ def table(
     *,
     base: str | None = None,
     stat: Stat = "median",
+    digits: int = 3,
+    notes: tuple[str, Mapping[str, str]] | None = None,
 ) -> str:
-    """A markdown table of the jobs: ``stat`` of their runs on ``clock``, their range, and (with
-    ``base``) the ratio of ``stat`` to job ``base``'s."""
+    """A markdown table of the jobs: ``stat`` of their runs on ``clock``, their range, (with
+    ``base``) the ratio of ``stat`` to job ``base``'s, and (with ``notes``, a column's head and
+    each job's text) what else a benchmark says of each job. Seconds have ``digits`` decimals."""
     head = f"| {title} | {stat} | min–max |" + (f" ratio to {base} |" if base else "")
-    lines = [head, "|---|---:|---:|" + ("---:|" if base else "")]
+    rule = "|---|---:|---:|" + ("---:|" if base else "")
+    if notes is not None:
+        head, rule = f"{head} {notes[0]} |", f"{rule}---|"
+    lines = [head, rule]
     for name, times in timed.items():
-        spread = f"{times.stat(clock, 'min'):.3f}–{times.stat(clock, 'max'):.3f} s"
-        row = f"| {name} | {times.stat(clock, stat):.3f} s | {spread} |"
+        low, high = times.stat(clock, "min"), times.stat(clock, "max")
+        row = f"| {name} | {times.stat(clock, stat):.{digits}f} s | {low:.{digits}f}–{high:.{digits}f} s |"
         if base:
             row += f" {times.stat(clock, stat) / timed[base].stat(clock, stat):.2f} |"
+        if notes is not None:
+            row += f" {notes[1].get(name, '—')} |"
         lines.append(row)
     return "\n".join(lines)
 
