@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ beside it, ru
 import harness
 
 HEAVY = ("torch", "timm", "torchvision", "matplotlib", "sklearn", "scipy", "models", "sqlalchemy")
-COMMANDS = (
+COMMANDS: tuple[list[str], ...] = (
     [],
     ["train"],
     ["zoo"],
