@@ -214,11 +214,12 @@ def options(
 
 
 def parse(ap: argparse.ArgumentParser) -> argparse.Namespace:
-    """The flags, with torch's CPU threads set to ``--threads`` where the benchmark takes it."""
+    """The flags, with torch's CPU threads set to ``--threads`` where the benchmark takes it
+    from :func:`options` (one count; a benchmark's own ``--threads`` of several is its own)."""
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error(f"--repeat must be at least 1, not {args.repeat}")
-    if getattr(args, "threads", None) is not None:
+    if isinstance(getattr(args, "threads", None), int):
         import torch
 
         torch.set_num_threads(args.threads)
