@@ -28,8 +28,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ beside it, run from anywhere
-import harness
+import harness  # bench/harness.py, beside this script
 
 HEAVY = ("torch", "timm", "torchvision", "matplotlib", "sklearn", "scipy", "models", "sqlalchemy")
 COMMANDS: tuple[list[str], ...] = (

@@ -24,14 +24,11 @@ with ``--json PATH``, keeps the coverage figures with it.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+import harness  # bench/harness.py, beside this script
 import numpy as np
 from scipy import stats
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ beside it, run from anywhere
-import harness
 
 from analysis.studies.differences import (
     baseline_pseudo_values,

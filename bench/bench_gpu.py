@@ -30,18 +30,15 @@ from __future__ import annotations
 
 import argparse
 import io
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
+import harness  # bench/harness.py, beside this script
 import numpy as np
 import torch
 from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ beside it, run from anywhere
-import harness
 from workloads import TIMM_PAIR, imported_pair, photos_zip, time_whole_sample_step
 
 import analysis

@@ -24,16 +24,13 @@ whole of a store's life, so it is no job to repeat in turns; it takes the machin
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import harness  # bench/harness.py, beside this script
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ beside it, run from anywhere
-import harness
 from fastapi.testclient import TestClient
 from workloads import TIMM_PAIR as MODELS
 from workloads import hub_zip, photos_zip, timm_model

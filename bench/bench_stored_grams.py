@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
+import harness  # bench/harness.py, beside this script
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ beside it, run from anywhere
-import harness
 
 import models
 from analysis import ImageDataset, compare

@@ -46,8 +46,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ beside it, run from anywhere
-import harness
+import harness  # bench/harness.py, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -118,8 +118,8 @@ def table(
         head, rule = f"{head} {notes[0]} |", f"{rule}---|"
     lines = [head, rule]
     for name, times in timed.items():
-        low, high = times.stat(clock, "min"), times.stat(clock, "max")
-        row = f"| {name} | {times.stat(clock, stat):.{digits}f} s | {low:.{digits}f}–{high:.{digits}f} s |"
+        middle, low, high = (f"{times.stat(clock, s):.{digits}f}" for s in (stat, "min", "max"))
+        row = f"| {name} | {middle} s | {low}–{high} s |"
         if base:
             row += f" {times.stat(clock, stat) / timed[base].stat(clock, stat):.2f} |"
         if notes is not None:

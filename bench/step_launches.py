@@ -15,18 +15,14 @@ on the card over the steps' wall time). Without CUDA it says so and measures not
 
 from __future__ import annotations
 
-import sys
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
+import harness  # bench/harness.py, beside this script
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ beside it, run from anywhere
-import harness
 
 import models
 from models.connections import input_spec
