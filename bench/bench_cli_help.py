@@ -2,11 +2,13 @@
 they load (issue 47: the CLI took 10–12 s to start, even for `--help`).
 
 Each command line runs ``--repeat`` times in a fresh interpreter, in turns (every command once,
-then again), as the installed `cka-atlas` script does (``from app.cli import main; main()``);
-the wall time of each run is measured around the child process, and the median is reported with
-the fastest and slowest run. The last column names the heavy modules the command loaded. A
-machine others load makes every figure longer: the script prints the load average before and
-after, so that a run can be judged (the issue's figures are for an idle machine).
+then again: :func:`harness.interleaved`, with no warm-up, as a user's first call has none), as
+the installed `cka-atlas` script does (``from app.cli import main; main()``); the wall time of
+each run is measured around the child process, and the median is reported with the fastest and
+slowest run. The last column names the heavy modules the command loaded. A machine others load
+makes every figure longer: the script prints the machine line (:func:`harness.machine_line`,
+with the load average) before and after, so that a run can be judged (the issue's figures are
+for an idle machine); ``--json PATH`` keeps every run.
 
     .venv/bin/python bench/bench_cli_help.py          # the code of this checkout
 
@@ -21,14 +23,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
+import harness  # bench/harness.py, beside this script
+
 HEAVY = ("torch", "timm", "torchvision", "matplotlib", "sklearn", "scipy", "models", "sqlalchemy")
-COMMANDS = (
+COMMANDS: tuple[list[str], ...] = (
     [],
     ["train"],
     ["zoo"],
@@ -59,10 +62,9 @@ print(" ".join(m for m in {heavy!r} if m in sys.modules), file=sys.stderr)
 """
 
 
-def run(source: Path, argv: list[str]) -> tuple[float, str]:
-    """Seconds of one fresh `cka-atlas ARGV --help`, and the heavy modules it loaded."""
+def run(source: Path, argv: list[str]) -> str:
+    """One fresh `cka-atlas ARGV --help`: the heavy modules it loaded."""
     env = {**os.environ, "PYTHONPATH": str(source)}
-    start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", CHILD.format(heavy=HEAVY), *argv, "--help"],
         cwd=source,
@@ -71,38 +73,33 @@ def run(source: Path, argv: list[str]) -> tuple[float, str]:
         text=True,
         timeout=300,
     )
-    seconds = time.perf_counter() - start
     if done.returncode != 0 or "usage: cka-atlas" not in done.stdout:
         raise SystemExit(f"`cka-atlas {' '.join(argv)} --help` failed: {done.stderr[-2000:]}")
-    return seconds, done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+    return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--source", type=Path, action="append", help="default: this checkout")
     ap.add_argument("--only", nargs="*", help="only these commands (e.g. compare 'study plan')")
-    args = ap.parse_args()
+    harness.options(ap, repeat=5, clock=None, threads=None)
+    args = harness.parse(ap)
     sources = [p.resolve() for p in args.source or [Path(__file__).resolve().parents[1]]]
     commands = [c for c in COMMANDS if not args.only or " ".join(c) in args.only]
-    print(f"load average before: {os.getloadavg()}; {args.repeat} runs each, in turns")
-    times: dict[tuple[Path, str], list[float]] = {}
-    loaded: dict[tuple[Path, str], str] = {}
-    for _ in range(args.repeat):
-        for argv in commands:
-            for source in sources:
-                seconds, heavy = run(source, argv)
-                times.setdefault((source, " ".join(argv)), []).append(seconds)
-                loaded[source, " ".join(argv)] = heavy
-    print(f"load average after: {os.getloadavg()}")
-    print("| command | code | median | fastest | slowest | heavy modules loaded |")
-    print("|---|---|---|---|---|---|")
-    for (source, name), values in times.items():
-        shown = f"`cka-atlas {name + ' ' if name else ''}--help`"
-        print(
-            f"| {shown} | {source} | {statistics.median(values):.2f} s | {min(values):.2f} s | "
-            f"{max(values):.2f} s | {loaded[source, name] or '—'} |"
+    jobs = {
+        f"`cka-atlas {' '.join([*argv, '--help'])}` ({source})": partial(run, source, argv)
+        for argv in commands
+        for source in sources
+    }
+    print(f"before: {harness.machine_line()}; {args.repeat} runs each, in turns")
+    timed = harness.interleaved(jobs, args.repeat, warm_up=False)
+    loaded = {name: times.result or "—" for name, times in timed.items()}
+    print(
+        harness.table(
+            "command (code)", timed, "wall", digits=2, notes=("heavy modules loaded", loaded)
         )
+    )
+    harness.finish(args.json, {"loaded": loaded}, timed)
 
 
 if __name__ == "__main__":

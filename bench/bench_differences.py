@@ -15,13 +15,18 @@ share of studies whose interval holds it. Printed per setting of (σ_r, σ_c, σ
 * ``arm t``: today's t-interval over one arm's 9 pairs, as an interval for that arm's mean;
 * ``+ input``: ``crossed`` with image noise shared by each table's cells (sd 0.01, correlated
   0.5 between the arms) and the per-cell se given: conservative by construction.
+
+Not a timing benchmark: the whole simulation runs once (one job of :func:`harness.interleaved`,
+no warm-up, for the seconds it took), then :func:`harness.finish` gives the machine line and,
+with ``--json PATH``, keeps the coverage figures with it.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+from pathlib import Path
 
+import harness  # bench/harness.py, beside this script
 import numpy as np
 from scipy import stats
 
@@ -99,18 +104,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--studies", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="also write the figures and the machine here")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
-    start = time.perf_counter()
     names = ("crossed", "baseline", "satterthwaite", "pairs t", "arm t", "+ input")
     print(f"{args.studies} simulated 3×3-seed studies per row; coverage of nominal 95 % intervals")
     print("| σ_r | σ_c | σ_e | " + " | ".join(names) + " |")
     print("|---:|---:|---:|" + "---:|" * len(names))
-    for sigmas in SETTINGS:
-        cover = simulate(sigmas, args.studies, rng)
-        cells = " | ".join(f"{100 * cover[k]:.1f} %" for k in names)
-        print(f"| {sigmas[0]} | {sigmas[1]} | {sigmas[2]} | {cells} |")
-    print(f"({time.perf_counter() - start:.1f} s)")
+    rows = []
+
+    def every_setting() -> None:
+        for sigmas in SETTINGS:
+            cover = simulate(sigmas, args.studies, rng)
+            cells = " | ".join(f"{100 * cover[k]:.1f} %" for k in names)
+            print(f"| {sigmas[0]} | {sigmas[1]} | {sigmas[2]} | {cells} |")
+            rows.append({"sigmas": list(sigmas), "coverage": cover})
+
+    timed = harness.interleaved({"simulation": every_setting}, 1, warm_up=False)
+    print(f"({timed['simulation'].stat('wall'):.1f} s)")
+    harness.finish(args.json, {"studies": args.studies, "seed": args.seed, "rows": rows}, timed)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,11 @@ visit it reports
 - ``cpu``: the page's main-thread CPU time (Chromium's ThreadTime metric): Swagger UI's own
   work, the same whatever the server does.
 
-Medians over the rounds are printed as a markdown table. Needs Debian's Chromium at
-``/usr/bin/chromium`` (``apt-get install -y chromium``) and Playwright.
+Medians over the rounds are printed as a markdown table, then :mod:`harness`'s machine line
+(and with ``--json PATH`` every visit's figures). The figures are the browser's and the page's
+own (navigation to drawn, the resource timing, Chromium's thread time), not the clocks
+:func:`harness.interleaved` reads around a job, so the rounds are this script's. Needs
+Debian's Chromium at ``/usr/bin/chromium`` (``apt-get install -y chromium``) and Playwright.
 
     .venv/bin/python bench/bench_docs.py                # idle server, 3 rounds
     .venv/bin/python bench/bench_docs.py --busy         # a training running in the server
@@ -79,10 +82,10 @@ def one_round(browser: Any, busy: bool, after: float) -> list[dict[str, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--busy", action="store_true", help="a training runs in the server")
     parser.add_argument("--after", type=float, default=1.0, help="seconds from ready to /docs")
-    args = parser.parse_args()
+    harness.options(parser, repeat=3, clock=None, threads=None)
+    args = harness.parse(parser)
     from playwright.sync_api import sync_playwright
 
     rounds = []
@@ -91,17 +94,18 @@ def main() -> None:
             executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"]
         )
         try:
-            for _ in range(args.repeats):
+            for _ in range(args.repeat):
                 rounds.append(one_round(browser, args.busy, args.after))
         finally:
             browser.close()
-    print(f"\n/docs, {'busy' if args.busy else 'idle'} server, medians of {args.repeats}\n")
+    print(f"\n/docs, {'busy' if args.busy else 'idle'} server, medians of {args.repeat}\n")
     print("| visit | shown | /openapi.json | page main-thread CPU |")
     print("|---|---|---|---|")
     for i, name in enumerate(("first", "second")):
         med = {k: statistics.median(r[i][k] for r in rounds) for k in ("shown", "schema", "cpu")}
         print(f"| {name} | {med['shown']:.2f} s | {med['schema']:.2f} s | {med['cpu']:.2f} s |")
-    print(harness.machine_line())
+    visits = [dict(zip(("first", "second"), r, strict=True)) for r in rounds]
+    harness.finish(args.json, {"busy": args.busy, "after_s": args.after, "rounds": visits})
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ zip of ``--images`` random photos of mixed sizes.
    atlas at batch ``--batch``, bf16 autocast and fp32: from the photos (decoded, resized and
    cropped per model on the CPU, as a comparison of an upload runs) and from images already
    decoded to 224 × 224 tensors (the GPU's own share). Best of ``--repeats`` after an untimed
-   warm-up run of each.
+   warm-up run of each, the four runs in turns (:func:`harness.interleaved`, the card
+   synchronised around each), the peak memory that of each one's last run.
 2. Agreement: every cell over the first ``--check`` photos on the GPU (fp32 and bf16)
    against the same cells computed on the CPU in fp32.
 3. A cell's company (issue 24) where forwards are cheap: the plain atlas against image-level
@@ -20,6 +21,8 @@ zip of ``--images`` random photos of mixed sizes.
    features kept on the GPU, moved to the host once they outgrow the room allowed
    (``analysis.batch_statistics.kept.KEEP_SHARE``), and kept on the host from the start.
 
+The machine line and ``--json PATH`` (every timed run) are :mod:`harness`'s.
+
     python bench/bench_gpu.py                  # on a machine with CUDA
 """
 
@@ -28,11 +31,11 @@ from __future__ import annotations
 import argparse
 import io
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 from typing import Any
 
+import harness  # bench/harness.py, beside this script
 import numpy as np
 import torch
 from torch import nn
@@ -46,18 +49,22 @@ CUDA = "cuda:0"
 whole_sample = time_whole_sample_step()
 
 
-def timed(nets: dict[str, nn.Module], data: Any, repeats: int, **options: Any) -> tuple[float, int]:
-    """Best wall time of ``repeats`` runs after a warm-up, and the peak GPU memory of one."""
-    analysis.compare(nets, data, device=CUDA, **options)
-    best = float("inf")
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
-        analysis.compare(nets, data, device=CUDA, **options)
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best, torch.cuda.max_memory_allocated()
+def timed(
+    nets: dict[str, nn.Module], runs: dict[str, tuple[Any, dict[str, Any]]], repeats: int
+) -> dict[str, harness.Timed]:
+    """Each run (its data and compare's options) ``repeats`` times in turns after a warm-up
+    each; a run's result is the peak GPU memory of it."""
+
+    def job(data: Any, options: dict[str, Any]) -> Any:
+        def peak() -> int:
+            torch.cuda.reset_peak_memory_stats()
+            analysis.compare(nets, data, device=CUDA, **options)
+            return torch.cuda.max_memory_allocated()
+
+        return peak
+
+    jobs = {name: job(data, options) for name, (data, options) in runs.items()}
+    return harness.interleaved(jobs, repeats, sync=torch.cuda.synchronize)
 
 
 def cells(atlas: analysis.Atlas) -> np.ndarray:
@@ -73,10 +80,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--check", type=int, default=256)
     ap.add_argument("--company", type=int, default=256)
-    args = ap.parse_args()
+    harness.options(ap, repeat=2, clock=None, threads=None)
+    args = harness.parse(ap)
     if not torch.cuda.is_available():
         raise SystemExit("bench_gpu.py needs a CUDA device; none is visible to torch.")
     device = torch.cuda.get_device_name(0)
@@ -90,11 +97,15 @@ def main() -> None:
 
         print(f"\n{', '.join(TIMM_PAIR)}: {args.images} images, batch {args.batch}")
         print("\n| input | dtype | s per 1000 images | peak GPU memory |\n|---|---|---|---|")
-        for label, data in (("photos, decoded per model", photos), ("224 px tensors", tensors)):
-            for dtype in ("bf16", "fp32"):
-                seconds, peak = timed(nets, data, args.repeats, batch_size=args.batch, dtype=dtype)
-                per_1000 = seconds / args.images * 1000
-                print(f"| {label} | {dtype} | {per_1000:.2f} | {peak / 2**30:.2f} GiB |")
+        runs = {
+            f"{label} | {dtype}": (data, {"batch_size": args.batch, "dtype": dtype})
+            for label, data in (("photos, decoded per model", photos), ("224 px tensors", tensors))
+            for dtype in ("bf16", "fp32")
+        }
+        atlas = timed(nets, runs, args.repeat)
+        for name, times in atlas.items():
+            per_1000 = times.stat("wall", "min") / args.images * 1000
+            print(f"| {name} | {per_1000:.2f} | {times.result / 2**30:.2f} GiB |")
 
         sample = root / "check.zip"
         with (
@@ -114,15 +125,17 @@ def main() -> None:
         data = tensors[: args.company]
         print(f"\na cell's company on the GPU: {args.company} tensors, batches of 32")
         print("\n| run | seconds | × plain |\n|---|---|---|")
-        plain, _ = timed(nets, data, args.repeats, batch_size=32)
         whole_sample.clear()
-        both, _ = timed(
-            nets, data, args.repeats, batch_size=32, interval="images", sensitivity=True
-        )
-        print(f"| plain atlas | {plain:.2f} | 1.00 |\n| both | {both:.2f} | {both / plain:.2f} |")
+        both_options = {"batch_size": 32, "interval": "images", "sensitivity": True}
+        runs = {"plain atlas": (data, {"batch_size": 32}), "both": (data, both_options)}
+        company = timed(nets, runs, args.repeat)
+        plain = company["plain atlas"].stat("wall", "min")
+        for name, times in company.items():
+            best = times.stat("wall", "min")
+            print(f"| {name} | {best:.2f} | {best / plain:.2f} |")
         print(f"\nthe whole-sample step alone (best): {min(whole_sample):.2f} s")
 
-        sens = {"batch_size": 32, "sensitivity": True}
+        sens: dict[str, Any] = {"batch_size": 32, "sensitivity": True}
         cpu = deflated(analysis.compare(nets, data, device="cpu", **sens))
         print(f"\ndeflated CKA against the CPU's ({cpu.size} values):")
         shares = {
@@ -137,13 +150,18 @@ def main() -> None:
             moves.append(sum(b is not None for b in kept.buffers))
             to_host(kept)
 
-        analysis.batch_statistics.kept.KeptFeatures._to_host = counted  # type: ignore[method-assign]
+        analysis.batch_statistics.kept.KeptFeatures._to_host = counted  # type: ignore[method-assign,assignment]
         for where, share in shares.items():
             analysis.batch_statistics.kept.KEEP_SHARE = share
             moves.clear()
             gpu = deflated(analysis.compare(nets, data, device=CUDA, **sens))
             moved = f"{moves[0]} layers' buffers moved" if moves else "nothing moved"
             print(f"  {where}: max |Δ| {np.nanmax(np.abs(gpu - cpu)):.1e} ({moved})")
+    harness.finish(
+        args.json,
+        {"images": args.images, "batch": args.batch, "whole_sample_s": whole_sample},
+        {**atlas, **company},
+    )
 
 
 if __name__ == "__main__":

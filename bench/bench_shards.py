@@ -9,7 +9,13 @@ Each worker count starts from an empty store, so no run reuses another's Grams. 
 from the POST until the comparison reads succeeded.
 
 It also prints the per-batch costs the cost model in BENCHMARKS.md uses: one forward pass per
-model, the Gram products and the HSIC matrix of a batch, measured in this process (1 thread).
+model, the Gram products and the HSIC matrix of a batch, measured in this process (1 thread),
+interleaved after a warm-up each (:func:`harness.interleaved`; median of ``--repeat``).
+
+The sharded comparison itself is one run per worker count, timed from the POST until the
+status poll (every 0.1 s) reads succeeded — the workers are other processes and a run the
+whole of a store's life, so it is no job to repeat in turns; it takes the machine line and
+``--json PATH`` from :mod:`harness`.
 
     .venv/bin/python bench/bench_shards.py                # Redis at 127.0.0.1:6379
     .venv/bin/python bench/bench_shards.py --redis redis://host:6379/3 --images 512
@@ -23,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness  # bench/harness.py, beside this script
 import torch
 from fastapi.testclient import TestClient
 from workloads import TIMM_PAIR as MODELS
@@ -73,27 +80,23 @@ def run(
         }
 
 
-def per_batch_costs(batch: int, layers: int) -> dict[str, float]:
+def per_batch_costs(batch: int, layers: int, repeat: int) -> dict[str, harness.Timed]:
     """Seconds per batch, one thread: each model's forward, the Grams, the HSIC product."""
     torch.set_num_threads(1)
     x = torch.randn(batch, 3, 224, 224)
-    out: dict[str, float] = {}
-    for name in MODELS:
-        model = timm_model(name)
+    nets: dict[str, Any] = {name: timm_model(name) for name in MODELS}  # timm's own methods
+
+    def forward(model: Any) -> Any:
         with torch.inference_mode():
-            model.forward_intermediates(x[:2])
-            began = time.perf_counter()
-            _, feats = model.forward_intermediates(x)
-            out[f"forward {name}"] = time.perf_counter() - began
+            return model.forward_intermediates(x)[1]
+
     kern = parse_kernel("linear")
-    f = feats[0].flatten(1)
-    began = time.perf_counter()
+    f = forward(nets[MODELS[-1]])[0].flatten(1)
     grams = torch.stack([gram(f, kern) for _ in range(layers)])
-    out["grams (all layers)"] = time.perf_counter() - began
-    began = time.perf_counter()
-    hsic_from_grams(grams, "unbiased")
-    out["HSIC product"] = time.perf_counter() - began
-    return out
+    jobs: dict[str, Any] = {f"forward {name}": (lambda m=m: forward(m)) for name, m in nets.items()}
+    jobs["grams (all layers)"] = lambda: torch.stack([gram(f, kern) for _ in range(layers)])
+    jobs["HSIC product"] = lambda: hsic_from_grams(grams, "unbiased")
+    return harness.interleaved(jobs, repeat)
 
 
 def main() -> None:
@@ -103,7 +106,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    args = ap.parse_args()
+    harness.options(ap, repeat=1, clock=None, threads=None)
+    args = harness.parse(ap)
     with tempfile.TemporaryDirectory() as tmp:
         zips = {name: hub_zip(name, Path(tmp)) for name in MODELS}
     photos = photos_zip(args.images)
@@ -119,9 +123,11 @@ def main() -> None:
             f"| {r['workers']} | {r['shards']} | {r['wall']:.1f} | {speed:.2f} | "
             f"{speed / r['workers']:.0%} | {shards} |"
         )
-    print(f"\nper-batch costs (batch {args.batch}, 1 thread, {rows[0]['layers']} layers):")
-    for what, seconds in per_batch_costs(args.batch, rows[0]["layers"]).items():
-        print(f"  {what}: {seconds:.3f} s")
+    layers = rows[0]["layers"]
+    costs = per_batch_costs(args.batch, layers, args.repeat)
+    print(f"\nper-batch costs (batch {args.batch}, 1 thread, {layers} layers):")
+    print(harness.table("step", costs, "wall"))
+    harness.finish(args.json, {"runs": rows}, costs)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,11 @@ Builds five models, computes their atlas once with the service's Gram store
 (``analysis.DirectoryGramCache``, as the job runner uses it), then times the atlas of all
 six models — the five are read from the store, only the sixth runs — against one plain
 forward pass of the sixth model over the same data. Issue 4 asks for a ratio of at most
-1.3. Timings are medians of ``--repeat`` runs; each six-model run starts from the same
-five-model store (the sixth model's Grams are removed again between runs).
+1.3. The two jobs run in turns (:func:`harness.interleaved`: a warm-up each, then ``--repeat``
+rounds) and their medians are compared; each six-model run starts from its own copy of the
+five-model store, made before the timing, so no run finds the sixth model's Grams. The
+five-model atlas runs once, untimed but for its one wall time. The machine line and ``--json``
+are :mod:`harness`'s.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_stored_grams.py
 """
@@ -14,11 +17,10 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
+import harness  # bench/harness.py, beside this script
 import numpy as np
 import torch
 
@@ -29,12 +31,10 @@ from analysis.engine.gram_cache import DirectoryGramCache
 FIVE = ("mixer", "sw_mlp", "rp_mixer", "gmlp", "mlp")
 
 
-def forward_once(model: torch.nn.Module, x: torch.Tensor, batch: int) -> float:
-    start = time.perf_counter()
+def forward_once(model: torch.nn.Module, x: torch.Tensor, batch: int) -> None:
     with torch.inference_mode():
         for i in range(0, len(x), batch):
             model(x[i : i + batch])
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -42,10 +42,8 @@ def main() -> None:
     ap.add_argument("--family", default="cifar", choices=("cifar", "digits"))
     ap.add_argument("--n", type=int, default=2048, help="images")
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    harness.options(ap, repeat=3, threads=1)
+    args = harness.parse(ap)
     torch.manual_seed(0)
 
     nets = {f"{f}_{args.family}": models.create(f"{f}_{args.family}").eval() for f in FIVE}
@@ -58,55 +56,53 @@ def main() -> None:
     data = ImageDataset("bench", x / 255.0)
     keys = {name: f"bench-{name}" for name in [*nets, sixth_name]}
 
-    root = Path(tempfile.mkdtemp(prefix="bench-grams-"))
-    try:
-        five_store = root / "five"
-        start = time.perf_counter()
-        compare(
+    def atlas(store: Path, nets: dict[str, torch.nn.Module]) -> dict:
+        done = compare(
             nets,
             data,
             batch_size=args.batch,
             device="cpu",
-            gram_cache=DirectoryGramCache(five_store),
+            gram_cache=DirectoryGramCache(store),
             model_keys=keys,
         )
-        t_five = time.perf_counter() - start
+        return done.diagnostics["gram_cache"]
 
-        t_fwd, t_add, forwards = [], [], []
-        xt = data.tensor()
-        forward_once(sixth, xt, args.batch)  # warm-up
-        for r in range(args.repeat):
-            t_fwd.append(forward_once(sixth, xt, args.batch))
-            store = root / f"run{r}"
+    root = Path(tempfile.mkdtemp(prefix="bench-grams-"))
+    try:
+        five_store = root / "five"
+        five = harness.interleaved({"five": lambda: atlas(five_store, nets)}, 1, warm_up=False)
+        stores = [root / f"run{r}" for r in range(args.repeat + 1)]  # and the warm-up's
+        for store in stores:
             shutil.copytree(five_store, store)
-            start = time.perf_counter()
-            atlas = compare(
-                {**nets, sixth_name: sixth},
-                data,
-                batch_size=args.batch,
-                device="cpu",
-                gram_cache=DirectoryGramCache(store),
-                model_keys=keys,
-            )
-            t_add.append(time.perf_counter() - start)
-            forwards.append(atlas.diagnostics["gram_cache"])
-            shutil.rmtree(store)
+        fresh = iter(stores)
+        xt = data.tensor()
+        jobs = {
+            "one forward pass of the sixth model": lambda: forward_once(sixth, xt, args.batch),
+            "six-model atlas from the store (sixth runs)": lambda: atlas(
+                next(fresh), {**nets, sixth_name: sixth}
+            ),
+        }
+        timed = harness.interleaved(jobs, args.repeat)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    fwd, add = statistics.median(t_fwd), statistics.median(t_add)
+    fwd, add = (timed[name].stat(args.clock) for name in jobs)
     ratio = add / fwd
     print(
         f"stored Grams — {args.family} presets, {args.n} images, batch {args.batch}, "
-        f"{args.threads} thread(s), median of {args.repeat}"
+        f"{args.threads} thread(s), {args.clock} time, median of {args.repeat}"
     )
-    print("| step | seconds |")
-    print("|---|---:|")
-    print(f"| five-model atlas, computed and stored | {t_five:.2f} |")
-    print(f"| one forward pass of the sixth model | {fwd:.2f} |")
-    print(f"| six-model atlas from the store (sixth runs) | {add:.2f} |")
-    print(f"| ratio (target ≤ 1.3) | {ratio:.2f} |")
-    print(f"gram cache of the six-model run: {forwards[-1]}")
+    print(f"five-model atlas, computed and stored: {five['five'].stat('wall'):.2f} s")
+    print(harness.table("step", timed, args.clock, base=next(iter(jobs)), digits=2))
+    print(f"ratio (target ≤ 1.3): {ratio:.2f}")
+    cache = timed[list(jobs)[1]].result
+    print(f"gram cache of the six-model run: {cache}")
+    figures = {
+        "five_s": round(five["five"].stat("wall"), 3),
+        "ratio": round(ratio, 3),
+        "gram_cache": cache,
+    }
+    harness.finish(args.json, figures, timed)
 
 
 if __name__ == "__main__":

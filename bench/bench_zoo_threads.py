@@ -22,6 +22,13 @@ the runs alternate (every configuration idle and busy, then again), and the medi
 printed as a markdown table; the torch threads column gives each run's counts (per model for
 ``adaptive``).
 
+The timing is the child's own: its wall and CPU seconds around the zoo's training (what
+:func:`harness.interleaved` would read, but without the interpreter's start and the
+neighbour's, which a clock around the child would count), kept as :class:`harness.Timed` runs
+for the medians, the machine line and ``--json PATH``; so the rounds are this script's loop,
+in the same order ``interleaved`` keeps (every job once, then again), with no warm-up (each run
+is a fresh process).
+
     nice -n 10 .venv/bin/python bench/bench_zoo_threads.py                 # quick zoo
     nice -n 10 .venv/bin/python bench/bench_zoo_threads.py --epochs 0      # the full recipes
 """
@@ -31,7 +38,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +45,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import harness  # bench/harness.py, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +76,7 @@ def busy_neighbour(cpus: int) -> Iterator[None]:
 
 def child(threads: str, epochs: int, workers: int) -> None:
     """Train the zoo once with ``threads`` (before / static / adaptive / a number); print the
-    seconds and the torch threads each model trained with."""
+    wall and CPU seconds and the torch threads each model trained with."""
     import torch
 
     from analysis import training_data
@@ -85,25 +93,27 @@ def child(threads: str, epochs: int, workers: int) -> None:
         limit_cpu_threads(int(threads))
     data = training_data("digits")
     used = []
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     with tempfile.TemporaryDirectory() as out:
         for name, arch, seed in ZOO:
             if plan is not None:
                 plan.apply()  # as each job starts
             used.append(torch.get_num_threads())
             train(arch, data, seed=seed, out_dir=out, name=name, epochs=epochs or None)
-    print(f"{time.perf_counter() - began:.2f} {''.join(map(str, used))}")
+    wall, cpu = time.perf_counter() - began, time.process_time() - cpu
+    print(f"{wall:.2f} {cpu:.2f} {''.join(map(str, used))}")
 
 
-def run_once(threads: str, epochs: int, workers: int) -> tuple[float, str]:
+def run_once(threads: str, epochs: int, workers: int) -> tuple[float, float, str]:
+    """One fresh child's training of the zoo: its wall and CPU seconds, its threads."""
     command = [sys.executable, __file__, "--child", threads, "--epochs", str(epochs)]
     command += ["--workers", str(workers)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if threads == "before":  # as before issue 38: libgomp's own spin before a thread sleeps
         env.pop("GOMP_SPINCOUNT", None)
     out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
-    seconds, used = out.split()[-2:]
-    return float(seconds), used
+    wall, cpu, used = out.split()[-3:]
+    return float(wall), float(cpu), used
 
 
 def main() -> None:
@@ -118,8 +128,8 @@ def main() -> None:
         default=["before", "static", "adaptive"],
         help="the rule-based rows to run (before, static, adaptive)",
     )
-    parser.add_argument("--repeats", type=int, default=1)
-    args = parser.parse_args()
+    harness.options(parser, repeat=1, clock=None, threads=None)
+    args = harness.parse(parser)
     if args.child is not None:
         child(args.child, args.epochs, args.workers)
         return
@@ -127,37 +137,36 @@ def main() -> None:
 
     cpus = available_cpus()
     print(
-        f"{cpus} CPUs, zoo at {args.epochs or 'recipe'} epoch(s) per model, "
-        f"{args.repeats} run(s) each, load average {os.getloadavg()[0]:.2f}",
+        f"zoo at {args.epochs or 'recipe'} epoch(s) per model, {args.repeat} run(s) each; "
+        f"{harness.machine_line()}",
         file=sys.stderr,
     )
     configs = [*args.configs, *args.threads]
-    times: dict[tuple[str, bool], list[float]] = {
-        (c, b): [] for c in configs for b in (False, True)
-    }
+    times = {(c, b): harness.Timed() for c in configs for b in ("idle", "busy")}
     counts: dict[str, set[str]] = {c: set() for c in configs}
-    for _ in range(args.repeats):
-        for threads in configs:
-            for busy in (False, True):
-                if busy:
-                    with busy_neighbour(cpus):
-                        seconds, used = run_once(threads, args.epochs, args.workers)
-                else:
-                    seconds, used = run_once(threads, args.epochs, args.workers)
-                times[threads, busy].append(seconds)
-                counts[threads].add(used)
-                print(
-                    f"  {threads} {'busy' if busy else 'idle'}: {seconds:.1f} s "
-                    f"(threads {used}; load average {os.getloadavg()[0]:.2f})",
-                    file=sys.stderr,
-                )
+    for _ in range(args.repeat):
+        for (threads, busy), timed in times.items():
+            if busy == "busy":
+                with busy_neighbour(cpus):
+                    wall, cpu, used = run_once(threads, args.epochs, args.workers)
+            else:
+                wall, cpu, used = run_once(threads, args.epochs, args.workers)
+            timed.wall.append(wall)
+            timed.cpu.append(cpu)
+            counts[threads].add(used)
+            print(
+                f"  {threads} {busy}: {wall:.1f} s (threads {used}; load average "
+                f"{os.getloadavg()[0]:.2f})",
+                file=sys.stderr,
+            )
     print("| threads | torch threads | idle s | beside a busy neighbour s | busy / idle |")
     print("|---|---:|---:|---:|---:|")
     for threads in configs:
-        idle = statistics.median(times[threads, False])
-        busy_s = statistics.median(times[threads, True])
+        idle, busy_s = (times[threads, b].stat("wall") for b in ("idle", "busy"))
         used = ", ".join(sorted(counts[threads]))
         print(f"| {threads} | {used} | {idle:.1f} | {busy_s:.1f} | {busy_s / idle:.1f}× |")
+    figures = {"epochs": args.epochs, "threads_used": {c: sorted(u) for c, u in counts.items()}}
+    harness.finish(args.json, figures, {f"{c} {b}": t for (c, b), t in times.items()})
 
 
 if __name__ == "__main__":

@@ -106,16 +106,24 @@ def table(
     *,
     base: str | None = None,
     stat: Stat = "median",
+    digits: int = 3,
+    notes: tuple[str, Mapping[str, str]] | None = None,
 ) -> str:
-    """A markdown table of the jobs: ``stat`` of their runs on ``clock``, their range, and (with
-    ``base``) the ratio of ``stat`` to job ``base``'s."""
+    """A markdown table of the jobs: ``stat`` of their runs on ``clock``, their range, (with
+    ``base``) the ratio of ``stat`` to job ``base``'s, and (with ``notes``, a column's head and
+    each job's text) what else a benchmark says of each job. Seconds have ``digits`` decimals."""
     head = f"| {title} | {stat} | min–max |" + (f" ratio to {base} |" if base else "")
-    lines = [head, "|---|---:|---:|" + ("---:|" if base else "")]
+    rule = "|---|---:|---:|" + ("---:|" if base else "")
+    if notes is not None:
+        head, rule = f"{head} {notes[0]} |", f"{rule}---|"
+    lines = [head, rule]
     for name, times in timed.items():
-        spread = f"{times.stat(clock, 'min'):.3f}–{times.stat(clock, 'max'):.3f} s"
-        row = f"| {name} | {times.stat(clock, stat):.3f} s | {spread} |"
+        middle, low, high = (f"{times.stat(clock, s):.{digits}f}" for s in (stat, "min", "max"))
+        row = f"| {name} | {middle} s | {low}–{high} s |"
         if base:
             row += f" {times.stat(clock, stat) / timed[base].stat(clock, stat):.2f} |"
+        if notes is not None:
+            row += f" {notes[1].get(name, '—')} |"
         lines.append(row)
     return "\n".join(lines)
 
@@ -206,11 +214,12 @@ def options(
 
 
 def parse(ap: argparse.ArgumentParser) -> argparse.Namespace:
-    """The flags, with torch's CPU threads set to ``--threads`` where the benchmark takes it."""
+    """The flags, with torch's CPU threads set to ``--threads`` where the benchmark takes it
+    from :func:`options` (one count; a benchmark's own ``--threads`` of several is its own)."""
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error(f"--repeat must be at least 1, not {args.repeat}")
-    if getattr(args, "threads", None) is not None:
+    if isinstance(getattr(args, "threads", None), int):
         import torch
 
         torch.set_num_threads(args.threads)

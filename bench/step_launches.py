@@ -6,7 +6,8 @@ A step of ``--preset`` (default ``mixer_cifar``) on random data of its input sha
 (:func:`models.step_capture.optimizer`): eager (forward, loss, backward, step, as every step ran
 before issue 46) and through :class:`models.step_capture.TrainingStep` (warm-up steps, then the
 captured step replayed). For each: the median milliseconds per step over ``steps`` steps after
-a warm-up (the card synchronised around them), and from one profiled run of ``steps`` steps
+a warm-up (the two modes' steps in turns, the card synchronised around each:
+:func:`harness.interleaved`), and from one profiled run of ``steps`` steps
 (``torch.profiler``, CPU and CUDA) the launches per step (the host's ``cudaLaunchKernel`` and
 ``cudaGraphLaunch`` calls and their driver twins) and the busy share (the kernels' summed time
 on the card over the steps' wall time). Without CUDA it says so and measures nothing.
@@ -14,10 +15,11 @@ on the card over the steps' wall time). Without CUDA it says so and measures not
 
 from __future__ import annotations
 
-import statistics
 import time
+from functools import partial
 from typing import Any
 
+import harness  # bench/harness.py, beside this script
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
@@ -75,23 +77,22 @@ def step_capture(device: torch.device, preset: str, batch: int, steps: int) -> d
     """The figures of the module docstring, or why none were measured."""
     if device.type != "cuda":
         return {"skipped": "needs a CUDA device: capture is for GPU steps"}
-    rows = []
+    runners = {}
     for captured in (False, True):
         run, step = _runner(preset, batch, device, captured)
         for _ in range(WARMUP_STEPS + 2):  # the captured one records its graph here
             run()
-        times = []
-        for _ in range(steps):
-            torch.cuda.synchronize(device)
-            began = time.perf_counter()
-            run()
-            torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - began)
+        runners["captured" if captured else "eager"] = run, step
+    sync = partial(torch.cuda.synchronize, device)
+    jobs = {mode: run for mode, (run, _) in runners.items()}
+    timed = harness.interleaved(jobs, steps, warm_up=False, sync=sync)
+    rows = []
+    for mode, (run, step) in runners.items():
         launches, share = _profiled(run, steps, device)
         rows.append(
             {
-                "mode": "captured" if captured else "eager",
-                "ms_per_step": statistics.median(times) * 1000,
+                "mode": mode,
+                "ms_per_step": timed[mode].stat("wall") * 1000,
                 "launches_per_step": launches,
                 "busy_share": share,
                 "step_capture": step.record if step is not None else "eager",

@@ -77,6 +77,13 @@ def test_the_figures_are_the_runs_statistics(
     ]
     best = harness.table("job", timed, "cpu", base="a", stat="min").splitlines()
     assert best[3] == "| b | 0.200 s | 0.200–0.800 s | 2.00 |"  # 0.2 / 0.1
+    noted = harness.table("job", timed, "wall", digits=1, notes=("loaded", {"a": "torch"}))
+    assert noted.splitlines()[0] == "| job | median | min–max | loaded |"
+    assert noted.splitlines()[1] == "|---|---:|---:|---|"
+    assert noted.splitlines()[2:] == [
+        "| a | 3.0 s | 1.0–5.0 s | torch |",
+        "| b | 2.0 s | 2.0–8.0 s | — |",
+    ]
 
 
 def test_the_flags_and_a_repeat_below_one(
