@@ -33,7 +33,6 @@ from analysis.batch_statistics.protocol import (
     Tick,
     concatenate_states,
 )
-from analysis.inference.image_intervals import sample_terms
 from analysis.inference.paired_images import cell_projections
 
 __all__ = ["KEY", "MAX_CELL_IMAGE_TERMS", "CellImageTerms"]
@@ -73,8 +72,7 @@ class CellImageTerms:
 
     def update(self, batch: Batch) -> None:
         if self.kept:
-            assert batch.rows is not None
-            psi = sample_terms(batch.rows, self.estimator)
+            psi = batch.image_terms(self.estimator)
             n = psi.shape[0]
             scaled = psi.double() * math.sqrt(n / (n - 1))  # as the intervals' moments are
             self.parts.append(scaled.cpu().numpy())

@@ -54,8 +54,7 @@ class ImageIntervalMoments:
         return cls(setup)
 
     def update(self, batch: Batch) -> None:
-        assert batch.rows is not None
-        self.moments.add(batch.rows, self.estimator)
+        self.moments.add_terms(batch.image_terms(self.estimator))
 
     def state(self) -> State:
         return self.moments.state()

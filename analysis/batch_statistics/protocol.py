@@ -34,6 +34,7 @@ import torch
 
 from analysis.errors import AnalysisError
 from analysis.estimators.hsic import cka_from_hsic
+from analysis.inference.image_intervals import sample_terms
 
 __all__ = [
     "AtlasView",
@@ -156,6 +157,16 @@ class Batch:
     hsic: np.ndarray  # (L, L) float64, the batch's HSIC terms
     grams: torch.Tensor | None = None  # (L, b, b) raw Grams, for ``needs`` "grams"
     rows: tuple[torch.Tensor, torch.Tensor] | None = None  # their centred rows
+    _terms: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+
+    def image_terms(self, estimator: str) -> torch.Tensor:
+        """Each image's terms ψ (b, L, L) of the batch's HSIC
+        (:func:`analysis.inference.image_intervals.sample_terms`), formed once for all the
+        statistics that read them (the image intervals' moments, the verdicts' projections)."""
+        if estimator not in self._terms:
+            assert self.rows is not None
+            self._terms[estimator] = sample_terms(self.rows, estimator)
+        return self._terms[estimator]
 
 
 @dataclass

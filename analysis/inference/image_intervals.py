@@ -70,7 +70,10 @@ class ImageMoments:
 
     def add(self, rows: tuple[torch.Tensor, torch.Tensor], estimator: str) -> None:
         """One batch, given as its :func:`analysis.estimators.hsic.centred_rows`."""
-        psi = sample_terms(rows, estimator)
+        self.add_terms(sample_terms(rows, estimator))
+
+    def add_terms(self, psi: torch.Tensor) -> None:
+        """One batch, given as its images' terms (:func:`sample_terms`)."""
         n = psi.shape[0]
         scale = n / (n - 1)  # the batch's ψ are centred on their own mean
         diag = psi.diagonal(dim1=1, dim2=2)  # (n, L): ψ of each layer with itself
